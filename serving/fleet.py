@@ -1,0 +1,218 @@
+"""The fleet: per model, N verified vLLM replicas; health checks, crash restarts with back-off, scaling,
+and version deployment through the model's own weight-update strategy."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from serving.engine import engine_flavor
+from serving.probe import ProbeReport
+from serving.replica import Replica, boot, drain, kill
+from serving.weight_sync import WeightSync, strategy_for
+from tidal.procs import PortInUse, port_free, write_json
+from tidal.registry import CheckpointCache, Registry, RegistryError, VersionInfo
+from tidal.settings import ModelSettings, SettingsError, TidalSettings
+
+log = logging.getLogger("tidal.fleet")
+
+
+class ModelGroup:
+    """One model's replicas and the versions they should serve."""
+
+    def __init__(self, settings: ModelSettings, base: VersionInfo, adapters: dict[int, VersionInfo], strategy: WeightSync):
+        self.settings, self.base, self.adapters, self.strategy = settings, base, adapters, strategy
+        self.replicas: list[Replica] = []
+        self.desired = 0
+        self.next_index = 0
+        self.lock = threading.RLock()  # one scale/deploy/restart at a time per model
+
+    def ready_replicas(self) -> list[Replica]:
+        return [r for r in self.replicas if r.state == "ready"]
+
+    def live_replicas(self) -> list[Replica]:
+        return [r for r in self.replicas if not r.exited()]
+
+    def status(self) -> dict:
+        return {"strategy": self.strategy.name, "base_version": self.base.version,
+                "adapters": sorted(self.adapters), "desired_replicas": self.desired,
+                "replicas": [r.status() for r in self.replicas]}
+
+
+class Fleet:
+    def __init__(self, settings: TidalSettings, registry: Registry, checkpoints: CheckpointCache):
+        self.settings, self.registry, self.checkpoints = settings, registry, checkpoints
+        self.flavor = engine_flavor(settings.engine)  # fails fast when the engine environment is missing
+        self.groups: dict[str, ModelGroup] = {}
+        self._ports: set[int] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._monitor: threading.Thread | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Serve each configured model's `serve_alias` version on its replicas; start the health monitor."""
+        for m in self.settings.models:
+            self.add_model(m)
+        self._monitor = threading.Thread(target=self._monitor_loop, name="fleet-monitor", daemon=True)
+        self._monitor.start()
+
+    def add_model(self, m: ModelSettings) -> ModelGroup:
+        strategy = strategy_for(m.update_strategy)
+        strategy.check_engine(self.flavor)
+        info = self.registry.by_alias(m.name, m.serve_alias)
+        if info is None:
+            raise RegistryError(f"model {m.name!r} has no version with alias {m.serve_alias!r}; run `tidal bootstrap {m.name}` first")
+        base = info if info.kind == "full" else self.registry.get(m.name, info.base_version)
+        if info.kind == "lora" and m.update_strategy != "lora":
+            raise SettingsError(f"{info.served_name} is a LoRA adapter but model {m.name!r} uses '{m.update_strategy}'; set update_strategy: lora")
+        group = ModelGroup(m, base, {} if info.kind == "full" else {info.version: info}, strategy)
+        self.groups[m.name] = group
+        self.scale(m.name, m.replicas)
+        return group
+
+    def stop(self) -> None:
+        self._stop.set()
+        replicas = [r for g in self.groups.values() for r in g.replicas]
+        with ThreadPoolExecutor(max_workers=max(1, len(replicas))) as pool:
+            list(pool.map(kill, replicas))
+        for r in replicas:
+            r.state = "stopped"
+        self._save_state()
+
+    # ---- operations --------------------------------------------------------------------------
+    def group(self, model: str) -> ModelGroup:
+        if model not in self.groups:
+            raise RegistryError(f"unknown model {model!r}; the fleet serves {sorted(self.groups)}")
+        return self.groups[model]
+
+    def scale(self, model: str, replicas: int) -> list[Replica]:
+        if replicas < 0:
+            raise ValueError(f"replicas must be >= 0, got {replicas}")
+        group = self.group(model)
+        with group.lock:
+            group.desired = replicas
+            current = len(group.replicas)
+            if replicas > current:
+                with ThreadPoolExecutor(max_workers=replicas - current) as pool:
+                    futures = [pool.submit(self.boot_replica, group, group.base, group.adapters) for _ in range(replicas - current)]
+                errors = [f.exception() for f in futures if f.exception() is not None]
+                if errors:
+                    group.desired = len(group.replicas)
+                    raise errors[0]
+            for r in sorted(group.replicas, key=lambda r: r.index, reverse=True)[: max(0, current - replicas)]:
+                self.retire_replica(group, r)
+            return list(group.replicas)
+
+    def deploy(self, model: str, ref: str | int) -> list[ProbeReport]:
+        group = self.group(model)
+        info = self.registry.resolve(model, ref)
+        with group.lock:
+            reports = group.strategy.deploy(self, group, info)
+        self._save_state()
+        return reports
+
+    def undeploy(self, model: str, ref: str | int) -> None:
+        group = self.group(model)
+        info = self.registry.resolve(model, ref)
+        with group.lock:
+            group.strategy.retire(self, group, info)
+        self._save_state()
+
+    # ---- replicas (used by strategies) ---------------------------------------------------------
+    def boot_replica(self, group: ModelGroup, base: VersionInfo, adapters: dict[int, VersionInfo]) -> Replica:
+        with self._lock:
+            port = self._take_port()
+            index, group.next_index = group.next_index, group.next_index + 1
+            replica = Replica(group.settings.name, index, port, self.settings.fleet.host, base, dict(adapters))
+            group.replicas.append(replica)
+        try:
+            boot(replica, self.settings, self.checkpoints, enable_lora=group.strategy.name == "lora")
+        except BaseException:
+            with self._lock:
+                group.replicas.remove(replica)
+                self._ports.discard(port)
+            raise
+        finally:
+            self._save_state()
+        log.info("replica %s ready on %s serving %s", replica.name, replica.url, replica.served())
+        return replica
+
+    def retire_replica(self, group: ModelGroup, replica: Replica, grace_s: float = 1.0) -> None:
+        drain(replica, grace_s)
+        kill(replica)
+        replica.state = "stopped"
+        with self._lock:
+            group.replicas.remove(replica)
+            self._ports.discard(replica.port)
+        self._save_state()
+
+    def _take_port(self) -> int:
+        f = self.settings.fleet
+        for port in range(f.base_port, f.base_port + f.port_range):
+            if port not in self._ports and port_free(f.host, port):
+                self._ports.add(port)
+                return port
+        raise PortInUse(f"no free replica port in [{f.base_port}, {f.base_port + f.port_range}); raise fleet.port_range or move fleet.base_port")
+
+    # ---- health --------------------------------------------------------------------------------
+    def _monitor_loop(self) -> None:
+        while not self._stop.wait(self.settings.fleet.health_interval_s):
+            try:
+                self.check_health()
+            except Exception:  # the monitor must outlive any one bad pass
+                log.exception("health pass failed")
+
+    def check_health(self) -> None:
+        f = self.settings.fleet
+        for group in list(self.groups.values()):
+            for r in list(group.replicas):
+                if r.state in ("ready", "unhealthy"):
+                    if r.exited():
+                        self._crashed(r, f"engine exited with code {r.proc.returncode if r.proc else '?'}")
+                    elif self._healthy(r):
+                        r.state, r.health_failures = "ready", 0
+                    else:
+                        r.health_failures += 1
+                        r.state = "unhealthy"  # out of rotation until healthy again
+                        if r.health_failures >= f.health_failures:
+                            kill(r)
+                            self._crashed(r, f"{r.health_failures} failed health checks")
+                elif r.state == "crashed" and time.monotonic() >= r.restart_at:
+                    r.state = "starting"
+                    threading.Thread(target=self._restart, args=(group, r), name=f"restart-{r.name}", daemon=True).start()
+
+    @staticmethod
+    def _healthy(r: Replica) -> bool:
+        with r.client() as client:
+            return client.healthy()
+
+    def _crashed(self, r: Replica, why: str) -> None:
+        f = self.settings.fleet
+        delay = min(f.restart_backoff_s * 2 ** min(r.restarts, 16), f.restart_backoff_max_s)
+        r.state, r.last_error, r.restart_at = "crashed", why, time.monotonic() + delay
+        log.warning("replica %s %s; restarting in %.1f s", r.name, why, delay)
+        self._save_state()
+
+    def _restart(self, group: ModelGroup, r: Replica) -> None:
+        with group.lock:
+            if r not in group.replicas:
+                return
+            r.restarts += 1
+            r.base, r.adapters = group.base, dict(group.adapters)  # come back serving what the group serves now
+            try:
+                boot(r, self.settings, self.checkpoints, enable_lora=group.strategy.name == "lora")
+                log.info("replica %s restarted (%d restarts)", r.name, r.restarts)
+            except Exception as e:
+                self._crashed(r, f"restart failed: {e}")
+            self._save_state()
+
+    # ---- state -----------------------------------------------------------------------------------
+    def status(self) -> dict:
+        return {"engine_flavor": self.flavor, "models": {name: g.status() for name, g in self.groups.items()}}
+
+    def _save_state(self) -> None:
+        # Read by `tidal status`/`tidal down` even when this process is gone.
+        write_json(self.settings.run_dir / "replicas.json", self.status())

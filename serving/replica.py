@@ -1,0 +1,110 @@
+"""A replica: one engine process serving one full checkpoint plus the LoRA versions loaded on it."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+from serving import engine
+from serving.engine import EngineClient
+from serving.probe import ProbeReport, verify
+from tidal.procs import ProcInfo, stop_group
+from tidal.registry import CheckpointCache, VersionInfo
+from tidal.settings import TidalSettings
+
+State = Literal["starting", "ready", "unhealthy", "crashed", "draining", "stopped", "failed"]
+
+
+@dataclass
+class Replica:
+    model: str
+    index: int  # stable within its model: names its log file and port slot
+    port: int
+    host: str
+    base: VersionInfo  # the full checkpoint the engine process was started on
+    adapters: dict[int, VersionInfo] = field(default_factory=dict)  # LoRA versions loaded, by version
+    state: State = "starting"
+    proc: subprocess.Popen | None = None
+    info: ProcInfo | None = None
+    restarts: int = 0
+    health_failures: int = 0
+    restart_at: float = 0.0  # monotonic time of the next restart attempt after a crash
+    last_error: str = ""
+    probes: list[ProbeReport] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}-{self.index}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def served(self) -> dict[str, int]:
+        """Served model name → weight version; one name maps to exactly one version."""
+        names = {self.base.served_name: self.base.version}
+        names.update({v.served_name: v.version for v in self.adapters.values()})
+        return names
+
+    def client(self) -> EngineClient:
+        return EngineClient(self.url)
+
+    def exited(self) -> bool:
+        return self.proc is None or self.proc.poll() is not None
+
+    def status(self) -> dict:
+        return {"name": self.name, "state": self.state, "url": self.url, "pid": self.pid,
+                "base_version": self.base.version, "served": self.served(), "restarts": self.restarts,
+                "last_error": self.last_error}
+
+
+def boot(replica: Replica, settings: TidalSettings, checkpoints: CheckpointCache, enable_lora: bool) -> None:
+    """Start the engine, wait for readiness, load adapters, probe every served version.
+
+    Raises (and leaves no process behind) if any step fails: a replica is either fully verified or gone.
+    """
+    replica.state = "starting"
+    log = settings.log_dir / f"replica-{replica.name}.log"
+    try:
+        base_dir = checkpoints.local_dir(replica.base)
+        replica.proc, replica.info = engine.launch(
+            settings.engine, replica.name, base_dir, [replica.base.served_name], replica.host, replica.port, enable_lora, log)
+        engine.wait_ready(replica.url, settings.fleet.ready_timeout_s, replica.proc, str(log), f"replica {replica.name}")
+    except BaseException:
+        kill(replica)
+        replica.state = "failed"
+        raise
+    replica.probes = []
+    try:
+        client = replica.client()
+        try:
+            replica.probes.append(verify(client, replica.base.served_name, base_dir, settings.fleet.probe_atol, replica.name))
+            for info in list(replica.adapters.values()):
+                path = checkpoints.local_dir(info)
+                client.load_lora(info.served_name, path)
+                replica.probes.append(verify(client, info.served_name, path, settings.fleet.probe_atol, replica.name))
+        finally:
+            client.close()
+    except BaseException:
+        kill(replica)
+        replica.state = "failed"
+        raise
+    replica.state, replica.health_failures, replica.last_error = "ready", 0, ""
+
+
+def kill(replica: Replica, timeout: float = 10.0) -> None:
+    if replica.proc is not None:
+        stop_group(replica.proc.pid, timeout=timeout)
+        replica.proc.wait(timeout=5)
+
+
+def drain(replica: Replica, grace_s: float) -> None:
+    """Leave rotation, let in-flight requests finish (the gateway stops picking a draining replica)."""
+    replica.state = "draining"
+    time.sleep(grace_s)

@@ -1,0 +1,121 @@
+"""Fleet supervisor process: owns the replicas, exposes an admin API (`python -m serving.supervisor`).
+
+Operations block until done (a scale-up waits for verified replicas); GET /fleet stays responsive.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import threading
+from contextlib import asynccontextmanager
+
+import uvicorn
+from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from serving.engine import EngineEnvironmentMissing, EngineError
+from serving.fleet import Fleet
+from serving.probe import ProbeFailed
+from serving.weight_sync import StrategyUnavailable
+from tidal.procs import NotReady, PortInUse
+from tidal.registry import CheckpointCache, Registry, RegistryError
+from tidal.settings import SettingsError, TidalSettings, load_settings
+from tidal.store import open_store
+from tidal.tokens import admin_token
+
+log = logging.getLogger("tidal.supervisor")
+
+# exception type → HTTP status; the message is the detail.
+ERRORS: dict[type[Exception], int] = {RegistryError: 404, SettingsError: 400, StrategyUnavailable: 400, ValueError: 400,
+                                      ProbeFailed: 409, NotReady: 503, PortInUse: 503, EngineError: 502,
+                                      FileNotFoundError: 404, EngineEnvironmentMissing: 500}
+
+
+class ScaleRequest(BaseModel):
+    replicas: int = Field(..., ge=0, le=64, description="Replicas to keep running.")
+
+
+class VersionRequest(BaseModel):
+    version: str = Field(..., min_length=1, max_length=64, description="'3', 'v3' or an alias like '@candidate'.")
+
+
+class FleetState:
+    """The fleet plus how its start-up went (it starts in the background so the API answers at once)."""
+
+    def __init__(self, fleet: Fleet):
+        self.fleet, self.ready, self.error = fleet, False, ""
+
+    def start(self) -> None:
+        try:
+            self.fleet.start()
+            self.ready = True
+        except Exception as e:  # reported through GET /fleet, and the log
+            log.exception("fleet start failed")
+            self.error = f"{type(e).__name__}: {e}"
+
+
+def build_app(state: FleetState, token: str) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        threading.Thread(target=state.start, name="fleet-start", daemon=True).start()
+        yield
+        state.fleet.stop()
+
+    app = FastAPI(title="Tidal fleet supervisor", lifespan=lifespan)
+
+    def admin(authorization: str = Header("")) -> None:
+        given = authorization.removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            raise HTTPException(401, "missing or wrong admin token (Authorization: Bearer <token>)")
+
+    @app.exception_handler(Exception)
+    async def known_errors(request: Request, exc: Exception):
+        for kind, code in ERRORS.items():
+            if isinstance(exc, kind):
+                return JSONResponse({"detail": str(exc)}, status_code=code)
+        log.exception("unexpected error on %s", request.url.path)
+        return JSONResponse({"detail": f"internal error: {type(exc).__name__}"}, status_code=500)
+
+    @app.get("/health")
+    def health() -> dict:
+        return {"ok": True}
+
+    @app.get("/fleet", dependencies=[Depends(admin)])
+    def fleet_status() -> dict:
+        return {"ready": state.ready, "error": state.error, **state.fleet.status()}
+
+    @app.post("/fleet/{model}/scale", dependencies=[Depends(admin)])
+    def scale(model: str, body: ScaleRequest) -> dict:
+        replicas = state.fleet.scale(model, body.replicas)
+        return {"model": model, "replicas": [r.status() for r in replicas]}
+
+    @app.post("/fleet/{model}/deploy", dependencies=[Depends(admin)])
+    def deploy(model: str, body: VersionRequest) -> dict:
+        reports = state.fleet.deploy(model, body.version)
+        return {"model": model, "version": body.version, "probes": [r.summary() for r in reports]}
+
+    @app.post("/fleet/{model}/undeploy", dependencies=[Depends(admin)])
+    def undeploy(model: str, body: VersionRequest) -> dict:
+        state.fleet.undeploy(model, body.version)
+        return {"model": model, "version": body.version, "undeployed": True}
+
+    return app
+
+
+def serve(settings: TidalSettings) -> None:
+    store = open_store(settings)
+    fleet = Fleet(settings, Registry(settings.mlflow.tracking_uri), CheckpointCache(store, settings.data_path / "cache"))
+    app = build_app(FleetState(fleet), admin_token(settings))
+    uvicorn.run(app, host=settings.fleet.host, port=settings.fleet.admin_port, log_level="warning")
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health check otherwise
+    serve(load_settings())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""Prefect tasks of the base-policy bootstrap (composed by flows/bootstrap.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tidal.registry import Registry, VersionInfo, publish
+from tidal.settings import PROJECT_ROOT, BootstrapSettings
+from tidal.store import ObjectStore
+from training import corpus as corpus_mod
+from training.policy import build_policy, save_policy
+from training.pretrain import PretrainResult, pretrain
+from training.probe import ProbeSet, compute_probe, probe_prompts, save_probe
+from training.tokenizer import train_tokenizer
+
+
+@dataclass
+class Corpus:
+    train: list[str]
+    heldout: list[str]
+    train_files: int
+    heldout_files: int
+
+
+@task(cache_policy=NO_CACHE)
+def load_corpus(heldout_fraction: float) -> Corpus:
+    """The interpreter's standard library, split train/held-out by a hash of each file's path."""
+    root = corpus_mod.stdlib_root()
+    train, heldout = corpus_mod.split_files(corpus_mod.source_files(root), root, heldout_fraction)
+    return Corpus(corpus_mod.read_texts(train), corpus_mod.read_texts(heldout), len(train), len(heldout))
+
+
+@task(cache_policy=NO_CACHE)
+def train_base_tokenizer(texts: list[str], vocab_size: int):
+    return train_tokenizer(texts, vocab_size)
+
+
+@task(cache_policy=NO_CACHE)
+def pretrain_policy(tokenizer, corpus: Corpus, cfg: BootstrapSettings):
+    model = build_policy(cfg.policy, tokenizer)
+    result = pretrain(model, tokenizer, corpus.train, corpus.heldout, cfg.pretrain, progress=True)
+    return model, result
+
+
+@task(cache_policy=NO_CACHE)
+def compute_version_probe(model, tokenizer, heldout: list[str], cfg: BootstrapSettings) -> ProbeSet:
+    prompts = probe_prompts(heldout, n=cfg.probe_prompts, seed=cfg.pretrain.seed)
+    return compute_probe(model, tokenizer, prompts, max_new_tokens=cfg.probe_tokens)
+
+
+@task(cache_policy=NO_CACHE)
+def publish_base_version(registry: Registry, store: ObjectStore, model_name: str, model, tokenizer, probe: ProbeSet,
+                         result: PretrainResult, cfg: BootstrapSettings, run_id: str | None) -> VersionInfo:
+    """Upload the checkpoint with its probe, register it (no parent), make it the champion."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = save_policy(model, tokenizer, Path(tmp) / "checkpoint")
+        save_probe(probe, out)
+        tags = {"tidal.parent_version": "none", "tidal.origin": "bootstrap", "tidal.code_revision": code_revision(),
+                "tidal.heldout_bits_per_byte": f"{result.heldout_bits_per_byte:.4f}",
+                "tidal.params": str(sum(p.numel() for p in model.parameters()))}
+        info = publish(registry, store, model_name, out, "full", None, tags, run_id)
+    registry.set_alias(model_name, "champion", info.version)
+    return info
+
+
+def code_revision() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"

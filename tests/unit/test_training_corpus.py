@@ -1,0 +1,68 @@
+"""The stdlib corpus: file discovery, the hash split, reading."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from training.corpus import read_texts, source_files, split_files, stdlib_root
+
+
+def test_stdlib_root_holds_the_standard_library() -> None:
+    root = stdlib_root()
+    assert (root / "os.py").is_file()
+    assert (root / "json" / "__init__.py").is_file()
+
+
+def test_source_files_sorted_python_only_without_site_packages(tmp_path: Path) -> None:
+    for rel in ["b.py", "a/c.py", "a/notes.txt", "site-packages/pkg/x.py", "a/site-packages/y.py"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x = 1\n")
+    files = source_files(tmp_path)
+    assert [f.relative_to(tmp_path).as_posix() for f in files] == ["a/c.py", "b.py"]
+
+
+def test_split_is_deterministic_disjoint_and_near_the_fraction() -> None:
+    root = stdlib_root()
+    files = source_files(root)
+    assert len(files) > 500
+    train, heldout = split_files(files, root, heldout_fraction=0.1)
+    assert set(train).isdisjoint(heldout)
+    assert sorted(train + heldout) == files
+    assert 0.06 < len(heldout) / len(files) < 0.14
+    # Order of the input does not matter, and a rerun gives the same split.
+    train2, heldout2 = split_files(list(reversed(files)), root, heldout_fraction=0.1)
+    assert sorted(train2) == sorted(train) and sorted(heldout2) == sorted(heldout)
+
+
+def test_split_follows_the_path_hash(tmp_path: Path) -> None:
+    names = [f"m{i}.py" for i in range(200)]
+    files = [tmp_path / n for n in names]
+    _, heldout = split_files(files, tmp_path, heldout_fraction=0.3)
+    expected = {
+        tmp_path / n
+        for n in names
+        if int.from_bytes(hashlib.sha256(n.encode()).digest()[:8], "big") / 2**64 < 0.3
+    }
+    assert set(heldout) == expected
+    # The side of a file depends on its relative path only, not on where the root is.
+    other = tmp_path / "elsewhere"
+    _, heldout_other = split_files([other / n for n in names], other, heldout_fraction=0.3)
+    assert {p.name for p in heldout_other} == {p.name for p in heldout}
+
+
+def test_split_rejects_bad_fraction(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        split_files([tmp_path / "a.py"], tmp_path, heldout_fraction=1.5)
+
+
+def test_read_texts_skips_undecodable_and_empty(tmp_path: Path) -> None:
+    good = tmp_path / "good.py"
+    good.write_text("print('héllo')\n", encoding="utf-8")
+    latin1 = tmp_path / "latin1.py"
+    latin1.write_bytes("s = 'caf\xe9'\n".encode("latin-1"))
+    empty = tmp_path / "empty.py"
+    empty.write_text("")
+    assert read_texts([latin1, good, empty]) == ["print('héllo')\n"]

@@ -1,0 +1,1 @@
+"""Tidal: online RL of LLMs from production traffic."""

@@ -1,0 +1,149 @@
+"""`tidal` console command: thin wrappers over the platform, fleet and flows."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from tidal.settings import TidalSettings, load_settings
+
+
+def _platform(settings: TidalSettings):
+    from tidal.platform import Platform, use_platform_env
+
+    use_platform_env(settings)
+    return Platform(settings)
+
+
+def ensure_champions(settings: TidalSettings) -> None:
+    """Bootstrap every configured model that has no version under its serve alias yet."""
+    from flows.bootstrap import bootstrap
+    from tidal.registry import Registry
+
+    registry = Registry(settings.mlflow.tracking_uri)
+    for m in settings.models:
+        if registry.by_alias(m.name, m.serve_alias) is None:
+            print(f"{m.name}: no '{m.serve_alias}' version yet; bootstrapping the base policy (a few minutes)")
+            bootstrap(model=m.name)
+
+
+def cmd_up(settings: TidalSettings, args) -> None:
+    platform = _platform(settings)
+    platform.up_servers()
+    ensure_champions(settings)
+    if not args.no_fleet:
+        platform.up_fleet()
+    print_status(platform.status())
+
+
+def cmd_down(settings: TidalSettings, args) -> None:
+    stopped = _platform(settings).down()
+    print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+
+
+def cmd_status(settings: TidalSettings, args) -> None:
+    status = _platform(settings).status()
+    print(json.dumps(status, indent=2)) if args.json else print_status(status)
+
+
+def cmd_bootstrap(settings: TidalSettings, args) -> None:
+    platform = _platform(settings)
+    platform.up_servers()
+    from flows.bootstrap import bootstrap
+
+    for name in args.models or [m.name for m in settings.models]:
+        bootstrap(model=name, force=args.force)
+
+
+def cmd_fleet(settings: TidalSettings, args) -> None:
+    client = _platform(settings).fleet_client()
+    if args.fleet_cmd == "scale":
+        out = client.scale(args.model, args.replicas)
+    elif args.fleet_cmd == "deploy":
+        out = client.deploy(args.model, args.version)
+    else:
+        out = client.undeploy(args.model, args.version)
+    print(json.dumps(out, indent=2))
+
+
+def cmd_demo(settings: TidalSettings, args) -> None:
+    cmd_up(settings, argparse.Namespace(no_fleet=False))
+    replica = next((r for m in _platform(settings).fleet_client().status()["models"].values() for r in m["replicas"]), None)
+    if replica:
+        name = next(iter(replica["served"]))
+        print("\nTry a completion with log-probs:\n"
+              f"  curl -s {replica['url']}/v1/completions -H 'Content-Type: application/json' \\\n"
+              f"    -d '{{\"model\": \"{name}\", \"prompt\": \"def fib(n):\\n    \", \"max_tokens\": 16, "
+              f"\"logprobs\": 1, \"return_token_ids\": true}}'\n"
+              "Stop everything with: .venv/bin/tidal down")
+
+
+def print_status(status: dict) -> None:
+    for name, svc in status.items():
+        state = "up" if svc["healthy"] else ("starting/unhealthy" if svc["running"] else "down")
+        print(f"{name:8s} {state:18s} {svc['url']:28s} pid={svc['pid']}  log={svc['log']}")
+    fleet = status.get("fleet", {}).get("fleet")
+    if fleet:
+        if fleet.get("error"):
+            print(f"  fleet error: {fleet['error']}")
+        for model, group in fleet["models"].items():
+            print(f"  model {model}: strategy={group['strategy']} base=v{group['base_version']} "
+                  f"adapters={group['adapters']} replicas={len(group['replicas'])}/{group['desired_replicas']}")
+            for r in group["replicas"]:
+                served = ", ".join(sorted(r["served"]))
+                print(f"    {r['name']:10s} {r['state']:9s} {r['url']:24s} pid={r['pid']} serves [{served}] restarts={r['restarts']}"
+                      + (f"  last error: {r['last_error']}" if r["last_error"] else ""))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tidal", description="Online RL of LLMs from production traffic.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="start Prefect, MLflow and the fleet (bootstraps the base policy if missing)")
+    up.add_argument("--no-fleet", action="store_true", help="servers only")
+    up.set_defaults(func=cmd_up)
+    sub.add_parser("down", help="stop everything `up` started").set_defaults(func=cmd_down)
+    st = sub.add_parser("status", help="what runs, where, which versions each replica serves")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=cmd_status)
+    bs = sub.add_parser("bootstrap", help="pretrain and register the base policy (version 1, alias champion)")
+    bs.add_argument("models", nargs="*")
+    bs.add_argument("--force", action="store_true", help="train and register a new base even if a champion exists")
+    bs.set_defaults(func=cmd_bootstrap)
+    fl = sub.add_parser("fleet", help="operate the fleet").add_subparsers(dest="fleet_cmd", required=True)
+    sc = fl.add_parser("scale")
+    sc.add_argument("model")
+    sc.add_argument("replicas", type=int)
+    for verb in ("deploy", "undeploy"):
+        v = fl.add_parser(verb)
+        v.add_argument("model")
+        v.add_argument("version", help="3, v3 or @alias")
+    for parser in fl.choices.values():
+        parser.set_defaults(func=cmd_fleet)
+    sub.add_parser("demo", help="the main job: bring the platform up and serve the champion").set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = load_settings()
+        args.func(settings, args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # every user-facing failure: one clear line, no traceback
+        from serving.client import FleetError
+        from tidal.procs import NotReady, PortInUse
+        from tidal.registry import RegistryError
+        from tidal.settings import SettingsError
+
+        if isinstance(e, (FleetError, NotReady, PortInUse, RegistryError, SettingsError, FileNotFoundError, ValueError)):
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

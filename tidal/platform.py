@@ -1,0 +1,179 @@
+"""The local platform: Prefect server, MLflow server and the fleet supervisor as supervised processes.
+
+`up` is idempotent (running services are reused), `down` leaves nothing running, `status` reads pid
+files and health endpoints. Each service maps to one Kubernetes workload in production.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import yaml
+
+from tidal.procs import NotReady, ProcInfo, alive, read_procinfo, require_port, save_procinfo, spawn, stop_group, tail, wait_http
+from tidal.settings import TidalSettings
+from tidal.tokens import admin_token
+
+TELEMETRY_OFF = {"DO_NOT_TRACK": "true", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
+
+
+@dataclass
+class Service:
+    name: str
+    cmd: list[str]
+    host: str
+    port: int
+    port_setting: str  # the setting to change when the port is taken
+    ready_url: str
+    ready_timeout_s: float
+    url: str
+    env: dict[str, str] = field(default_factory=dict)
+
+
+class Platform:
+    def __init__(self, settings: TidalSettings):
+        self.settings = settings
+        self.run_dir, self.log_dir = settings.run_dir, settings.log_dir
+
+    # ---- services -------------------------------------------------------------------------------
+    def services(self) -> dict[str, Service]:
+        s, data, py = self.settings, self.settings.data_path, sys.executable
+        mlflow_env = {**TELEMETRY_OFF, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        if s.store.s3_endpoint_url:
+            mlflow_env["MLFLOW_S3_ENDPOINT_URL"] = s.store.s3_endpoint_url
+        (data / "mlflow").mkdir(parents=True, exist_ok=True)
+        return {
+            "prefect": Service(
+                "prefect", [py, "-m", "prefect", "server", "start", "--host", s.prefect.host, "--port", str(s.prefect.port)],
+                s.prefect.host, s.prefect.port, "prefect.port", f"{s.prefect.api_url}/health", s.prefect.ready_timeout_s,
+                f"http://{s.prefect.host}:{s.prefect.port}",
+                {**TELEMETRY_OFF, "PREFECT_HOME": str(data / "prefect"), "PREFECT_API_URL": s.prefect.api_url}),
+            "mlflow": Service(
+                "mlflow", [py, "-m", "mlflow", "server", "--host", s.mlflow.host, "--port", str(s.mlflow.port),
+                           "--workers", str(s.mlflow.workers), "--backend-store-uri", f"sqlite:///{data / 'mlflow' / 'mlflow.db'}",
+                           "--artifacts-destination", f"{s.store_url}/mlflow-artifacts"],
+                s.mlflow.host, s.mlflow.port, "mlflow.port", f"{s.mlflow.tracking_uri}/health", s.mlflow.ready_timeout_s,
+                s.mlflow.tracking_uri, mlflow_env),
+            "fleet": Service(
+                "fleet", [py, "-m", "serving.supervisor"], s.fleet.host, s.fleet.admin_port, "fleet.admin_port",
+                f"http://{s.fleet.host}:{s.fleet.admin_port}/health", 60.0, f"http://{s.fleet.host}:{s.fleet.admin_port}",
+                {"TIDAL_CONFIG": str(self._settings_file())}),
+        }
+
+    def _settings_file(self) -> Path:
+        """The resolved settings, so child processes see exactly what this process resolved."""
+        path = self.run_dir / "settings.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = self.settings.model_dump(mode="json")
+        data["data_dir"] = str(self.settings.data_path)
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        path.chmod(0o600)
+        return path
+
+    def running(self, name: str) -> ProcInfo | None:
+        info = read_procinfo(self.run_dir / f"{name}.json")
+        return info if info and alive(info.pid) else None
+
+    def ensure(self, svc: Service) -> ProcInfo:
+        """Start svc unless it already runs; wait for readiness; never leave a half-started process."""
+        info = self.running(svc.name)
+        if info is not None:
+            wait_http(svc.ready_url, svc.ready_timeout_s, svc.name, log=info.log)
+            return info
+        require_port(svc.host, svc.port, svc.name, svc.port_setting)
+        proc, info = spawn(svc.name, svc.cmd, self.log_dir / f"{svc.name}.log", env=svc.env, cwd=self.settings.data_path)
+        info.url = svc.url
+        save_procinfo(self.run_dir / f"{svc.name}.json", info)
+        try:
+            wait_http(svc.ready_url, svc.ready_timeout_s, svc.name, proc=proc, log=info.log)
+        except BaseException:
+            stop_group(proc.pid)
+            (self.run_dir / f"{svc.name}.json").unlink(missing_ok=True)
+            raise
+        return info
+
+    def up_servers(self) -> None:
+        svcs = self.services()
+        for name in ("prefect", "mlflow"):
+            self.ensure(svcs[name])
+
+    def up_fleet(self, timeout_s: float | None = None) -> dict:
+        """Start the supervisor and wait until every configured replica is verified (or start-up failed)."""
+        svc = self.services()["fleet"]
+        info = self.ensure(svc)
+        deadline = time.monotonic() + (timeout_s or self.settings.fleet.ready_timeout_s * 3)
+        while time.monotonic() < deadline:
+            status = self.fleet_client().status()
+            if status["error"]:
+                self.stop("fleet")
+                raise NotReady(f"fleet failed to start: {status['error']}; see {info.log}{tail(info.log)}")
+            if status["ready"]:
+                return status
+            time.sleep(1.0)
+        raise NotReady(f"fleet not ready after {timeout_s} s; see {info.log}{tail(info.log)}")
+
+    def fleet_client(self):
+        from serving.client import FleetClient
+
+        return FleetClient(f"http://{self.settings.fleet.host}:{self.settings.fleet.admin_port}", admin_token(self.settings))
+
+    # ---- stopping -------------------------------------------------------------------------------
+    def stop(self, name: str) -> None:
+        info = self.running(name)
+        if info is not None:
+            stop_group(info.pid, timeout=30.0)
+        (self.run_dir / f"{name}.json").unlink(missing_ok=True)
+
+    def down(self) -> list[str]:
+        """Stop fleet (it stops its replicas), then MLflow and Prefect; kill any replica left behind."""
+        stopped = [n for n in ("fleet", "mlflow", "prefect") if self.running(n)]
+        for name in ("fleet", "mlflow", "prefect"):
+            self.stop(name)
+        for pid in self.replica_pids():
+            if alive(pid):
+                stop_group(pid)
+                stopped.append(f"replica pid {pid}")
+        return stopped
+
+    def replica_pids(self) -> list[int]:
+        import json
+
+        try:
+            fleet = json.loads((self.run_dir / "replicas.json").read_text())
+        except (OSError, ValueError):
+            return []
+        return [r["pid"] for m in fleet.get("models", {}).values() for r in m["replicas"] if r.get("pid")]
+
+    # ---- status ---------------------------------------------------------------------------------
+    def status(self) -> dict:
+        out = {}
+        for name, svc in self.services().items():
+            info = self.running(name)
+            healthy = False
+            if info is not None:
+                try:
+                    healthy = httpx.get(svc.ready_url, timeout=2.0).is_success
+                except httpx.HTTPError:
+                    pass
+            out[name] = {"running": info is not None, "pid": info.pid if info else None, "url": svc.url,
+                         "healthy": healthy, "log": str(self.log_dir / f"{name}.log")}
+        if out["fleet"]["healthy"]:
+            out["fleet"]["fleet"] = self.fleet_client().status()
+        return out
+
+
+def prefect_env(settings: TidalSettings) -> dict[str, str]:
+    return {**TELEMETRY_OFF, "PREFECT_API_URL": settings.prefect.api_url, "PREFECT_HOME": str(settings.data_path / "prefect")}
+
+
+def use_platform_env(settings: TidalSettings) -> None:
+    """Point this process's Prefect and MLflow clients at the platform's servers (called at start-up)."""
+    os.environ.update(prefect_env(settings))
+    os.environ["MLFLOW_TRACKING_URI"] = settings.mlflow.tracking_uri
+    if settings.store.s3_endpoint_url:
+        os.environ.setdefault("MLFLOW_S3_ENDPOINT_URL", settings.store.s3_endpoint_url)

@@ -1,0 +1,135 @@
+"""Process plumbing shared by the platform and the fleet: ports, spawning, readiness, stopping."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+
+
+class PortInUse(RuntimeError):
+    pass
+
+
+class NotReady(RuntimeError):
+    pass
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def require_port(host: str, port: int, what: str, setting: str) -> None:
+    if not port_free(host, port):
+        raise PortInUse(f"{what}: port {host}:{port} is already in use; stop what holds it or change {setting}")
+
+
+@dataclass
+class ProcInfo:
+    name: str
+    pid: int
+    cmd: list[str]
+    log: str
+    url: str = ""
+    started: float = 0.0
+
+
+def spawn(name: str, cmd: list[str], log_path: Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[subprocess.Popen, ProcInfo]:
+    """Start cmd in its own session (so its whole process group can be stopped), output to log_path.
+
+    Children get settings only through `env` (TIDAL_CONFIG): inherited TIDAL_* variables are dropped so a
+    child never sees settings other than its parent resolved.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TIDAL_")}
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**base, **(env or {})}, cwd=cwd, start_new_session=True)
+    return proc, ProcInfo(name, proc.pid, cmd, str(log_path), started=time.time())
+
+
+def alive(pid: int) -> bool:
+    try:
+        p = psutil.Process(pid)
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def stop_group(pid: int, timeout: float = 15.0, sig: int = signal.SIGTERM) -> None:
+    """Signal pid's process group (and any stray children), escalate to SIGKILL after timeout."""
+    try:
+        procs = [psutil.Process(pid)] + psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for p in procs:
+        try:
+            p.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+    _, left = psutil.wait_procs(procs, timeout=timeout)
+    for p in left:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(left, timeout=5)
+
+
+def wait_http(url: str, timeout: float, what: str, proc: subprocess.Popen | None = None, log: str = "") -> None:
+    """Poll url until it answers 2xx; fail early if proc exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise NotReady(f"{what} exited with code {proc.returncode} before it was ready; see {log}{tail(log)}")
+        try:
+            if httpx.get(url, timeout=2.0).is_success:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise NotReady(f"{what} not ready at {url} after {timeout:.0f} s; see {log}{tail(log)}")
+
+
+def tail(log: str, lines: int = 15) -> str:
+    try:
+        text = Path(log).read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ""
+    return "\n  last lines:\n    " + "\n    ".join(text) if text else ""
+
+
+def write_json(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    tmp.replace(path)
+
+
+def read_procinfo(path: Path) -> ProcInfo | None:
+    try:
+        return ProcInfo(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def save_procinfo(path: Path, info: ProcInfo) -> None:
+    write_json(path, asdict(info))

@@ -1,0 +1,151 @@
+"""Model registry on MLflow: one registered model per served model, one version per checkpoint.
+
+A version's weights live in the object store at `checkpoints/model=M/version=V/` (HF directory for
+`full`, PEFT adapter for `lora`), with `probe.json` beside them. MLflow holds the lineage tags and
+the aliases `champion` / `candidate` / `previous`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from tidal.store import LocalStore, ObjectStore, download_dir
+
+Kind = Literal["full", "lora"]
+
+
+class RegistryError(LookupError):
+    """Unknown model, version or alias; the message says what exists."""
+
+
+def checkpoint_key(model: str, version: int) -> str:
+    return f"checkpoints/model={model}/version={version}"
+
+
+def registry_source(store: ObjectStore, key: str) -> str:
+    """The version's `source` in MLflow: the S3 URI itself; for the local store `tidal://store/<key>`,
+    since MLflow refuses file paths outside a run's artifact directory."""
+    uri = store.uri(key)
+    return uri if uri.startswith("s3://") else f"tidal://store/{key}"
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    model: str
+    version: int
+    kind: Kind
+    base_version: int  # the full checkpoint a LoRA applies to; itself for `full`
+    source: str  # store URI of the checkpoint directory
+    tags: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def served_name(self) -> str:
+        return f"{self.model}@v{self.version}"
+
+    @property
+    def key(self) -> str:
+        return checkpoint_key(self.model, self.version)
+
+
+class Registry:
+    def __init__(self, tracking_uri: str):
+        self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+
+    def _ensure_model(self, model: str) -> None:
+        try:
+            self.client.get_registered_model(model)
+        except MlflowException:
+            self.client.create_registered_model(model, tags={"tidal.managed": "true"})
+
+    def versions(self, model: str) -> list[int]:
+        try:
+            return sorted(int(v.version) for v in self.client.search_model_versions(f"name='{model}'"))
+        except MlflowException:
+            return []
+
+    def next_version(self, model: str) -> int:
+        return max(self.versions(model), default=0) + 1
+
+    def register(self, model: str, version: int, kind: Kind, base_version: int, source: str, tags: dict[str, str], run_id: str | None = None) -> VersionInfo:
+        """Register the checkpoint uploaded for `version` (from next_version); fails if another writer took it."""
+        self._ensure_model(model)
+        all_tags = {**tags, "tidal.kind": kind, "tidal.base_version": str(base_version)}
+        mv = self.client.create_model_version(model, source=source, run_id=run_id, tags=all_tags)
+        if int(mv.version) != version:
+            self.client.delete_model_version(model, mv.version)
+            raise RegistryError(f"{model}: expected to register version {version}, registry assigned {mv.version} (concurrent registration?)")
+        return self.get(model, version)
+
+    def get(self, model: str, version: int) -> VersionInfo:
+        try:
+            mv = self.client.get_model_version(model, str(version))
+        except MlflowException:
+            known = self.versions(model)
+            raise RegistryError(f"{model} has no version {version}; registered versions: {known or 'none'}") from None
+        kind = mv.tags.get("tidal.kind", "full")
+        return VersionInfo(model, int(mv.version), kind, int(mv.tags.get("tidal.base_version", mv.version)), mv.source, dict(mv.tags))
+
+    def by_alias(self, model: str, alias: str) -> VersionInfo | None:
+        version = self.aliases(model).get(alias)
+        return None if version is None else self.get(model, version)
+
+    def aliases(self, model: str) -> dict[str, int]:
+        # search_model_versions returns empty aliases; the registered model has them.
+        try:
+            return {a: int(v) for a, v in self.client.get_registered_model(model).aliases.items()}
+        except MlflowException:
+            return {}
+
+    def set_alias(self, model: str, alias: str, version: int) -> None:
+        self.get(model, version)
+        self.client.set_registered_model_alias(model, alias, str(version))
+
+    def set_tags(self, model: str, version: int, tags: dict[str, str]) -> None:
+        for k, v in tags.items():
+            self.client.set_model_version_tag(model, str(version), k, v)
+
+    def resolve(self, model: str, ref: str | int) -> VersionInfo:
+        """`3`, `v3`, `@champion` or `champion` → VersionInfo."""
+        text = str(ref)
+        if text.lstrip("v").isdigit():
+            return self.get(model, int(text.lstrip("v")))
+        info = self.by_alias(model, text.lstrip("@"))
+        if info is None:
+            raise RegistryError(f"{model} has no alias {text!r}; aliases: {self.aliases(model) or 'none'}")
+        return info
+
+
+class CheckpointCache:
+    """Local directories of checkpoints: the store's own files when it is local, else a download cache."""
+
+    def __init__(self, store: ObjectStore, cache_dir: Path):
+        self.store, self.cache_dir = store, cache_dir
+
+    def local_dir(self, info: VersionInfo) -> Path:
+        if isinstance(self.store, LocalStore):
+            path = self.store.root / info.key
+            if not (path / "probe.json").is_file():
+                raise FileNotFoundError(f"checkpoint of {info.served_name} missing or incomplete at {path} (no probe.json)")
+            return path
+        return download_dir(self.store, info.key, self.cache_dir / info.key)
+
+
+def publish(registry: Registry, store: ObjectStore, model: str, local_dir: Path, kind: Kind, base_version: int | None,
+            tags: dict[str, str], run_id: str | None = None) -> VersionInfo:
+    """Upload a checkpoint directory (with its probe.json) and register it as the model's next version.
+
+    `base_version` None means "this version itself" (a full checkpoint is its own base).
+    """
+    from tidal.store import upload_dir
+
+    if not (local_dir / "probe.json").is_file():
+        raise FileNotFoundError(f"{local_dir} has no probe.json: every version needs its served-weight probe")
+    version = registry.next_version(model)
+    key = checkpoint_key(model, version)
+    upload_dir(store, local_dir, key)
+    return registry.register(model, version, kind, base_version or version, registry_source(store, key), tags, run_id)

@@ -1,0 +1,136 @@
+"""Object store: a local directory by default, S3 (boto3) by configuration. Keys are POSIX paths."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import urlparse
+
+from tidal.settings import TidalSettings
+
+
+class ObjectStore(Protocol):
+    url: str
+
+    def put_file(self, local: Path, key: str) -> None: ...
+    def get_file(self, key: str, local: Path) -> None: ...
+    def exists(self, key: str) -> bool: ...
+    def list(self, prefix: str) -> list[str]: ...
+    def uri(self, key: str) -> str: ...
+
+
+class LocalStore:
+    def __init__(self, root: Path):
+        self.root = root
+        self.url = root.as_uri()
+        root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        p = (self.root / key).resolve()
+        if not p.is_relative_to(self.root.resolve()):
+            raise ValueError(f"object key {key!r} escapes the store root")
+        return p
+
+    def put_file(self, local: Path, key: str) -> None:
+        dst = self._path(key)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(dst.name + ".tmp")
+        shutil.copyfile(local, tmp)
+        tmp.replace(dst)  # readers never see a half-written object
+
+    def get_file(self, key: str, local: Path) -> None:
+        src = self._path(key)
+        if not src.is_file():
+            raise FileNotFoundError(f"no object {key!r} in {self.url}")
+        local.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, local)
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def list(self, prefix: str) -> list[str]:
+        base = self._path(prefix) if prefix else self.root
+        if base.is_file():
+            return [prefix]
+        if not base.is_dir():
+            return []
+        return sorted(p.relative_to(self.root).as_posix() for p in base.rglob("*") if p.is_file() and not p.name.endswith(".tmp"))
+
+    def uri(self, key: str) -> str:
+        return self._path(key).as_uri()
+
+
+class S3Store:
+    def __init__(self, bucket: str, prefix: str, endpoint_url: str | None, region: str):
+        import boto3  # the local default needs no AWS SDK session
+
+        self.bucket, self.prefix = bucket, prefix.strip("/")
+        self.url = f"s3://{bucket}/{self.prefix}".rstrip("/")
+        self.client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region)
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def put_file(self, local: Path, key: str) -> None:
+        self.client.upload_file(str(local), self.bucket, self._key(key))
+
+    def get_file(self, key: str, local: Path) -> None:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        self.client.download_file(self.bucket, self._key(key), str(local))
+
+    def exists(self, key: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            return True
+        except ClientError as e:
+            if e.response["Error"]["Code"] in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+
+    def list(self, prefix: str) -> list[str]:
+        keys, strip = [], len(self.prefix) + 1 if self.prefix else 0
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
+            keys += [o["Key"][strip:] for o in page.get("Contents", [])]
+        return sorted(keys)
+
+    def uri(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self._key(key)}"
+
+
+def open_store(settings: TidalSettings) -> ObjectStore:
+    url = settings.store_url
+    parsed = urlparse(url)
+    if parsed.scheme == "file":
+        return LocalStore(Path(parsed.path))
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise ValueError(f"store.url {url!r} names no bucket; expected s3://bucket/prefix")
+        return S3Store(parsed.netloc, parsed.path, settings.store.s3_endpoint_url, settings.store.s3_region)
+    raise ValueError(f"store.url {url!r}: expected '' (local disk), file:///dir or s3://bucket/prefix")
+
+
+def upload_dir(store: ObjectStore, local: Path, prefix: str) -> list[str]:
+    keys = []
+    for p in sorted(local.rglob("*")):
+        if p.is_file():
+            key = f"{prefix.rstrip('/')}/{p.relative_to(local).as_posix()}"
+            store.put_file(p, key)
+            keys.append(key)
+    return keys
+
+
+def download_dir(store: ObjectStore, prefix: str, local: Path) -> Path:
+    """Copy every object under prefix into local (a cache: complete copies are marked and reused)."""
+    done = local / ".complete"
+    if done.exists():
+        return local
+    keys = store.list(prefix.rstrip("/") + "/")
+    if not keys:
+        raise FileNotFoundError(f"no objects under {prefix!r} in {store.url}")
+    for key in keys:
+        store.get_file(key, local / key[len(prefix.rstrip("/")) + 1 :])
+    done.touch()
+    return local
