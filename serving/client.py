@@ -1,30 +1,43 @@
-"""HTTP client of the fleet supervisor's admin API (used by the CLI, flows and tests)."""
+"""HTTP clients of the admin APIs: fleet supervisor and gateway routes (used by the CLI, flows, tests)."""
 
 from __future__ import annotations
 
 import httpx
 
 
-class FleetError(RuntimeError):
-    def __init__(self, status: int, detail: str):
-        super().__init__(f"fleet supervisor answered {status}: {detail}")
+class AdminError(RuntimeError):
+    def __init__(self, service: str, status: int, detail: str):
+        super().__init__(f"{service} answered {status}: {detail}")
         self.status, self.detail = status, detail
 
 
-class FleetClient:
-    def __init__(self, url: str, token: str, timeout_s: float = 1800.0):
-        # Long timeout: a scale-up or rolling restart returns only once replicas are verified.
+class _AdminClient:
+    service = ""
+
+    def __init__(self, url: str, token: str, timeout_s: float):
         self.http = httpx.Client(base_url=url, timeout=timeout_s, headers={"Authorization": f"Bearer {token}"})
 
     def _call(self, method: str, path: str, **kw) -> dict:
         r = self.http.request(method, path, **kw)
         if not r.is_success:
             try:
-                detail = r.json().get("detail", r.text)
+                body = r.json()
+                detail = body.get("detail") or body.get("error", {}).get("message") or r.text
             except ValueError:
                 detail = r.text
-            raise FleetError(r.status_code, str(detail))
+            raise AdminError(self.service, r.status_code, str(detail))
         return r.json()
+
+
+FleetError = AdminError
+
+
+class FleetClient(_AdminClient):
+    service = "fleet supervisor"
+
+    def __init__(self, url: str, token: str, timeout_s: float = 1800.0):
+        # Long timeout: a scale-up or rolling restart returns only once replicas are verified.
+        super().__init__(url, token, timeout_s)
 
     def status(self) -> dict:
         return self._call("GET", "/fleet")
@@ -40,3 +53,22 @@ class FleetClient:
 
     def replicas(self, model: str) -> list[dict]:
         return self.status()["models"][model]["replicas"]
+
+
+class RoutesClient(_AdminClient):
+    service = "gateway"
+
+    def __init__(self, url: str, token: str, timeout_s: float = 30.0):
+        super().__init__(url, token, timeout_s)
+
+    def show(self) -> dict:
+        return self._call("GET", "/admin/routes")
+
+    def canary(self, model: str, version: int, weight: float, by: str = "cli", reason: str = "") -> dict:
+        return self._call("POST", f"/admin/routes/{model}/canary", json={"version": version, "weight": weight, "by": by, "reason": reason})
+
+    def set(self, model: str, arms: list[dict], by: str = "cli", reason: str = "") -> dict:
+        return self._call("PUT", f"/admin/routes/{model}", json={"arms": arms, "by": by, "reason": reason})
+
+    def rollback(self, model: str, by: str = "cli", reason: str = "") -> dict:
+        return self._call("POST", f"/admin/routes/{model}/rollback", json={"by": by, "reason": reason})

@@ -49,6 +49,8 @@ def engine_command(settings: EngineSettings, model_dir: Path, served_names: list
 def engine_env(settings: EngineSettings) -> dict[str, str]:
     return {
         "VLLM_CPU_KVCACHE_SPACE": str(settings.kv_cache_gib),
+        "VLLM_CPU_OMP_THREADS_BIND": settings.cpu_omp_bind,
+        "OMP_NUM_THREADS": str(settings.cpu_threads),
         "VLLM_SERVER_DEV_MODE": "1",  # /pause, /resume, /collective_rpc, /reset_prefix_cache
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
         "VLLM_NO_USAGE_STATS": "1",

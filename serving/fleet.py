@@ -22,8 +22,10 @@ log = logging.getLogger("tidal.fleet")
 class ModelGroup:
     """One model's replicas and the versions they should serve."""
 
-    def __init__(self, settings: ModelSettings, base: VersionInfo, adapters: dict[int, VersionInfo], strategy: WeightSync):
+    def __init__(self, settings: ModelSettings, base: VersionInfo, adapters: dict[int, VersionInfo], strategy: WeightSync,
+                 serving: int):
         self.settings, self.base, self.adapters, self.strategy = settings, base, adapters, strategy
+        self.serving = serving  # the serve-alias version at start: the gateway's default control arm
         self.replicas: list[Replica] = []
         self.desired = 0
         self.next_index = 0
@@ -36,7 +38,7 @@ class ModelGroup:
         return [r for r in self.replicas if not r.exited()]
 
     def status(self) -> dict:
-        return {"strategy": self.strategy.name, "base_version": self.base.version,
+        return {"strategy": self.strategy.name, "base_version": self.base.version, "serving_version": self.serving,
                 "adapters": sorted(self.adapters), "desired_replicas": self.desired,
                 "replicas": [r.status() for r in self.replicas]}
 
@@ -68,7 +70,7 @@ class Fleet:
         base = info if info.kind == "full" else self.registry.get(m.name, info.base_version)
         if info.kind == "lora" and m.update_strategy != "lora":
             raise SettingsError(f"{info.served_name} is a LoRA adapter but model {m.name!r} uses '{m.update_strategy}'; set update_strategy: lora")
-        group = ModelGroup(m, base, {} if info.kind == "full" else {info.version: info}, strategy)
+        group = ModelGroup(m, base, {} if info.kind == "full" else {info.version: info}, strategy, info.version)
         self.groups[m.name] = group
         self.scale(m.name, m.replicas)
         return group
@@ -171,7 +173,9 @@ class Fleet:
             for r in list(group.replicas):
                 if r.state in ("ready", "unhealthy"):
                     if r.exited():
-                        self._crashed(r, f"engine exited with code {r.proc.returncode if r.proc else '?'}")
+                        code = r.proc.returncode if r.proc else "?"
+                        kill(r)  # the engine's own children (EngineCore, workers) outlive a killed API server
+                        self._crashed(r, f"engine exited with code {code}")
                     elif self._healthy(r):
                         r.state, r.health_failures = "ready", 0
                     else:

@@ -70,13 +70,14 @@ def build_app(state: FleetState, token: str) -> FastAPI:
         if not hmac.compare_digest(given.encode(), token.encode()):
             raise HTTPException(401, "missing or wrong admin token (Authorization: Bearer <token>)")
 
-    @app.exception_handler(Exception)
-    async def known_errors(request: Request, exc: Exception):
-        for kind, code in ERRORS.items():
-            if isinstance(exc, kind):
-                return JSONResponse({"detail": str(exc)}, status_code=code)
-        log.exception("unexpected error on %s", request.url.path)
-        return JSONResponse({"detail": f"internal error: {type(exc).__name__}"}, status_code=500)
+    async def known_error(request: Request, exc: Exception):
+        code = next(ERRORS[cls] for cls in type(exc).__mro__ if cls in ERRORS)  # most specific type wins
+        return JSONResponse({"detail": str(exc)}, status_code=code)
+
+    # One handler per known type: a catch-all Exception handler runs in Starlette's outermost
+    # middleware, which re-raises after answering and resets the connection.
+    for kind in ERRORS:
+        app.add_exception_handler(kind, known_error)
 
     @app.get("/health")
     def health() -> dict:

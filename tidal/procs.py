@@ -64,34 +64,66 @@ def spawn(name: str, cmd: list[str], log_path: Path, env: dict[str, str] | None 
 
 def alive(pid: int) -> bool:
     try:
-        p = psutil.Process(pid)
-        return p.status() != psutil.STATUS_ZOMBIE
+        return not gone(psutil.Process(pid))
     except psutil.NoSuchProcess:
         return False
 
 
-def stop_group(pid: int, timeout: float = 15.0, sig: int = signal.SIGTERM) -> None:
-    """Signal pid's process group (and any stray children), escalate to SIGKILL after timeout."""
+def gone(p: psutil.Process) -> bool:
+    """Exited; a zombie counts as exited (its parent reaps it, nothing of it runs)."""
     try:
-        procs = [psutil.Process(pid)] + psutil.Process(pid).children(recursive=True)
+        return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
+        return True
+
+
+def group_members(pgid: int) -> list[psutil.Process]:
+    """Live processes of group pgid (children re-parented after their leader died included)."""
+    members = []
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) == pgid and not gone(p):
+                members.append(p)
+        except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+            pass
+    return members
+
+
+def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout
+    left = [p for p in procs if not gone(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [p for p in left if not gone(p)]
+    return left
+
+
+def stop_group(pid: int, timeout: float = 15.0, sig: int = signal.SIGTERM) -> None:
+    """Signal the process group pid leads (we start everything with its own session) and any
+    children that left it; escalate to SIGKILL after timeout. Works after the leader died."""
+    procs = {p.pid: p for p in group_members(pid)}
+    try:
+        leader = psutil.Process(pid)
+        procs.update({p.pid: p for p in [leader, *leader.children(recursive=True)]})
+    except psutil.NoSuchProcess:
+        pass
+    if not procs:
         return
     try:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-    for p in procs:
+    for p in procs.values():
         try:
             p.send_signal(sig)
         except psutil.NoSuchProcess:
             pass
-    _, left = psutil.wait_procs(procs, timeout=timeout)
-    for p in left:
+    for p in _wait_gone(list(procs.values()), timeout):
         try:
             p.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(left, timeout=5)
+    _wait_gone(list(procs.values()), 5.0)
 
 
 def wait_http(url: str, timeout: float, what: str, proc: subprocess.Popen | None = None, log: str = "") -> None:

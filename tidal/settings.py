@@ -11,9 +11,12 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
+from serving.logsink import LogSinkSettings
+from tidal.section import Section
+from serving.routes import RouteLimits
 from training.policy import PolicyConfig
 from training.pretrain import PretrainConfig
 
@@ -26,13 +29,13 @@ class SettingsError(ValueError):
     """A bad setting, with the fix in its message."""
 
 
-class StoreSettings(BaseModel):
+class StoreSettings(Section):
     url: str = Field("", description="Object store root: '' = <data_dir>/store on local disk, or s3://bucket/prefix.")
     s3_endpoint_url: str | None = Field(None, description="S3-compatible endpoint (MinIO, moto); None = AWS S3.")
     s3_region: str = Field("us-east-1", description="Region for the S3 client.")
 
 
-class PrefectSettings(BaseModel):
+class PrefectSettings(Section):
     host: str = Field("127.0.0.1", description="Address the Prefect server binds to.")
     port: int = Field(4200, ge=1, le=65535, description="Prefect API/UI port.")
     ready_timeout_s: float = Field(180.0, gt=0, description="How long `tidal up` waits for the server.")
@@ -42,7 +45,7 @@ class PrefectSettings(BaseModel):
         return f"http://{self.host}:{self.port}/api"
 
 
-class MlflowSettings(BaseModel):
+class MlflowSettings(Section):
     host: str = Field("127.0.0.1", description="Address the MLflow server binds to.")
     port: int = Field(5000, ge=1, le=65535, description="MLflow tracking/registry port.")
     workers: int = Field(1, ge=1, description="Server workers; 1 keeps it at ~0.5 GB and ready in ~20 s.")
@@ -53,7 +56,7 @@ class MlflowSettings(BaseModel):
         return f"http://{self.host}:{self.port}"
 
 
-class EngineSettings(BaseModel):
+class EngineSettings(Section):
     python: Path | None = Field(None, description="Interpreter of the engine (vLLM) environment; None = ./.engine-venv/bin/python.")
     flavor: Literal["auto", "cpu", "cuda"] = Field("auto", description="Engine build; auto reads the installed vLLM distribution.")
     dtype: str = Field("float32", description="Serving dtype (float32 on CPU; bfloat16/fp8 on GPU).")
@@ -62,13 +65,18 @@ class EngineSettings(BaseModel):
     enforce_eager: bool = Field(True, description="Skip graph capture/compile: ~45 s faster start on CPU.")
     max_lora_rank: int = Field(8, ge=1, description="Largest LoRA rank a replica can load.")
     max_loras: int = Field(4, ge=1, description="Adapters resident at once per replica (champion+candidate need 2).")
+    cpu_omp_bind: str = Field("nobind", description=(
+        "VLLM_CPU_OMP_THREADS_BIND on CPU engines. vLLM's 'auto' pins every replica's worker to the same "
+        "first core (and reserves the rest), so several replicas on one machine starve each other; 'nobind' "
+        "lets the OS spread them. Use explicit core lists ('0-3') for one replica per NUMA node."))
+    cpu_threads: int = Field(1, ge=1, description="OMP_NUM_THREADS per CPU replica (with 'nobind'); raise it for one big replica.")
     extra_args: list[str] = Field(default_factory=list, description="Appended to the vLLM server command line.")
 
     def resolved_python(self) -> Path:
         return self.python or PROJECT_ROOT / ".engine-venv" / "bin" / "python"
 
 
-class FleetSettings(BaseModel):
+class FleetSettings(Section):
     host: str = Field("127.0.0.1", description="Address replicas and the supervisor bind to.")
     admin_port: int = Field(8090, ge=1, le=65535, description="Port of the fleet supervisor's admin API.")
     base_port: int = Field(8100, ge=1, le=65535, description="First port of the replica port range.")
@@ -81,14 +89,36 @@ class FleetSettings(BaseModel):
     probe_atol: float = Field(2e-3, gt=0, description="Largest |served - trainer| token log-prob accepted by the probe.")
 
 
-class ModelSettings(BaseModel):
+class ModelSettings(Section):
     name: str = Field(..., pattern=r"^[a-z][a-z0-9_-]{0,62}$", description="Registered model name; also the served name prefix.")
     replicas: int = Field(1, ge=0, description="Replicas the fleet keeps running.")
     update_strategy: UpdateStrategy = Field("lora", description="How new versions reach the replicas.")
     serve_alias: str = Field("champion", description="Registry alias whose version the replicas serve at start.")
 
 
-class BootstrapSettings(BaseModel):
+class ClientKey(Section):
+    client_id: str = Field(..., pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Name of the API client (logged with its requests).")
+    key: str = Field(..., min_length=16, description="Its secret API key (Authorization: Bearer <key>); never logged.")
+
+
+class GatewaySettings(Section):
+    host: str = Field("127.0.0.1", description="Address the gateway binds to.")
+    port: int = Field(8000, ge=1, le=65535, description="OpenAI-compatible API port.")
+    clients: list[ClientKey] = Field(default_factory=list, description="API clients; empty = one client 'local' whose key is generated into data_dir/secrets.")
+    secret: str | None = Field(None, min_length=16, description="HMAC secret for request ids and user hashes; None = generated into data_dir/secrets.")
+    feedback_window_s: float = Field(86400.0, gt=0, description="Feedback older than this (since the completion) is refused.")
+    max_body_bytes: int = Field(256 * 1024, ge=1024, description="Larger request bodies are refused with 413 before parsing.")
+    max_prompt_chars: int = Field(32_000, ge=1, description="Longest prompt accepted, in characters.")
+    max_tokens: int = Field(256, ge=1, description="Largest max_tokens a client may ask for.")
+    rate_limit_rps: float = Field(200.0, gt=0, description="Sustained requests/s per client (token bucket).")
+    rate_limit_burst: int = Field(400, ge=1, description="Requests a client may send at once.")
+    fleet_poll_s: float = Field(1.0, gt=0, description="How often the replica list is refreshed from the fleet supervisor.")
+    upstream_timeout_s: float = Field(120.0, gt=0, description="Longest a single engine call may take.")
+    logsink: LogSinkSettings = Field(default_factory=LogSinkSettings, description="Write-ahead log and upload of records.")
+    route_limits: RouteLimits = Field(default_factory=RouteLimits, description="Bounds on arm sampling overrides.")
+
+
+class BootstrapSettings(Section):
     vocab_size: int = Field(1024, ge=300, description="Byte-level BPE vocabulary size of the base tokenizer.")
     heldout_fraction: float = Field(0.1, gt=0, lt=1, description="Share of stdlib files (by path hash) never trained on.")
     policy: PolicyConfig = Field(default_factory=PolicyConfig, description="Base policy architecture.")
@@ -108,6 +138,7 @@ class TidalSettings(BaseSettings):
     mlflow: MlflowSettings = Field(default_factory=MlflowSettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
     fleet: FleetSettings = Field(default_factory=FleetSettings)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     bootstrap: BootstrapSettings = Field(default_factory=BootstrapSettings)
 
     @classmethod
@@ -125,7 +156,8 @@ class TidalSettings(BaseSettings):
         names = [m.name for m in self.models]
         if len(set(names)) != len(names):
             raise ValueError(f"model names must be unique, got {names}")
-        fixed = {"prefect.port": self.prefect.port, "mlflow.port": self.mlflow.port, "fleet.admin_port": self.fleet.admin_port}
+        fixed = {"prefect.port": self.prefect.port, "mlflow.port": self.mlflow.port, "fleet.admin_port": self.fleet.admin_port,
+                 "gateway.port": self.gateway.port}
         if len(set(fixed.values())) != len(fixed):
             raise ValueError(f"ports must differ: {fixed}")
         lo, hi = self.fleet.base_port, self.fleet.base_port + self.fleet.port_range
@@ -169,7 +201,12 @@ def load_settings(**overrides) -> TidalSettings:
     except ValidationError as e:
         lines = []
         for err in e.errors():
-            where = ".".join(str(p) for p in err["loc"]) or "settings"
-            env = "TIDAL_" + "__".join(str(p) for p in err["loc"]).upper() if err["loc"] else "tidal.yaml"
-            lines.append(f"  {where}: {err['msg']} (got {err.get('input')!r}; set it in tidal.yaml or {env})")
+            loc = [str(p) for p in err["loc"]]
+            if not loc:  # a rule across fields: the message itself says what to change
+                lines.append(f"  {err['msg'].removeprefix('Value error, ')} (set it in tidal.yaml or TIDAL_* variables)")
+                continue
+            # A list item can only be set as a whole list: TIDAL_MODELS='[...]'.
+            env_path = loc[: next((i for i, p in enumerate(loc) if p.isdigit()), len(loc))]
+            env = "TIDAL_" + "__".join(env_path).upper()
+            lines.append(f"  {'.'.join(loc)}: {err['msg']} (got {err.get('input')!r}; set it in tidal.yaml or {env})")
         raise SettingsError("invalid Tidal settings:\n" + "\n".join(lines)) from None

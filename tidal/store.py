@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlparse
+from urllib.request import url2pathname
 
-from tidal.settings import TidalSettings
+if TYPE_CHECKING:
+    from tidal.settings import TidalSettings
 
 
 class ObjectStore(Protocol):
@@ -104,7 +106,7 @@ def open_store(settings: TidalSettings) -> ObjectStore:
     url = settings.store_url
     parsed = urlparse(url)
     if parsed.scheme == "file":
-        return LocalStore(Path(parsed.path))
+        return LocalStore(Path(url2pathname(parsed.path)))
     if parsed.scheme == "s3":
         if not parsed.netloc:
             raise ValueError(f"store.url {url!r} names no bucket; expected s3://bucket/prefix")

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -29,6 +29,8 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 class PolicyConfig(BaseModel):
     """Shape of a freshly built policy. The defaults give a ~1M-parameter model."""
+
+    model_config = ConfigDict(extra="forbid")  # a typo in a setting must not pass silently
 
     hidden_size: int = Field(128, description="Width of the residual stream (d_model).")
     num_layers: int = Field(4, description="Number of transformer decoder blocks.")

@@ -14,13 +14,15 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 class PretrainConfig(BaseModel):
     """Settings of one pretraining run."""
+
+    model_config = ConfigDict(extra="forbid")  # a typo in a setting must not pass silently
 
     seq_len: int = Field(256, description="Tokens per training window (context length trained on).")
     batch_size: int = Field(16, description="Windows per optimizer step.")

@@ -25,6 +25,13 @@ from transformers import PreTrainedTokenizerFast
 # and is declared bos/unk too; nothing prepends it automatically.
 EOT = "<|endoftext|>"
 
+# A plain-text chat format, so /v1/chat/completions works on a code model: each message as
+# "<role>: <content>" on its own line, then "assistant: " for the reply.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
 # Qwen2's pre-tokenization regex (transformers.models.qwen2.tokenization_qwen2):
 # contractions, letter runs with one leading non-letter, single digits,
 # punctuation runs, newline runs, whitespace runs.
@@ -64,6 +71,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024) -> PreTrainedT
 
     return PreTrainedTokenizerFast(
         tokenizer_object=core,
+        chat_template=CHAT_TEMPLATE,
         bos_token=EOT,
         eos_token=EOT,
         pad_token=EOT,

@@ -1,0 +1,202 @@
+"""The fleet against real vLLM replicas, real MLflow and Prefect servers (tests run in file order)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+
+import httpx
+import psutil
+import pytest
+
+from serving.client import FleetError
+from serving.replica import Replica, boot
+from tidal.procs import NotReady, PortInUse, group_members, port_free
+from tidal.registry import publish
+from training.variants import noisy_copy, random_adapter
+
+pytestmark = pytest.mark.slow
+
+
+def complete(url: str, model: str, prompt: str = "def add(a, b):\n    return", max_tokens: int = 8) -> dict:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "logprobs": 1, "return_token_ids": True}
+    r = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+    r.raise_for_status()
+    return r.json()["choices"][0]
+
+
+def served_models(url: str) -> set[str]:
+    return {m["id"] for m in httpx.get(f"{url}/v1/models", timeout=10).json()["data"]}
+
+
+def wait_for(pred, timeout: float, what: str, every: float = 1.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def test_bootstrap_registers_v1_as_champion(registry, champion):
+    assert champion.version == 1 and champion.kind == "full"
+    assert registry.aliases("tab")["champion"] == 1
+    assert float(champion.tags["tidal.heldout_bits_per_byte"]) < 8.0  # random bytes would be 8
+
+
+def test_fleet_serves_champion_on_two_replicas(fleet):
+    replicas = fleet.replicas("tab")
+    assert [r["state"] for r in replicas] == ["ready", "ready"]
+    for r in replicas:
+        assert r["served"] == {"tab@v1": 1}
+        choice = complete(r["url"], "tab@v1")
+        assert choice["text"] and len(choice["token_ids"]) == 8
+        lp = choice["logprobs"]["token_logprobs"]
+        assert len(lp) == 8 and all(x <= 0 for x in lp)
+
+
+def test_kill9_replica_is_restarted_while_the_other_answers(fleet):
+    victim, other = fleet.replicas("tab")
+    os.kill(victim["pid"], signal.SIGKILL)
+    answered, errors, stop = [0], [], threading.Event()
+
+    def keep_asking():
+        while not stop.is_set():
+            try:
+                complete(other["url"], "tab@v1", max_tokens=2)
+                answered[0] += 1
+                time.sleep(0.2)  # steady traffic, not a CPU hog that starves the restarting replica
+            except httpx.HTTPError as e:
+                errors.append(e)
+
+    t = threading.Thread(target=keep_asking)
+    t.start()
+    try:
+        back = wait_for(lambda: next((r for r in fleet.replicas("tab") if r["name"] == victim["name"] and r["state"] == "ready"
+                                      and r["pid"] != victim["pid"]), None), 300, "the killed replica to come back")
+    finally:
+        stop.set()
+        t.join()
+    assert errors == [] and answered[0] > 0
+    assert back["restarts"] == 1 and back["url"] == victim["url"]
+    assert complete(back["url"], "tab@v1")["text"]
+    assert group_members(victim["pid"]) == []  # the killed engine's EngineCore and workers are gone too
+
+
+def test_scale_one_two_one(fleet):
+    fleet.scale("tab", 1)
+    replicas = fleet.replicas("tab")
+    assert len(replicas) == 1 and replicas[0]["state"] == "ready"
+    fleet.scale("tab", 2)
+    replicas = fleet.replicas("tab")
+    assert [r["state"] for r in replicas] == ["ready", "ready"]
+    assert all(complete(r["url"], "tab@v1")["text"] for r in replicas)
+    gone = replicas[-1]
+    fleet.scale("tab", 1)
+    assert len(fleet.replicas("tab")) == 1
+    assert wait_for(lambda: not psutil.pid_exists(gone["pid"]), 30, "the scaled-down engine to exit")
+
+
+def test_lora_version_loads_verifies_and_unloads(fleet, registry, settings, checkpoints, champion, tmp_path):
+    base_dir = checkpoints.local_dir(champion)
+    adapter = random_adapter(base_dir, tmp_path / "adapter", seed=1)
+    v = publish(registry, checkpoints.store, "tab", adapter, "lora", 1, {"tidal.parent_version": "1"})
+    out = fleet.deploy("tab", v.version)
+    assert len(out["probes"]) == 1 and "probe pass" in out["probes"][0]
+    (replica,) = fleet.replicas("tab")
+    assert replica["served"] == {"tab@v1": 1, f"tab@v{v.version}": v.version}
+    assert f"tab@v{v.version}" in served_models(replica["url"])
+    assert complete(replica["url"], f"tab@v{v.version}")["token_ids"] != complete(replica["url"], "tab@v1")["token_ids"]
+    fleet.undeploy("tab", v.version)
+    assert f"tab@v{v.version}" not in served_models(replica["url"])
+    assert fleet.replicas("tab")[0]["served"] == {"tab@v1": 1}
+
+
+def test_probe_rejects_wrong_weights(fleet, registry, checkpoints, champion, tmp_path):
+    base_dir = checkpoints.local_dir(champion)
+    honest = random_adapter(base_dir, tmp_path / "honest", seed=2)
+    # Weights of seed 3 registered with the probe of seed 2: the registry record and the weights disagree.
+    wrong = random_adapter(base_dir, tmp_path / "wrong", seed=3, probe_from=honest)
+    v = publish(registry, checkpoints.store, "tab", wrong, "lora", 1, {"tidal.origin": "test: mismatched probe"})
+    with pytest.raises(FleetError) as e:
+        fleet.deploy("tab", v.version)
+    assert e.value.status == 409 and "probe FAIL" in e.value.detail
+    (replica,) = fleet.replicas("tab")
+    assert f"tab@v{v.version}" not in served_models(replica["url"])  # unverified weights never stay loaded
+    assert replica["served"] == {"tab@v1": 1}
+
+
+def test_restart_strategy_rolls_replicas_onto_a_full_version(fleet, registry, checkpoints, champion, tmp_path):
+    (old,) = fleet.replicas("tabfull")
+    base_dir = checkpoints.local_dir(registry.get("tabfull", 1))
+    variant = noisy_copy(base_dir, tmp_path / "full", seed=4)
+    v = publish(registry, checkpoints.store, "tabfull", variant, "full", None, {"tidal.parent_version": "1"})
+    out = fleet.deploy("tabfull", v.version)
+    assert any("probe pass" in p for p in out["probes"])
+    (new,) = fleet.replicas("tabfull")
+    assert new["served"] == {f"tabfull@v{v.version}": v.version} and new["name"] != old["name"]
+    assert served_models(new["url"]) == {f"tabfull@v{v.version}"}
+    assert complete(new["url"], f"tabfull@v{v.version}")["text"]
+    assert wait_for(lambda: not psutil.pid_exists(old["pid"]), 30, "the old engine to exit")
+
+
+@pytest.mark.parametrize("model, version, status, words", [
+    ("tab", "99", 404, "no version 99"),
+    ("nope", "1", 404, "unknown model"),
+    ("tab", "@nosuchalias", 404, "no alias"),
+])
+def test_bad_deploys_are_refused_clearly(fleet, model, version, status, words):
+    with pytest.raises(FleetError) as e:
+        fleet.deploy(model, version)
+    assert e.value.status == status and words in e.value.detail
+
+
+def test_running_version_cannot_be_undeployed(fleet):
+    base = fleet.status()["models"]["tabfull"]["base_version"]
+    with pytest.raises(FleetError) as e:
+        fleet.undeploy("tabfull", base)
+    assert e.value.status == 400 and "what the replicas run" in e.value.detail
+
+
+def test_lora_strategy_refuses_a_full_checkpoint(fleet):
+    with pytest.raises(FleetError) as e:
+        fleet.deploy("tab", "1")  # v1 is tab's full base: the lora strategy loads adapters only
+    assert e.value.status == 400 and "adapters only" in e.value.detail
+
+
+def test_missing_checkpoint_is_a_clear_error(fleet, registry, checkpoints, champion, tmp_path):
+    adapter = random_adapter(checkpoints.local_dir(champion), tmp_path / "gone", seed=5)
+    v = publish(registry, checkpoints.store, "tab", adapter, "lora", 1, {})
+    for key in checkpoints.store.list(v.key + "/"):
+        os.remove(checkpoints.store.root / key)
+    with pytest.raises(FleetError) as e:
+        fleet.deploy("tab", v.version)
+    assert e.value.status == 404 and "missing" in e.value.detail
+
+
+def test_replica_that_never_becomes_ready_is_killed(settings, champion, checkpoints):
+    quick = settings.model_copy(update={"fleet": settings.fleet.model_copy(update={"ready_timeout_s": 3.0})})
+    replica = Replica("tab", 99, 18299, "127.0.0.1", champion)
+    with pytest.raises(NotReady) as e:
+        boot(replica, quick, checkpoints, enable_lora=False)
+    assert "not ready" in str(e.value) and replica.state == "failed"
+    assert replica.proc is not None and replica.proc.poll() is not None
+    assert port_free("127.0.0.1", 18299)
+
+
+def test_occupied_port_is_reported(platform, settings):
+    from tidal.platform import Platform
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        other = Platform(settings.model_copy(update={"prefect": settings.prefect.model_copy(update={"port": port}),
+                                                     "data_dir": settings.data_path / "other"}))
+        with pytest.raises(PortInUse) as e:
+            other.ensure(other.services()["prefect"])
+    assert f"127.0.0.1:{port}" in str(e.value) and "prefect.port" in str(e.value)

@@ -1,0 +1,224 @@
+"""Settings: defaults, environment and YAML sources, and the errors a bad value produces."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tidal.settings import SettingsError, TidalSettings, load_settings
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No inherited TIDAL_* variables, and a working directory without a tidal.yaml."""
+    for name in list(os.environ):
+        if name.startswith("TIDAL_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def write_config(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def settings_error(monkeypatch: pytest.MonkeyPatch, env: dict[str, str] | None = None, yaml: str | None = None, tmp: Path | None = None) -> str:
+    for k, v in (env or {}).items():
+        monkeypatch.setenv(k, v)
+    if yaml is not None:
+        write_config(tmp / "tidal.yaml", yaml)
+    with pytest.raises(SettingsError) as exc:
+        load_settings()
+    return str(exc.value)
+
+
+# ---- defaults and sources -------------------------------------------------------------------------
+
+def test_defaults_load_without_any_config(clean_env: Path) -> None:
+    s = load_settings()
+    assert isinstance(s, TidalSettings)
+    assert [m.name for m in s.models] == ["tab"]
+    assert s.models[0].replicas == 1 and s.models[0].update_strategy == "lora"
+    assert (s.prefect.port, s.mlflow.port, s.fleet.admin_port, s.fleet.base_port) == (4200, 5000, 8090, 8100)
+    assert s.engine.max_loras >= 2
+    assert s.data_path == (clean_env / ".tidal").resolve()
+    assert s.run_dir == s.data_path / "run" and s.log_dir == s.data_path / "logs"
+
+
+def test_store_url_defaults_to_a_file_uri_under_data_dir(clean_env: Path) -> None:
+    s = load_settings()
+    assert s.store_url == (clean_env / ".tidal" / "store").resolve().as_uri()
+    assert s.store_url.startswith("file://")
+
+
+def test_store_url_follows_data_dir_and_explicit_url(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TIDAL_DATA_DIR", str(tmp_path / "state"))
+    assert load_settings().store_url == (tmp_path / "state" / "store").as_uri()
+    monkeypatch.setenv("TIDAL_STORE__URL", "s3://bucket/tidal")
+    assert load_settings().store_url == "s3://bucket/tidal"
+
+
+def test_env_overrides_nested_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIDAL_FLEET__BASE_PORT", "8300")
+    s = load_settings()
+    assert s.fleet.base_port == 8300
+    assert s.fleet.admin_port == 8090  # siblings keep their defaults
+
+
+def test_yaml_from_tidal_config_is_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    cfg = write_config(tmp_path / "elsewhere.yaml", "fleet:\n  base_port: 8400\n  port_range: 50\nmlflow:\n  port: 5055\n")
+    monkeypatch.setenv("TIDAL_CONFIG", str(cfg))
+    s = load_settings()
+    assert (s.fleet.base_port, s.fleet.port_range, s.mlflow.port) == (8400, 50, 5055)
+
+
+def test_tidal_yaml_in_working_directory_is_read_without_tidal_config(clean_env: Path) -> None:
+    write_config(clean_env / "tidal.yaml", "prefect:\n  port: 4300\n")
+    assert load_settings().prefect.port == 4300
+
+
+def test_env_wins_over_yaml_and_nested_sections_merge(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    cfg = write_config(tmp_path / "c.yaml", "fleet:\n  base_port: 8400\n  admin_port: 9001\n")
+    monkeypatch.setenv("TIDAL_CONFIG", str(cfg))
+    monkeypatch.setenv("TIDAL_FLEET__BASE_PORT", "8600")
+    s = load_settings()
+    assert s.fleet.base_port == 8600  # from the environment
+    assert s.fleet.admin_port == 9001  # from the file, same section
+
+
+def test_nested_model_list_from_yaml(clean_env: Path) -> None:
+    write_config(clean_env / "tidal.yaml",
+                 "models:\n"
+                 "  - name: tab\n    replicas: 2\n    update_strategy: restart\n"
+                 "  - name: code-x\n    replicas: 0\n    serve_alias: candidate\n")
+    s = load_settings()
+    assert [m.name for m in s.models] == ["tab", "code-x"]
+    tab, code = s.model("tab"), s.model("code-x")
+    assert (tab.replicas, tab.update_strategy, tab.serve_alias) == (2, "restart", "champion")
+    assert (code.replicas, code.update_strategy, code.serve_alias) == (0, "lora", "candidate")
+
+
+def test_max_loras_one_is_fine_without_lora_models(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
+    write_config(clean_env / "tidal.yaml", "models:\n  - name: tab\n    update_strategy: restart\n")
+    monkeypatch.setenv("TIDAL_ENGINE__MAX_LORAS", "1")
+    assert load_settings().engine.max_loras == 1
+
+
+def test_overrides_passed_to_load_settings(clean_env: Path) -> None:
+    s = load_settings(fleet={"base_port": 9100})
+    assert s.fleet.base_port == 9100
+
+
+# ---- errors ---------------------------------------------------------------------------------------
+
+def test_bad_env_value_names_field_and_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    msg = settings_error(monkeypatch, env={"TIDAL_FLEET__BASE_PORT": "-1"})
+    assert "fleet.base_port" in msg
+    assert "TIDAL_FLEET__BASE_PORT" in msg and "tidal.yaml" in msg
+    assert "-1" in msg
+
+
+def test_negative_replica_count(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
+    msg = settings_error(monkeypatch, yaml="models:\n  - name: tab\n    replicas: -1\n", tmp=clean_env)
+    assert "models.0.replicas" in msg
+    assert "greater than or equal to 0" in msg
+    assert "tidal.yaml" in msg
+
+
+def test_unknown_update_strategy(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
+    msg = settings_error(monkeypatch, yaml="models:\n  - name: tab\n    update_strategy: hotswap\n", tmp=clean_env)
+    assert "models.0.update_strategy" in msg
+    assert "hotswap" in msg
+    for allowed in ("lora", "restart", "reload", "nccl"):
+        assert allowed in msg
+
+
+def test_bad_model_name(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
+    msg = settings_error(monkeypatch, yaml="models:\n  - name: Bad Name\n", tmp=clean_env)
+    assert "models.0.name" in msg
+
+
+def test_duplicate_model_names(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
+    msg = settings_error(monkeypatch, yaml="models:\n  - name: tab\n  - name: tab\n", tmp=clean_env)
+    assert "model names must be unique" in msg
+    assert "tab" in msg
+
+
+def test_two_services_on_one_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    msg = settings_error(monkeypatch, env={"TIDAL_MLFLOW__PORT": "4200"})
+    assert "ports must differ" in msg
+    assert "prefect.port" in msg and "mlflow.port" in msg
+
+
+def test_service_port_inside_replica_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    msg = settings_error(monkeypatch, env={"TIDAL_PREFECT__PORT": "8150"})
+    assert "prefect.port" in msg
+    assert "replica range" in msg and "fleet.base_port" in msg
+
+
+def test_replica_range_past_last_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    msg = settings_error(monkeypatch, env={"TIDAL_FLEET__BASE_PORT": "65500"})
+    assert "65535" in msg and "fleet.port_range" in msg
+
+
+def test_max_loras_one_with_a_lora_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    msg = settings_error(monkeypatch, env={"TIDAL_ENGINE__MAX_LORAS": "1"})
+    assert "engine.max_loras >= 2" in msg
+    assert "lora" in msg
+
+
+def test_tidal_config_pointing_to_missing_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    missing = tmp_path / "missing.yaml"
+    msg = settings_error(monkeypatch, env={"TIDAL_CONFIG": str(missing)})
+    assert "TIDAL_CONFIG" in msg
+    assert str(missing) in msg
+
+
+def test_unknown_top_level_key(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
+    msg = settings_error(monkeypatch, yaml="replica_count: 3\n", tmp=clean_env)
+    assert "replica_count" in msg
+    assert "not permitted" in msg
+
+
+def test_unknown_nested_key_is_also_refused(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
+    msg = settings_error(monkeypatch, yaml="fleet:\n  baseport: 8200\n", tmp=clean_env)
+    assert "fleet.baseport" in msg
+
+
+def test_every_bad_field_is_listed(monkeypatch: pytest.MonkeyPatch) -> None:
+    msg = settings_error(monkeypatch, env={"TIDAL_FLEET__BASE_PORT": "0", "TIDAL_MLFLOW__WORKERS": "0"})
+    assert "fleet.base_port" in msg and "mlflow.workers" in msg
+    assert msg.startswith("invalid Tidal settings:")
+
+
+def test_unknown_model_lookup_names_configured_models(clean_env: Path) -> None:
+    write_config(clean_env / "tidal.yaml", "models:\n  - name: tab\n  - name: chat\n")
+    s = load_settings()
+    with pytest.raises(SettingsError) as exc:
+        s.model("nope")
+    msg = str(exc.value)
+    assert "'nope'" in msg
+    assert "tab" in msg and "chat" in msg
+
+
+def _hinted_variable(msg: str) -> str:
+    return msg.rsplit(" or ", 1)[1].rstrip(")").strip()
+
+
+def test_hinted_variable_fixes_a_bad_env_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    msg = settings_error(monkeypatch, env={"TIDAL_FLEET__BASE_PORT": "-1"})
+    var = _hinted_variable(msg)
+    assert var == "TIDAL_FLEET__BASE_PORT"
+    monkeypatch.setenv(var, "8300")
+    assert load_settings().fleet.base_port == 8300
+
+
+def test_hinted_variable_fixes_a_bad_model_field(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
+    msg = settings_error(monkeypatch, env={"TIDAL_MODELS": '[{"name": "tab", "replicas": -1}]'})
+    var = _hinted_variable(msg)
+    assert var == "TIDAL_MODELS"  # a list item is set through the whole list
+    monkeypatch.setenv(var, '[{"name": "tab", "replicas": 2}]')
+    assert load_settings().models[0].replicas == 2
