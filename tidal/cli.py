@@ -34,6 +34,7 @@ def cmd_up(settings: TidalSettings, args) -> None:
     ensure_champions(settings)
     if not args.no_fleet:
         platform.up_fleet()
+        platform.up_gateway()
     print_status(platform.status())
 
 
@@ -67,16 +68,27 @@ def cmd_fleet(settings: TidalSettings, args) -> None:
     print(json.dumps(out, indent=2))
 
 
+def cmd_route(settings: TidalSettings, args) -> None:
+    client = _platform(settings).routes_client()
+    if args.route_cmd == "show":
+        out = client.show()
+    elif args.route_cmd == "canary":
+        out = client.canary(args.model, args.version, args.weight, by=args.by, reason=args.reason)
+    else:
+        out = client.rollback(args.model, by=args.by, reason=args.reason)
+    print(json.dumps(out, indent=2))
+
+
 def cmd_demo(settings: TidalSettings, args) -> None:
     cmd_up(settings, argparse.Namespace(no_fleet=False))
-    replica = next((r for m in _platform(settings).fleet_client().status()["models"].values() for r in m["replicas"]), None)
-    if replica:
-        name = next(iter(replica["served"]))
-        print("\nTry a completion with log-probs:\n"
-              f"  curl -s {replica['url']}/v1/completions -H 'Content-Type: application/json' \\\n"
-              f"    -d '{{\"model\": \"{name}\", \"prompt\": \"def fib(n):\\n    \", \"max_tokens\": 16, "
-              f"\"logprobs\": 1, \"return_token_ids\": true}}'\n"
-              "Stop everything with: .venv/bin/tidal down")
+    g = settings.gateway
+    key_hint = "$(cat " + str(settings.data_path / "secrets" / "client_key_local") + ")" if not g.clients else "<your client key>"
+    model = settings.models[0].name
+    print("\nTry a completion through the gateway (token ids and log-probs are logged for training):\n"
+          f"  curl -s http://{g.host}:{g.port}/v1/completions -H \"Authorization: Bearer {key_hint}\" \\\n"
+          f"    -H 'Content-Type: application/json' -d '{{\"model\": \"{model}\", \"prompt\": \"def fib(n):\\n    \", "
+          f"\"max_tokens\": 16, \"logprobs\": 1}}'\n"
+          "Stop everything with: .venv/bin/tidal down")
 
 
 def print_status(status: dict) -> None:
@@ -120,6 +132,18 @@ def build_parser() -> argparse.ArgumentParser:
         v.add_argument("version", help="3, v3 or @alias")
     for parser in fl.choices.values():
         parser.set_defaults(func=cmd_fleet)
+    rt = sub.add_parser("route", help="the gateway's traffic split").add_subparsers(dest="route_cmd", required=True)
+    rt.add_parser("show")
+    ca = rt.add_parser("canary", help="send WEIGHT of users to VERSION (sticky, monotone)")
+    ca.add_argument("model")
+    ca.add_argument("version", type=int)
+    ca.add_argument("weight", type=float)
+    rb = rt.add_parser("rollback", help="control arm 100% at once")
+    rb.add_argument("model")
+    for parser in rt.choices.values():
+        parser.add_argument("--by", default="cli", help="who (kept in the route history)")
+        parser.add_argument("--reason", default="", help="why (kept in the route history)")
+        parser.set_defaults(func=cmd_route)
     sub.add_parser("demo", help="the main job: bring the platform up and serve the champion").set_defaults(func=cmd_demo)
     return p
 
@@ -133,12 +157,12 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # every user-facing failure: one clear line, no traceback
-        from serving.client import FleetError
+        from serving.client import AdminError
         from tidal.procs import NotReady, PortInUse
         from tidal.registry import RegistryError
         from tidal.settings import SettingsError
 
-        if isinstance(e, (FleetError, NotReady, PortInUse, RegistryError, SettingsError, FileNotFoundError, ValueError)):
+        if isinstance(e, (AdminError, NotReady, PortInUse, RegistryError, SettingsError, FileNotFoundError, ValueError)):
             print(f"error: {e}", file=sys.stderr)
             return 1
         raise

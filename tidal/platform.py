@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from tidal.procs import NotReady, ProcInfo, alive, read_procinfo, require_port, save_procinfo, spawn, stop_group, tail, wait_http
+from tidal.procs import NotReady, ProcInfo, alive, group_members, read_procinfo, require_port, save_procinfo, spawn, stop_group, tail, wait_http
 from tidal.settings import TidalSettings
 from tidal.tokens import admin_token
 
@@ -62,6 +62,10 @@ class Platform:
             "fleet": Service(
                 "fleet", [py, "-m", "serving.supervisor"], s.fleet.host, s.fleet.admin_port, "fleet.admin_port",
                 f"http://{s.fleet.host}:{s.fleet.admin_port}/health", 60.0, f"http://{s.fleet.host}:{s.fleet.admin_port}",
+                {"TIDAL_CONFIG": str(self._settings_file())}),
+            "gateway": Service(
+                "gateway", [py, "-m", "serving.gateway_app"], s.gateway.host, s.gateway.port, "gateway.port",
+                f"http://{s.gateway.host}:{s.gateway.port}/health", 60.0, f"http://{s.gateway.host}:{s.gateway.port}",
                 {"TIDAL_CONFIG": str(self._settings_file())}),
         }
 
@@ -117,6 +121,14 @@ class Platform:
             time.sleep(1.0)
         raise NotReady(f"fleet not ready after {timeout_s} s; see {info.log}{tail(info.log)}")
 
+    def up_gateway(self) -> ProcInfo:
+        return self.ensure(self.services()["gateway"])
+
+    def routes_client(self):
+        from serving.client import RoutesClient
+
+        return RoutesClient(f"http://{self.settings.gateway.host}:{self.settings.gateway.port}", admin_token(self.settings))
+
     def fleet_client(self):
         from serving.client import FleetClient
 
@@ -130,12 +142,14 @@ class Platform:
         (self.run_dir / f"{name}.json").unlink(missing_ok=True)
 
     def down(self) -> list[str]:
-        """Stop fleet (it stops its replicas), then MLflow and Prefect; kill any replica left behind."""
-        stopped = [n for n in ("fleet", "mlflow", "prefect") if self.running(n)]
-        for name in ("fleet", "mlflow", "prefect"):
+        """Stop the gateway (it flushes its log), the fleet (it stops its replicas), then MLflow and
+        Prefect; kill any replica left behind."""
+        order = ("gateway", "fleet", "mlflow", "prefect")
+        stopped = [n for n in order if self.running(n)]
+        for name in order:
             self.stop(name)
         for pid in self.replica_pids():
-            if alive(pid):
+            if group_members(pid):  # leader or orphaned engine children still there
                 stop_group(pid)
                 stopped.append(f"replica pid {pid}")
         return stopped

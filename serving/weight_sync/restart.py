@@ -22,7 +22,7 @@ class RestartSync(WeightSync):
             new = fleet.boot_replica(group, base=info, adapters={})  # raises: old replicas keep serving
             reports += new.probes
             fleet.retire_replica(group, old)
-        group.base, group.adapters = info, {}
+        group.base, group.adapters, group.serving = info, {}, info.version
         return reports
 
     def retire(self, fleet, group, info: VersionInfo) -> None:

@@ -1,0 +1,97 @@
+"""Gateway overhead: the same requests straight to the engine and through the gateway (logging on),
+side by side in one run, at concurrency 1, 16 and 64. Prints one JSON line:
+  added_p50_ms, added_p99_ms, throughput_ratio   (at concurrency 64; ratio = gateway / direct)
+  by_concurrency: {c: {added_p50_ms, added_p99_ms, throughput_ratio, direct_rps, gateway_rps}}
+Usage: .venv/bin/python bench/gateway.py [--requests N] [--rounds R] [--max-tokens T]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tidal.sandbox import sandbox_platform  # noqa: E402
+
+PROMPT = "import os\n\ndef read_config(path):\n    with open(path) as f:\n        return"
+
+
+async def run_load(url: str, headers: dict, make_body, concurrency: int, n: int) -> tuple[list[float], float]:
+    """n requests from `concurrency` workers; (per-request latencies in ms, wall seconds)."""
+    latencies: list[float] = []
+    counter = iter(range(n))
+    async with aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(limit=0)) as session:
+        async def worker():
+            for i in counter:
+                t0 = time.perf_counter()
+                async with session.post(url, json=make_body(i)) as r:
+                    await r.read()
+                    if r.status != 200:
+                        raise RuntimeError(f"{url} -> {r.status}: {await r.text()}")
+                latencies.append((time.perf_counter() - t0) * 1000)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return latencies, time.perf_counter() - t0
+
+
+def pct(xs: list[float], q: float) -> float:
+    return statistics.quantiles(xs, n=100, method="inclusive")[q - 1] if len(xs) > 1 else xs[0]
+
+
+async def measure(direct_url: str, gw_url: str, key: str, served: str, levels, n: int, rounds: int, max_tokens: int) -> dict:
+    direct_body = lambda i: {"model": served, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0,  # noqa: E731
+                             "logprobs": 0, "return_token_ids": True}
+    gw_body = lambda i: {"model": "tab", "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "user": f"u{i}"}  # noqa: E731
+    out = {}
+    for c in levels:
+        await run_load(direct_url, {}, direct_body, c, min(n, 4 * c))  # warm connections and caches
+        await run_load(gw_url, {"Authorization": f"Bearer {key}"}, gw_body, c, min(n, 4 * c))
+        d_lat, g_lat, d_s, g_s = [], [], 0.0, 0.0
+        for _ in range(rounds):  # interleaved, so drift on a shared machine hits both sides alike
+            lat, s = await run_load(direct_url, {}, direct_body, c, n)
+            d_lat += lat
+            d_s += s
+            lat, s = await run_load(gw_url, {"Authorization": f"Bearer {key}"}, gw_body, c, n)
+            g_lat += lat
+            g_s += s
+        d_rps, g_rps = len(d_lat) / d_s, len(g_lat) / g_s
+        out[str(c)] = {"added_p50_ms": round(pct(g_lat, 50) - pct(d_lat, 50), 3),
+                       "added_p99_ms": round(pct(g_lat, 99) - pct(d_lat, 99), 3),
+                       "throughput_ratio": round(g_rps / d_rps, 3), "direct_rps": round(d_rps, 1), "gateway_rps": round(g_rps, 1),
+                       "direct_p50_ms": round(pct(d_lat, 50), 2), "direct_p99_ms": round(pct(d_lat, 99), 2)}
+        print(f"concurrency {c}: {out[str(c)]}", file=sys.stderr)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=300, help="requests per side per round and level")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=4)
+    ap.add_argument("--levels", default="1,16,64")
+    args = ap.parse_args()
+    levels = [int(x) for x in args.levels.split(",")]
+    with sandbox_platform([{"name": "tab", "replicas": 1}], base_port=18500, pretrain_seconds=20, gateway=True) as (settings, platform):
+        (replica,) = platform.fleet_client().replicas("tab")
+        served = next(iter(replica["served"]))
+        key = settings.gateway.clients[0].key
+        gw = f"http://{settings.gateway.host}:{settings.gateway.port}/v1/completions"
+        time.sleep(2 * settings.gateway.fleet_poll_s)
+        by_c = asyncio.run(measure(replica["url"] + "/v1/completions", gw, key, served, levels, args.requests, args.rounds, args.max_tokens))
+    top = by_c[str(max(levels))]
+    print(json.dumps({"added_p50_ms": top["added_p50_ms"], "added_p99_ms": top["added_p99_ms"],
+                      "throughput_ratio": top["throughput_ratio"], "by_concurrency": by_c,
+                      "max_tokens": args.max_tokens, "requests": args.requests, "rounds": args.rounds}))
+
+
+if __name__ == "__main__":
+    main()

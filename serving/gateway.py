@@ -1,0 +1,282 @@
+"""The gateway's logic: route a request to an arm, call the engine, log the completion durably,
+shape the answer for the client; and validate feedback (signed ids, window, owner, once)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+
+from data_contracts.records import CompletionRecord, FeedbackEvent, SamplingParams
+from serving.api_models import ChatRequest, CompletionRequest, FeedbackRequest
+from serving.request_ids import InvalidRequestId, RequestIdSigner
+from serving.routes import ArmSpec, ModelRoutes, RouteTable, assign, user_hash
+from serving.upstream import Endpoint, NoReplica, ReplicaPool
+
+
+class GatewayError(Exception):
+    """An error the client caused or can act on: HTTP status, message, optional headers."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers or {}
+
+
+@dataclass
+class Limits:
+    max_prompt_chars: int
+    max_tokens: int
+    feedback_window_ms: int
+    upstream_timeout_s: float
+
+
+@dataclass
+class Routed:
+    arm: ArmSpec
+    served_name: str
+    sampling: SamplingParams
+    t0: float
+    t0_ms: int
+
+
+class Gateway:
+    def __init__(self, routes: RouteTable, pool: ReplicaPool, sink, signer: RequestIdSigner, user_secret: bytes,
+                 limits: Limits, metrics):
+        self.routes, self.pool, self.sink, self.signer = routes, pool, sink, signer
+        self.user_secret, self.limits, self.metrics = user_secret, limits, metrics
+        self.session: aiohttp.ClientSession | None = None
+        self.feedback_seen: dict[str, int] = {}  # request id → feedback time; pruned past the window
+        self._tasks: list[asyncio.Task] = []
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+                                             timeout=aiohttp.ClientTimeout(total=self.limits.upstream_timeout_s),
+                                             json_serialize=lambda o: orjson.dumps(o).decode())
+        self.sink.start()
+        for rec in self.sink.iter_recent("feedback"):  # duplicates stay refused across restarts
+            self.feedback_seen[rec["request_id"]] = rec["time_ms"]
+        try:
+            await self.pool.refresh(self.session)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            self.pool.last_error = f"fleet supervisor unreachable at start: {e!r}"
+        self._tasks.append(asyncio.create_task(self.pool.run(self.session)))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.session is not None:
+            await self.session.close()
+        await asyncio.to_thread(self.sink.stop)
+
+    # ---- routing -------------------------------------------------------------------------------
+    def model_routes(self, model: str) -> ModelRoutes:
+        routes = self.routes.get(model)
+        if routes is not None:
+            return routes
+        version = self.pool.snapshot.serving_version.get(model)
+        if version is None:
+            known = sorted(set(self.routes.all()) | set(self.pool.snapshot.serving_version))
+            raise GatewayError(404, f"unknown model {model!r}; served models: {known}")
+        return ModelRoutes(model=model, arms=[ArmSpec(name="control", version=version, weight=1.0)],
+                           updated_ms=0, updated_by="fleet", reason="default: the fleet's serving version")
+
+    def route(self, req: CompletionRequest | ChatRequest, client_id: str, max_tokens: int | None) -> Routed:
+        t0 = time.perf_counter()
+        max_tokens = 16 if max_tokens is None else max_tokens
+        if max_tokens > self.limits.max_tokens:
+            raise GatewayError(400, f"max_tokens {max_tokens} exceeds this gateway's limit of {self.limits.max_tokens}")
+        arm = assign(self.model_routes(req.model), req.user or client_id)
+        sampling = arm.apply(SamplingParams(temperature=1.0 if req.temperature is None else req.temperature,
+                                            top_p=1.0 if req.top_p is None else req.top_p, max_tokens=max_tokens,
+                                            stop=req.stops(), seed=req.seed))
+        return Routed(arm, f"{req.model}@v{arm.version}", sampling, t0, int(time.time() * 1000))
+
+    def engine_body(self, req, routed: Routed, extra: dict) -> dict:
+        s = routed.sampling
+        body = {"model": routed.served_name, "max_tokens": s.max_tokens, "temperature": s.temperature, "top_p": s.top_p,
+                "stream": req.stream, "return_token_ids": True, **extra}
+        if s.stop:
+            body["stop"] = s.stop
+        if s.seed is not None:
+            body["seed"] = s.seed
+        return body
+
+    async def call_engine(self, path: str, served_name: str, body: dict) -> tuple[aiohttp.ClientResponse, Endpoint]:
+        """POST to a replica serving served_name; one retry on another replica if no byte came back."""
+        tried, last = 0, ""
+        for ep in self.pool.candidates(served_name)[:2]:
+            tried += 1
+            try:
+                resp = await self.session.post(ep.url + path, data=orjson.dumps(body), headers={"Content-Type": "application/json"})
+            except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as e:
+                self.pool.penalize(ep.replica)
+                self.metrics.failovers.labels(served_name.split("@")[0]).inc()
+                last = repr(e)
+                continue
+            if resp.status >= 400:
+                text = await resp.text()
+                resp.release()
+                status = 400 if resp.status < 500 else 502
+                raise GatewayError(status, f"engine {ep.replica} refused the request ({resp.status}): {text[:500]}")
+            return resp, ep
+        raise GatewayError(503, f"{served_name}: {tried} replica(s) failed before answering: {last}")
+
+    def new_record(self, req, routed: Routed, client_id: str, rid: str, ep: Endpoint, prompt_text: str) -> dict:
+        return {"request_id": rid, "time_ms": routed.t0_ms, "model": req.model, "version": routed.arm.version,
+                "served_name": routed.served_name, "arm": routed.arm.name,
+                "user_hash": user_hash(req.user or client_id, self.user_secret), "client_id": client_id,
+                "prompt_text": prompt_text, "replica": ep.replica, "sampling": routed.sampling.model_dump()}
+
+    async def log_completion(self, record: dict, routed: Routed) -> None:
+        record["latency_ms"] = (time.perf_counter() - routed.t0) * 1000
+        rec = CompletionRecord.model_validate(record)
+        await self.sink.append("completions", rec.model_dump())
+        self.metrics.observe(rec.model, rec.arm, record["latency_ms"])
+
+    # ---- completions ---------------------------------------------------------------------------
+    async def complete(self, req: CompletionRequest, client_id: str, chat: bool = False):
+        if not chat and req.echo:
+            raise GatewayError(400, "echo=true is not supported")
+        prompt_text = orjson.dumps([m.model_dump() for m in req.messages]).decode() if chat else req.prompt
+        if len(prompt_text) > self.limits.max_prompt_chars:
+            raise GatewayError(413, f"prompt has {len(prompt_text)} characters; this gateway accepts at most {self.limits.max_prompt_chars}")
+        routed = self.route(req, client_id, (req.max_completion_tokens or req.max_tokens) if chat else req.max_tokens)
+        fmt = CHAT if chat else TEXT
+        if chat:
+            extra = {"messages": [m.model_dump() for m in req.messages], "logprobs": True, "top_logprobs": req.top_logprobs or 0}
+        else:
+            extra = {"prompt": req.prompt, "logprobs": req.logprobs or 0}  # 0 still returns each sampled token's log-prob
+        try:
+            resp, ep = await self.call_engine(fmt.path, routed.served_name, self.engine_body(req, routed, extra))
+        except NoReplica as e:
+            raise GatewayError(503, str(e)) from None
+        rid = self.signer.issue(req.model, client_id, routed.t0_ms)
+        record = self.new_record(req, routed, client_id, rid, ep, prompt_text)
+        if req.stream:
+            meta = {"X-Tidal-Request-Id": rid, "X-Tidal-Version": str(routed.arm.version)}
+            return self.stream(resp, req, routed, record, fmt), meta
+        async with resp:
+            data = orjson.loads(await resp.read())
+        choice = data["choices"][0]
+        text, ids, lps = fmt.extract(choice)
+        record.update(completion_text=text, completion_token_ids=ids, behaviour_logprobs=lps,
+                      prompt_token_ids=choice.get("prompt_token_ids") or data.get("prompt_token_ids") or [],
+                      finish_reason=choice.get("finish_reason") or "stop")
+        await self.log_completion(record, routed)  # durable before the client hears of it
+        data["id"], data["model"] = rid, req.model
+        data["choices"] = [fmt.for_client(choice, req)]
+        if not getattr(req, "return_token_ids", False):
+            data.pop("prompt_token_ids", None)
+        data["tidal"] = {"request_id": rid, "version": routed.arm.version, "arm": routed.arm.name}
+        return data
+
+    async def stream(self, resp: aiohttp.ClientResponse, req, routed: Routed, record: dict, fmt) -> AsyncIterator[bytes]:
+        text, ids, lps, prompt_ids, finish = [], [], [], [], "stop"
+        async with resp:
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    break
+                chunk = orjson.loads(payload)
+                if not chunk.get("choices"):
+                    continue
+                choice = chunk["choices"][0]
+                t, i, lp = fmt.extract(choice)
+                text.append(t)
+                ids.extend(i)
+                lps.extend(lp)
+                prompt_ids = prompt_ids or choice.get("prompt_token_ids") or chunk.get("prompt_token_ids") or []
+                finish = choice.get("finish_reason") or finish
+                chunk["id"], chunk["model"] = record["request_id"], req.model
+                chunk["choices"] = [fmt.for_client(choice, req)]
+                chunk.pop("prompt_token_ids", None)
+                chunk["tidal"] = {"request_id": record["request_id"], "version": routed.arm.version, "arm": routed.arm.name}
+                yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+        record.update(completion_text="".join(text), completion_token_ids=ids, behaviour_logprobs=lps,
+                      prompt_token_ids=prompt_ids, finish_reason=finish)
+        await self.log_completion(record, routed)  # [DONE] only after the record is durable
+        yield b"data: [DONE]\n\n"
+
+    # ---- feedback ------------------------------------------------------------------------------
+    async def feedback(self, req: FeedbackRequest, client_id: str) -> FeedbackEvent:
+        try:
+            claims = self.signer.verify(req.request_id)
+        except InvalidRequestId as e:
+            self.metrics.feedback.labels("rejected_" + e.reason).inc()
+            raise GatewayError(400, f"unknown or forged request id ({e.reason}): {e}") from None
+        if claims.client_id != client_id:
+            self.metrics.feedback.labels("rejected_client").inc()
+            raise GatewayError(403, "this request id belongs to another client; feedback must come from the client that made the request")
+        now = int(time.time() * 1000)
+        if now - claims.time_ms > self.limits.feedback_window_ms:
+            self.metrics.feedback.labels("rejected_late").inc()
+            raise GatewayError(410, f"feedback window closed: the completion is {(now - claims.time_ms) / 1000:.0f} s old, "
+                                    f"the window is {self.limits.feedback_window_ms / 1000:.0f} s")
+        if req.event == "partial" and req.accepted_chars is None:
+            raise GatewayError(422, "event 'partial' needs accepted_chars")
+        if req.request_id in self.feedback_seen:
+            self.metrics.feedback.labels("rejected_duplicate").inc()
+            raise GatewayError(409, "feedback for this request id was already recorded (one verdict per completion)")
+        self.feedback_seen[req.request_id] = now  # claimed before the await: a concurrent duplicate sees it
+        event = FeedbackEvent(request_id=req.request_id, time_ms=now, model=claims.model, event=req.event,
+                              accepted_chars=req.accepted_chars, client_id=client_id)
+        try:
+            await self.sink.append("feedback", event.model_dump())
+        except BaseException:
+            self.feedback_seen.pop(req.request_id, None)
+            raise
+        self.metrics.feedback.labels(req.event).inc()
+        self._prune(now)
+        return event
+
+    def _prune(self, now: int) -> None:
+        if len(self.feedback_seen) > 100_000:
+            cutoff = now - self.limits.feedback_window_ms
+            self.feedback_seen = {k: t for k, t in self.feedback_seen.items() if t >= cutoff}
+
+
+class _Text:
+    path = "/v1/completions"
+
+    @staticmethod
+    def extract(choice: dict) -> tuple[str, list[int], list[float]]:
+        lp = choice.get("logprobs") or {}
+        return choice.get("text") or "", list(choice.get("token_ids") or []), [float(x) for x in lp.get("token_logprobs") or []]
+
+    @staticmethod
+    def for_client(choice: dict, req) -> dict:
+        out = {k: v for k, v in choice.items() if k not in ("token_ids", "prompt_token_ids")}
+        if req.return_token_ids:
+            out["token_ids"], out["prompt_token_ids"] = choice.get("token_ids"), choice.get("prompt_token_ids")
+        if not req.logprobs:
+            out["logprobs"] = None
+        return out
+
+
+class _Chat:
+    path = "/v1/chat/completions"
+
+    @staticmethod
+    def extract(choice: dict) -> tuple[str, list[int], list[float]]:
+        msg = choice.get("message") or choice.get("delta") or {}
+        content = (choice.get("logprobs") or {}).get("content") or []
+        return msg.get("content") or "", list(choice.get("token_ids") or []), [float(c["logprob"]) for c in content]
+
+    @staticmethod
+    def for_client(choice: dict, req) -> dict:
+        out = {k: v for k, v in choice.items() if k not in ("token_ids", "prompt_token_ids")}
+        if not req.logprobs:
+            out["logprobs"] = None
+        return out
+
+
+TEXT, CHAT = _Text(), _Chat()

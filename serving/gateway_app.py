@@ -1,0 +1,193 @@
+"""Gateway HTTP API (thin handlers over serving.gateway.Gateway); `python -m serving.gateway_app`."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+from contextlib import asynccontextmanager
+
+import uvicorn
+from fastapi import Depends, FastAPI, Header, Request
+from fastapi.responses import ORJSONResponse, PlainTextResponse, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from serving.api_models import (CanaryUpdate, ChatRequest, CompletionRequest, FeedbackRequest, FeedbackResponse,
+                                RollbackRequest, RoutesUpdate)
+from serving.gateway import Gateway, GatewayError, Limits
+from serving.gateway_metrics import GatewayMetrics, RateLimiter
+from serving.logsink import LogSink
+from serving.request_ids import RequestIdSigner
+from serving.routes import ModelRoutes, RouteError, RouteTable
+from serving.upstream import ReplicaPool
+from tidal.settings import TidalSettings, load_settings
+from tidal.store import open_store
+from tidal.tokens import admin_token, client_keys, secret
+
+log = logging.getLogger("tidal.gateway")
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class BodyLimit:
+    """Refuse bodies over max_bytes with 413 before anything reads them (declared or streamed size)."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+            return await self._refuse(send)
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise GatewayError(413, "body too large")
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except GatewayError:
+            await self._refuse(send)
+
+    async def _refuse(self, send):
+        body = b'{"error":{"message":"request body exceeds %d bytes","type":"invalid_request_error","code":413}}' % self.max_bytes
+        await send({"type": "http.response.start", "status": 413, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def build_app(gw: Gateway, clients: dict[str, str], admin: str, limiter: RateLimiter, max_body_bytes: int) -> FastAPI:
+    """clients: sha256(key) → client id."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await gw.start()
+        yield
+        await gw.stop()
+
+    app = FastAPI(title="Tidal gateway", version="1", lifespan=lifespan, default_response_class=ORJSONResponse)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+
+    @app.exception_handler(GatewayError)
+    async def gateway_error(request: Request, exc: GatewayError):
+        gw.metrics.requests.labels(request.url.path, str(exc.status)).inc()
+        return ORJSONResponse({"error": {"message": exc.message, "type": "invalid_request_error", "code": exc.status}},
+                              status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(RouteError)
+    async def route_error(request: Request, exc: RouteError):
+        return ORJSONResponse({"error": {"message": str(exc), "type": "invalid_request_error", "code": 400}}, status_code=400)
+
+    def client(authorization: str = Header("", description="Bearer <client API key>")) -> str:
+        client_id = clients.get(_digest(authorization.removeprefix("Bearer ").strip()))
+        if client_id is None:
+            raise GatewayError(401, "missing or unknown API key (Authorization: Bearer <key>)")
+        wait = limiter.take(client_id)
+        if wait > 0:
+            gw.metrics.rate_limited.labels(client_id).inc()
+            raise GatewayError(429, f"rate limit of {limiter.rate:g} requests/s exceeded; retry in {wait:.2f} s",
+                               {"Retry-After": str(max(1, math.ceil(wait)))})
+        return client_id
+
+    def admin_only(authorization: str = Header("", description="Bearer <admin token>")) -> None:
+        if _digest(authorization.removeprefix("Bearer ").strip()) != _digest(admin):
+            raise GatewayError(401, "missing or wrong admin token")
+
+    def answer(result, endpoint: str):
+        gw.metrics.requests.labels(endpoint, "200").inc()
+        if isinstance(result, tuple):  # (stream, meta)
+            stream, meta = result
+            return StreamingResponse(stream, media_type="text/event-stream", headers=meta)
+        meta = {"X-Tidal-Request-Id": result["tidal"]["request_id"], "X-Tidal-Version": str(result["tidal"]["version"])}
+        return ORJSONResponse(result, headers=meta)
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, client_id: str = Depends(client)):
+        return answer(await gw.complete(req, client_id), "/v1/completions")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatRequest, client_id: str = Depends(client)):
+        return answer(await gw.complete(req, client_id, chat=True), "/v1/chat/completions")
+
+    @app.post("/v1/feedback", response_model=FeedbackResponse)
+    async def feedback(req: FeedbackRequest, client_id: str = Depends(client)) -> FeedbackResponse:
+        event = await gw.feedback(req, client_id)
+        gw.metrics.requests.labels("/v1/feedback", "200").inc()
+        return FeedbackResponse(request_id=event.request_id, event=event.event)
+
+    @app.get("/v1/models")
+    async def models(client_id: str = Depends(client)) -> dict:
+        names = sorted(set(gw.routes.all()) | set(gw.pool.snapshot.serving_version))
+        return {"object": "list", "data": [{"id": n, "object": "model", "owned_by": "tidal"} for n in names]}
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"ok": True, "fleet": gw.pool.last_error or "ok", "replica_names": len(gw.pool.snapshot.by_served_name)}
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(gw.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/admin/routes", dependencies=[Depends(admin_only)])
+    async def get_routes() -> dict:
+        return {"routes": {m: r.model_dump() for m, r in gw.routes.all().items()},
+                "history": [h.model_dump() for h in gw.routes.history[-50:]]}
+
+    def require_served(model: str, versions: list[int]) -> None:
+        for v in versions:
+            if not gw.pool.snapshot.by_served_name.get(f"{model}@v{v}"):
+                raise GatewayError(409, f"{model}@v{v} is not served by any ready (verified) replica; deploy it to the fleet first")
+
+    @app.put("/admin/routes/{model}", dependencies=[Depends(admin_only)])
+    async def put_routes(model: str, body: RoutesUpdate) -> dict:
+        require_served(model, [a.version for a in body.arms])
+        routes = ModelRoutes(model=model, arms=body.arms, updated_ms=int(time.time() * 1000), updated_by=body.by, reason=body.reason)
+        return gw.routes.set(routes).model_dump()
+
+    @app.post("/admin/routes/{model}/canary", dependencies=[Depends(admin_only)])
+    async def set_canary(model: str, body: CanaryUpdate) -> dict:
+        require_served(model, [body.version])
+        if gw.routes.get(model) is None:  # first change: start from the fleet's default control arm
+            gw.routes.set(gw.model_routes(model))
+        return gw.routes.set_weights(model, body.version, body.weight, body.by, body.reason).model_dump()
+
+    @app.post("/admin/routes/{model}/rollback", dependencies=[Depends(admin_only)])
+    async def rollback(model: str, body: RollbackRequest) -> dict:
+        return gw.routes.rollback(model, body.by, body.reason).model_dump()
+
+    return app
+
+
+def build_gateway(settings: TidalSettings) -> tuple[FastAPI, TidalSettings]:
+    g = settings.gateway
+    sink = LogSink(settings.data_path / "wal", open_store(settings), g.logsink)
+    metrics = GatewayMetrics(sink.metrics)
+    gw = Gateway(routes=RouteTable(settings.data_path / "gateway" / "routes.json", g.route_limits),
+                 pool=ReplicaPool(f"http://{settings.fleet.host}:{settings.fleet.admin_port}", admin_token(settings), g.fleet_poll_s),
+                 sink=sink, signer=RequestIdSigner(secret(settings, "request_id", g.secret).encode()),
+                 user_secret=secret(settings, "request_id", g.secret).encode(),
+                 limits=Limits(g.max_prompt_chars, g.max_tokens, int(g.feedback_window_s * 1000), g.upstream_timeout_s),
+                 metrics=metrics)
+    clients = {_digest(c.key): c.client_id for c in client_keys(settings)}
+    return build_app(gw, clients, admin_token(settings), RateLimiter(g.rate_limit_rps, g.rate_limit_burst), g.max_body_bytes), settings
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = load_settings()
+    app, _ = build_gateway(settings)
+    uvicorn.run(app, host=settings.gateway.host, port=settings.gateway.port, log_level="warning",
+                http="httptools", loop="uvloop", access_log=False)
+
+
+if __name__ == "__main__":
+    main()

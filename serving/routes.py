@@ -1,0 +1,320 @@
+"""The gateway's route table: per model, one or two weighted arms, each a registry version.
+
+`control` is the serving version; an optional `canary` takes a share of users. An arm may carry
+bounded sampling overrides (temperature, top_p) for controlled exploration on a small share of
+traffic; `RouteLimits` bounds them. Users are assigned by a hash of (model, user key), so a user
+keeps their arm while the weights hold, and raising the canary weight only moves users into it.
+
+The table is one JSON file (routes + the last `HISTORY_LIMIT` changes), replaced atomically on
+every change. One process owns it (the gateway); readers in that process see whole snapshots.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from data_contracts.records import Arm, SamplingParams
+
+log = logging.getLogger("tidal.routes")
+
+HISTORY_LIMIT = 200
+FILE_FORMAT = 1
+WEIGHT_TOLERANCE = 1e-9
+_HASH_SCALE = float(2**64)
+
+
+class RouteError(ValueError):
+    """A route change refused (limits, unknown model) or a route file that cannot be read."""
+
+
+class ArmSpec(BaseModel):
+    """One arm: which version serves it, its traffic share, and optional sampling overrides."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    name: Arm = Field(description="'control' (the serving version) or 'canary' (the version under test).")
+    version: int = Field(ge=1, description="Registry version this arm serves.")
+    weight: float = Field(ge=0, le=1, description="Share of users assigned to this arm, in [0, 1].")
+    temperature: float | None = Field(None, ge=0, description="Sampling temperature override; None = the client's.")
+    top_p: float | None = Field(None, gt=0, le=1, description="Nucleus mass override; None = the client's.")
+
+    @property
+    def has_overrides(self) -> bool:
+        return self.temperature is not None or self.top_p is not None
+
+    def apply(self, sampling: SamplingParams) -> SamplingParams:
+        """The client's sampling parameters with this arm's overrides applied (a copy)."""
+        if not self.has_overrides:
+            return sampling
+        update = {k: v for k, v in (("temperature", self.temperature), ("top_p", self.top_p)) if v is not None}
+        return sampling.model_copy(update=update)
+
+
+class ModelRoutes(BaseModel):
+    """A model's arms (control first) and who last changed them, when and why."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(min_length=1, description="Registered model name.")
+    arms: list[ArmSpec] = Field(description="1 or 2 arms with distinct names, a 'control' among them; weights sum to 1.")
+    updated_ms: int = Field(ge=0, description="Unix epoch milliseconds of the change.")
+    updated_by: str = Field(min_length=1, description="Who made the change (operator, flow or service name).")
+    reason: str = Field("", description="Why the change was made.")
+
+    @field_validator("arms")
+    @classmethod
+    def _check_arms(cls, arms: list[ArmSpec]) -> list[ArmSpec]:
+        names = [a.name for a in arms]
+        if not 1 <= len(arms) <= 2:
+            raise ValueError(f"routes need 1 or 2 arms (a 'control', optionally a 'canary'), got {len(arms)}: {names}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"arm names must be unique, got {names}: expected one 'control' and at most one 'canary'")
+        if "control" not in names:
+            raise ValueError(f"a 'control' arm is required, got {names}")
+        total = sum(a.weight for a in arms)
+        if abs(total - 1.0) > WEIGHT_TOLERANCE:
+            shares = ", ".join(f"{a.name}={a.weight!r}" for a in arms)
+            raise ValueError(f"arm weights must sum to 1 (within {WEIGHT_TOLERANCE:g}), got {total:.12g} ({shares})")
+        return sorted(arms, key=lambda a: a.name != "control")
+
+    @property
+    def control(self) -> ArmSpec:
+        return self.arms[0]
+
+    @property
+    def canary(self) -> ArmSpec | None:
+        return self.arms[1] if len(self.arms) == 2 else None
+
+
+class RouteLimits(BaseModel):
+    """Bounds on arm sampling overrides, checked on every route change."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    min_temperature: float = Field(0.0, ge=0, description="Lowest temperature an arm may override to.")
+    max_temperature: float = Field(1.5, ge=0, description="Highest temperature an arm may override to.")
+    min_top_p: float = Field(0.5, gt=0, le=1, description="Lowest top_p an arm may override to (the highest is 1).")
+    max_override_weight: float = Field(0.2, ge=0, le=1, description="Largest traffic share of an arm with sampling overrides.")
+
+    @model_validator(mode="after")
+    def _check_order(self) -> RouteLimits:
+        if self.min_temperature > self.max_temperature:
+            raise ValueError(f"min_temperature {self.min_temperature} is above max_temperature {self.max_temperature}")
+        return self
+
+    def check(self, routes: ModelRoutes) -> None:
+        """Raise RouteError naming the first arm and limit that `routes` breaks."""
+        for arm in routes.arms:
+            where = f"model {routes.model!r}, arm {arm.name!r} (v{arm.version})"
+            t, p = arm.temperature, arm.top_p
+            if t is not None and not self.min_temperature <= t <= self.max_temperature:
+                raise RouteError(f"{where}: temperature override {t} is outside the limits "
+                                 f"[min_temperature={self.min_temperature}, max_temperature={self.max_temperature}]")
+            if p is not None and not self.min_top_p <= p <= 1.0:
+                raise RouteError(f"{where}: top_p override {p} is outside the limits [min_top_p={self.min_top_p}, 1]")
+            if arm.has_overrides and arm.weight > self.max_override_weight:
+                raise RouteError(f"{where}: an arm with sampling overrides may carry at most "
+                                 f"max_override_weight={self.max_override_weight} of traffic, got weight {arm.weight}")
+
+
+class RouteChange(BaseModel):
+    """One entry of the route history."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    time_ms: int = Field(description="Unix epoch milliseconds of the change.")
+    model: str = Field(description="Model whose routes changed.")
+    action: Literal["set", "set_weights", "rollback"] = Field(description="Which operation made the change.")
+    by: str = Field(description="Who made the change.")
+    reason: str = Field(description="Why the change was made.")
+    arms: list[ArmSpec] = Field(description="The arms after the change.")
+    previous: list[ArmSpec] | None = Field(description="The arms before the change; None = the model had no routes.")
+
+
+class _TableFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal[1] = FILE_FORMAT
+    routes: dict[str, ModelRoutes] = Field(default_factory=dict)
+    history: list[RouteChange] = Field(default_factory=list)
+
+
+class _Snapshot:
+    """Routes and history as of one change; never mutated once published."""
+
+    __slots__ = ("history", "routes")
+
+    def __init__(self, routes: dict[str, ModelRoutes], history: tuple[RouteChange, ...]):
+        self.routes, self.history = routes, history
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class RouteTable:
+    """All models' routes, persisted in one JSON file; changes are validated, written, then published.
+
+    Readers (`get`, `all`, `history`) take no lock: each reads one published snapshot. Writers are
+    serialized by a lock; a change that fails validation or cannot be written changes nothing.
+    """
+
+    def __init__(self, path: Path, limits: RouteLimits | None = None):
+        self.path = Path(path)
+        self.limits = limits or RouteLimits()
+        self._lock = threading.RLock()
+        self._snap = self._load()
+
+    # ---- reads ---------------------------------------------------------------------------------
+
+    def get(self, model: str) -> ModelRoutes | None:
+        return self._snap.routes.get(model)
+
+    def all(self) -> dict[str, ModelRoutes]:
+        return dict(self._snap.routes)
+
+    @property
+    def history(self) -> list[RouteChange]:
+        """The last HISTORY_LIMIT changes, oldest first."""
+        return list(self._snap.history)
+
+    # ---- changes -------------------------------------------------------------------------------
+
+    def set(self, routes: ModelRoutes) -> ModelRoutes:
+        """Replace `routes.model`'s routes; who/when/why come from `routes` itself."""
+        return self._apply(routes, "set")
+
+    def set_weights(self, model: str, canary_version: int, canary_weight: float, by: str, reason: str, *,
+                    temperature: float | None = None, top_p: float | None = None) -> ModelRoutes:
+        """Control keeps its version at 1 - canary_weight; the canary serves `canary_version`."""
+        with self._lock:
+            current = self._require(model)
+            arms = [ArmSpec(name="control", version=current.control.version, weight=1.0 - canary_weight),
+                    ArmSpec(name="canary", version=canary_version, weight=canary_weight,
+                            temperature=temperature, top_p=top_p)]
+            routes = ModelRoutes(model=model, arms=arms, updated_ms=now_ms(), updated_by=by, reason=reason)
+            return self._apply(routes, "set_weights")
+
+    def rollback(self, model: str, by: str, reason: str) -> ModelRoutes:
+        """All traffic to the control version, without overrides, in one change."""
+        with self._lock:
+            current = self._require(model)
+            arms = [ArmSpec(name="control", version=current.control.version, weight=1.0)]
+            routes = ModelRoutes(model=model, arms=arms, updated_ms=now_ms(), updated_by=by, reason=reason)
+            return self._apply(routes, "rollback")
+
+    def _require(self, model: str) -> ModelRoutes:
+        current = self.get(model)
+        if current is None:
+            known = sorted(self._snap.routes)
+            raise RouteError(f"no routes for model {model!r} (routed models: {known}); set() its control arm first")
+        return current
+
+    def _apply(self, routes: ModelRoutes, action: str) -> ModelRoutes:
+        self.limits.check(routes)
+        with self._lock:
+            old = self._snap
+            previous = old.routes.get(routes.model)
+            change = RouteChange(time_ms=routes.updated_ms, model=routes.model, action=action, by=routes.updated_by,
+                                 reason=routes.reason, arms=routes.arms, previous=previous.arms if previous else None)
+            new = _Snapshot({**old.routes, routes.model: routes}, (*old.history, change)[-HISTORY_LIMIT:])
+            self._write(new)
+            self._snap = new  # one reference swap: readers see the old or the new snapshot, whole
+        log.info("routes %s by %s (%s): %s", routes.model, routes.updated_by, routes.reason,
+                 ", ".join(f"{a.name}=v{a.version}@{a.weight:g}" for a in routes.arms))
+        return routes
+
+    # ---- persistence ---------------------------------------------------------------------------
+
+    def _load(self) -> _Snapshot:
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return _Snapshot({}, ())
+        except OSError as e:
+            raise RouteError(f"cannot read route table {self.path}: {e}") from e
+        try:
+            data = _TableFile.model_validate_json(raw)
+        except ValidationError as e:
+            kind = "is not valid JSON (truncated?)" if _is_json_error(e) else "does not hold a valid route table"
+            raise RouteError(f"route table {self.path} {kind}: {_first_error(e)}; "
+                             f"restore it from a backup or fix it (it is not overwritten while unreadable)") from e
+        for model, routes in data.routes.items():
+            if model != routes.model:
+                raise RouteError(f"route table {self.path}: entry {model!r} holds routes for {routes.model!r}")
+            try:
+                self.limits.check(routes)
+            except RouteError as e:  # written under older limits: keep serving, refuse new breaking changes
+                log.warning("route table %s: %s (loaded as is; the next change must be within limits)", self.path, e)
+        return _Snapshot(dict(data.routes), tuple(data.history[-HISTORY_LIMIT:]))
+
+    def _write(self, snap: _Snapshot) -> None:
+        data = _TableFile(routes=snap.routes, history=list(snap.history))
+        payload = data.model_dump_json(indent=1).encode()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(payload)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        _fsync_dir(self.path.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _is_json_error(e: ValidationError) -> bool:
+    return any(err["type"] == "json_invalid" for err in e.errors())
+
+
+def _first_error(e: ValidationError) -> str:
+    err = e.errors()[0]
+    loc = ".".join(str(x) for x in err["loc"])
+    return f"{loc}: {err['msg']}" if loc else err["msg"]
+
+
+def assign(routes: ModelRoutes, user_key: str) -> ArmSpec:
+    """The arm of `user_key`: canary iff u < canary.weight, u = first 8 bytes of sha256(model NUL key) / 2**64.
+
+    Sticky (same arm while the weights hold) and monotone (raising the canary weight only moves users in).
+    """
+    arms = routes.arms
+    if len(arms) == 1:
+        return arms[0]
+    u = int.from_bytes(hashlib.sha256(f"{routes.model}\0{user_key}".encode()).digest()[:8], "big") / _HASH_SCALE
+    return arms[1] if u < arms[1].weight else arms[0]
+
+
+def user_hash(user_key: str, secret: bytes) -> str:
+    """Keyed hash of a user/session id for logs: HMAC-SHA256, first 16 bytes, hex (32 characters)."""
+    if not secret:
+        raise ValueError("user_hash needs a non-empty secret (an unkeyed hash of a user id is reversible by guessing)")
+    return hmac.digest(secret, user_key.encode(), "sha256")[:16].hex()

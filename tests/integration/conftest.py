@@ -1,0 +1,83 @@
+"""One real platform per test session: Prefect and MLflow servers, the bootstrap flow, a vLLM fleet.
+
+Everything binds to 127.0.0.1 on free ports and lives in a temporary data directory; the session's
+last step is `tidal down`, and teardown checks nothing is left running.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tidal.registry import CheckpointCache, Registry, VersionInfo, publish
+from tidal.sandbox import write_config
+from tidal.settings import TidalSettings, load_settings
+from tidal.store import open_store
+
+
+@pytest.fixture(scope="session")
+def settings(tmp_path_factory) -> TidalSettings:
+    root = tmp_path_factory.mktemp("tidal")
+    models = [{"name": "tab", "replicas": 2, "update_strategy": "lora"},
+              {"name": "tabfull", "replicas": 1, "update_strategy": "restart"}]
+    path = write_config(root, models, base_port=18200)
+    with pytest.MonkeyPatch.context() as mp:
+        for key in [k for k in os.environ if k.startswith("TIDAL_")]:
+            mp.delenv(key)
+        mp.setenv("TIDAL_CONFIG", str(path))
+        yield load_settings()
+
+
+@pytest.fixture(scope="session")
+def platform(settings):
+    from tidal.platform import Platform, use_platform_env
+
+    use_platform_env(settings)
+    p = Platform(settings)
+    try:
+        p.up_servers()
+        yield p
+    finally:
+        p.down()
+
+
+@pytest.fixture(scope="session")
+def registry(settings, platform) -> Registry:
+    return Registry(settings.mlflow.tracking_uri)
+
+
+@pytest.fixture(scope="session")
+def checkpoints(settings) -> CheckpointCache:
+    return CheckpointCache(open_store(settings), settings.data_path / "cache")
+
+
+@pytest.fixture(scope="session")
+def champion(settings, platform, registry) -> VersionInfo:
+    """tab v1 from the real bootstrap flow; tabfull v1 is the same checkpoint registered again."""
+    from flows.bootstrap import bootstrap
+
+    assert bootstrap(model="tab") == 1
+    info = registry.get("tab", 1)
+    base_dir = CheckpointCache(open_store(settings), settings.data_path / "cache").local_dir(info)
+    full = publish(registry, open_store(settings), "tabfull", base_dir, "full", None, {"tidal.origin": "copy of tab v1"})
+    registry.set_alias("tabfull", "champion", full.version)
+    return info
+
+
+@pytest.fixture(scope="session")
+def fleet(platform, champion):
+    platform.up_fleet()
+    return platform.fleet_client()
+
+
+@pytest.fixture(scope="session")
+def gateway(platform, fleet, settings) -> str:
+    """The gateway in front of the fleet; returns its base URL. Clients: alice and bob (tidal.sandbox)."""
+    platform.up_gateway()
+    return f"http://{settings.gateway.host}:{settings.gateway.port}"
+
+
+@pytest.fixture(scope="session")
+def keys(settings) -> dict[str, str]:
+    return {c.client_id: c.key for c in settings.gateway.clients}
