@@ -12,6 +12,7 @@ import uvicorn
 from fastapi import Depends, FastAPI, Header, Request
 from fastapi.responses import ORJSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import ValidationError
 
 from serving.api_models import (CanaryUpdate, ChatRequest, CompletionRequest, FeedbackRequest, FeedbackResponse,
                                 RollbackRequest, RoutesUpdate)
@@ -82,6 +83,12 @@ def build_app(gw: Gateway, clients: dict[str, str], admin: str, limiter: RateLim
         gw.metrics.requests.labels(request.url.path, str(exc.status)).inc()
         return ORJSONResponse({"error": {"message": exc.message, "type": "invalid_request_error", "code": exc.status}},
                               status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(ValidationError)
+    async def invalid_value(request: Request, exc: ValidationError):
+        # A model built inside a handler (e.g. the new routes) refused the values: the client's mistake.
+        message = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors())
+        return ORJSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": 422}}, status_code=422)
 
     @app.exception_handler(RouteError)
     async def route_error(request: Request, exc: RouteError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +45,7 @@ def train_base_tokenizer(texts: list[str], vocab_size: int):
 @task(cache_policy=NO_CACHE)
 def pretrain_policy(tokenizer, corpus: Corpus, cfg: BootstrapSettings):
     model = build_policy(cfg.policy, tokenizer)
-    result = pretrain(model, tokenizer, corpus.train, corpus.heldout, cfg.pretrain, progress=True)
+    result = pretrain(model, tokenizer, corpus.train, corpus.heldout, cfg.pretrain, progress=sys.stderr.isatty())
     return model, result
 
 
