@@ -8,9 +8,10 @@ import math
 import time
 from contextlib import asynccontextmanager
 
+import orjson
 import uvicorn
 from fastapi import Depends, FastAPI, Header, Request
-from fastapi.responses import ORJSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
@@ -75,37 +76,38 @@ def build_app(gw: Gateway, clients: dict[str, str], admin: str, limiter: RateLim
         yield
         await gw.stop()
 
-    app = FastAPI(title="Tidal gateway", version="1", lifespan=lifespan, default_response_class=ORJSONResponse)
+    app = FastAPI(title="Tidal gateway", version="1", lifespan=lifespan)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError):
         gw.metrics.requests.labels(request.url.path, str(exc.status)).inc()
-        return ORJSONResponse({"error": {"message": exc.message, "type": "invalid_request_error", "code": exc.status}},
+        return JSONResponse({"error": {"message": exc.message, "type": "invalid_request_error", "code": exc.status}},
                               status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(ValidationError)
     async def invalid_value(request: Request, exc: ValidationError):
         # A model built inside a handler (e.g. the new routes) refused the values: the client's mistake.
         message = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors())
-        return ORJSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": 422}}, status_code=422)
+        return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": 422}}, status_code=422)
 
     @app.exception_handler(RouteError)
     async def route_error(request: Request, exc: RouteError):
-        return ORJSONResponse({"error": {"message": str(exc), "type": "invalid_request_error", "code": 400}}, status_code=400)
+        return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error", "code": 400}}, status_code=400)
 
-    def client(authorization: str = Header("", description="Bearer <client API key>")) -> str:
+    # async dependencies: FastAPI runs plain `def` ones in a thread pool, a hand-off per request.
+    async def client(authorization: str = Header("", description="Bearer <client API key>")) -> str:
         client_id = clients.get(_digest(authorization.removeprefix("Bearer ").strip()))
         if client_id is None:
             raise GatewayError(401, "missing or unknown API key (Authorization: Bearer <key>)")
         wait = limiter.take(client_id)
         if wait > 0:
             gw.metrics.rate_limited.labels(client_id).inc()
-            raise GatewayError(429, f"rate limit of {limiter.rate:g} requests/s exceeded; retry in {wait:.2f} s",
+            raise GatewayError(429, f"rate limit of {limiter.rate:g} requests/s exceeded; retry in {wait * 1000:.0f} ms",
                                {"Retry-After": str(max(1, math.ceil(wait)))})
         return client_id
 
-    def admin_only(authorization: str = Header("", description="Bearer <admin token>")) -> None:
+    async def admin_only(authorization: str = Header("", description="Bearer <admin token>")) -> None:
         if _digest(authorization.removeprefix("Bearer ").strip()) != _digest(admin):
             raise GatewayError(401, "missing or wrong admin token")
 
@@ -115,7 +117,7 @@ def build_app(gw: Gateway, clients: dict[str, str], admin: str, limiter: RateLim
             stream, meta = result
             return StreamingResponse(stream, media_type="text/event-stream", headers=meta)
         meta = {"X-Tidal-Request-Id": result["tidal"]["request_id"], "X-Tidal-Version": str(result["tidal"]["version"])}
-        return ORJSONResponse(result, headers=meta)
+        return Response(orjson.dumps(result), media_type="application/json", headers=meta)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, client_id: str = Depends(client)):
@@ -193,7 +195,7 @@ def main() -> None:
     settings = load_settings()
     app, _ = build_gateway(settings)
     uvicorn.run(app, host=settings.gateway.host, port=settings.gateway.port, log_level="warning",
-                http="httptools", loop="uvloop", access_log=False)
+                http="httptools", loop="uvloop", access_log=False, proxy_headers=False, server_header=False)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,8 @@ def write_config(root: Path, models: list[dict], base_port: int, pretrain_second
                   "restart_backoff_s": 1.0, "ready_timeout_s": 300},
         "gateway": {"port": free_port(), "secret": "sandbox-request-id-secret",
                     "clients": [{"client_id": "alice", "key": "alice-key-0123456789"}, {"client_id": "bob", "key": "bob-key-0123456789ab"}],
-                    "logsink": {"segment_max_age_s": 1.0, "upload_interval_s": 0.5}},
+                    "logsink": {"segment_max_age_s": 1.0, "upload_interval_s": 0.5},
+                    "rate_limit_rps": 100_000.0, "rate_limit_burst": 100_000},  # load tests measure the gateway, not the limiter
         "admin_token": "sandbox-admin-token",
         "models": models,
         "bootstrap": {"pretrain": {"max_seconds": pretrain_seconds, "eval_bytes": 50_000}, "probe_prompts": 3},
@@ -47,7 +48,6 @@ def write_config(root: Path, models: list[dict], base_port: int, pretrain_second
 @contextmanager
 def sandbox_platform(models: list[dict], base_port: int, fleet: bool = True, gateway: bool = False, **config):
     """A whole platform for a benchmark: servers, a short bootstrap, fleet, gateway; always torn down."""
-    from flows.bootstrap import bootstrap
     from tidal.platform import Platform, use_platform_env
     from tidal.settings import load_settings
 
@@ -60,6 +60,8 @@ def sandbox_platform(models: list[dict], base_port: int, fleet: bool = True, gat
     platform = Platform(settings)
     try:
         platform.up_servers()
+        from flows.bootstrap import bootstrap  # after use_platform_env: Prefect reads its API URL on import
+
         for m in models:
             bootstrap(model=m["name"])
         if fleet:

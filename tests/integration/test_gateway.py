@@ -71,7 +71,7 @@ def canary(fleet, registry, checkpoints, champion, gateway, tmp_path_factory, pl
     return v.version, routes
 
 
-def test_openai_sdk_completions_streaming_and_chat(gateway, keys, canary):
+def test_openai_sdk_completions_streaming_and_chat(gateway, keys, canary, checkpoints):
     from openai import OpenAI
 
     client = OpenAI(base_url=gateway + "/v1", api_key=keys["alice"], max_retries=0)
@@ -85,6 +85,11 @@ def test_openai_sdk_completions_streaming_and_chat(gateway, keys, canary):
     stream = list(client.chat.completions.create(model="tab", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True))
     assert stream and all("." in c.id for c in stream)
     assert sorted(m.id for m in client.models.list().data) == ["tab", "tabfull"]
+    rows = {r["request_id"]: r for r in wait_stored(checkpoints.store, "completions", {chunks[0].id, chat.id})}
+    streamed = rows[chunks[0].id]  # a streamed completion is logged whole: text, token ids, log-probs
+    assert streamed["completion_text"] == "".join(c.choices[0].text for c in chunks if c.choices)
+    assert len(streamed["completion_token_ids"]) == len(streamed["behaviour_logprobs"]) == 8
+    assert len(rows[chat.id]["behaviour_logprobs"]) == len(rows[chat.id]["completion_token_ids"]) > 0
 
 
 def test_canary_split_is_sticky_and_every_record_names_its_version(gateway, keys, canary, checkpoints):
@@ -140,7 +145,7 @@ def test_feedback_is_accepted_once_from_its_own_client(gateway, keys, checkpoint
     assert len(mine) == 1 and mine[0]["event"] == "accepted" and mine[0]["client_id"] == "alice" and mine[0]["model"] == "tab"
 
 
-def test_bad_requests_get_4xx_with_a_message(gateway, keys, canary):
+def test_bad_requests_get_4xx_with_a_message(gateway, keys, canary, settings):
     alice = keys["alice"]
     cases = [
         ("no key", httpx.post(gateway + "/v1/completions", json={"model": "tab", "prompt": "x"}), 401),
@@ -162,6 +167,8 @@ def test_bad_requests_get_4xx_with_a_message(gateway, keys, canary):
     for name, r, status in cases:
         assert r.status_code == status, (name, r.status_code, r.text)
         assert r.text and "Traceback" not in r.text and "alice-key" not in r.text, name
+    log = Path(settings.log_dir / "gateway.log").read_text()
+    assert keys["alice"] not in log and keys["bob"] not in log  # keys never reach the logs
 
 
 def test_gateway_kill9_loses_no_acknowledged_completion(gateway, keys, platform, checkpoints, canary):
@@ -180,9 +187,11 @@ def test_gateway_kill9_loses_no_acknowledged_completion(gateway, keys, platform,
     for t in threads:
         t.start()
     time.sleep(3)
+    routes_before = platform.routes_client().show()["routes"]
     os.kill(platform.running("gateway").pid, signal.SIGKILL)
     time.sleep(1)
     platform.up_gateway()  # restarts it; the WAL left behind is recovered and uploaded
+    assert platform.routes_client().show()["routes"] == routes_before  # the split survives a restart
     time.sleep(3)
     stop.set()
     for t in threads:
