@@ -25,3 +25,55 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory):
+    """A real S3-compatible server (moto_server, in memory) on a free loopback port, with dummy
+    credentials in the environment. Each user creates its own bucket."""
+    import sys
+    import time
+    from pathlib import Path
+
+    import httpx
+
+    from tidal.procs import stop_group
+    from tidal.sandbox import free_port
+
+    server = Path(sys.executable).parent / "moto_server"
+    if not server.exists():
+        pytest.fail("moto_server is not installed: run ./run.sh setup")
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_SESSION_TOKEN": "test",
+                     "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+                     "NO_PROXY": "127.0.0.1,localhost"}.items():
+            mp.setenv(k, v)
+        for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+            mp.delenv(k, raising=False)
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        with open(tmp_path_factory.mktemp("moto") / "moto.log", "wb") as log:
+            proc = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                deadline = time.monotonic() + 30
+                while True:
+                    assert proc.poll() is None, f"moto_server exited with code {proc.returncode}"
+                    try:
+                        if httpx.get(url, timeout=1.0).status_code < 500:
+                            break
+                    except httpx.HTTPError:
+                        pass
+                    assert time.monotonic() < deadline, "moto_server did not answer within 30 s"
+                    time.sleep(0.05)
+                yield url
+            finally:
+                stop_group(proc.pid, timeout=5)
+
+
+def make_bucket(endpoint: str, bucket: str) -> None:
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    if bucket not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
+        client.create_bucket(Bucket=bucket)

@@ -20,6 +20,7 @@ import yaml
 
 from serving.request_ids import RequestIdSigner
 from serving.routes import assign
+from tests.conftest import make_bucket
 from tests.integration.tcpproxy import TcpProxy
 from tidal.procs import stop_group, wait_http
 from tidal.registry import publish
@@ -204,20 +205,15 @@ def test_gateway_kill9_loses_no_acknowledged_completion(gateway, keys, platform,
     assert [rid for rid in acked if counts.get(rid) != 1] == []  # each acknowledged completion exactly once
 
 
-def test_object_store_outage_delays_uploads_but_loses_nothing(settings, keys, canary, tmp_path):
+def test_object_store_outage_delays_uploads_but_loses_nothing(settings, keys, canary, tmp_path, s3_endpoint):
     """A second gateway logging to S3 (moto) behind a proxy that goes down mid-load."""
-    moto_port, proxy_port, gw_port = free_port(), free_port(), free_port()
-    moto = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(moto_port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    creds = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
-    os.environ.update(creds)
-    proxy = TcpProxy(moto_port, proxy_port)
+    proxy_port, gw_port = free_port(), free_port()
+    proxy = TcpProxy(int(s3_endpoint.rsplit(":", 1)[1]), proxy_port)
     gw = None
     try:
-        wait_http(f"http://127.0.0.1:{moto_port}/moto-api/", 30, "moto_server")
         proxy.start()
+        make_bucket(s3_endpoint, "tidal-logs")
         store = S3Store("tidal-logs", "gw2", f"http://127.0.0.1:{proxy_port}", "us-east-1")
-        store.client.create_bucket(Bucket="tidal-logs")
         config = settings.model_dump(mode="json")
         config.update(data_dir=str(tmp_path / "data"), store={"url": "s3://tidal-logs/gw2", "s3_endpoint_url": f"http://127.0.0.1:{proxy_port}"})
         config["gateway"]["port"] = gw_port
@@ -241,9 +237,6 @@ def test_object_store_outage_delays_uploads_but_loses_nothing(settings, keys, ca
         proxy.stop()
         if gw is not None:
             stop_group(gw.pid)
-        stop_group(moto.pid)
-        for k in creds:
-            os.environ.pop(k, None)
 
 
 def test_replica_dying_before_first_byte_is_retried_on_another(gateway, keys, fleet, canary):

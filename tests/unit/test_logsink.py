@@ -7,18 +7,16 @@ import errno
 import logging
 import os
 import re
-import socket
 import stat
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import orjson
 import pyarrow.parquet as pq
 import pytest
+
+from tests.conftest import make_bucket
 
 from data_contracts.records import CompletionRecord, FeedbackEvent, SamplingParams
 from serving.logsink import LogSink, LogSinkSettings
@@ -351,49 +349,13 @@ BUCKET = "tidal-logs"
 
 
 @pytest.fixture(scope="module")
-def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    server = Path(sys.executable).parent / "moto_server"
-    if not server.exists():
-        pytest.skip("moto_server is not installed")
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_SESSION_TOKEN": "test",
-                     "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
-                     "NO_PROXY": "127.0.0.1,localhost"}.items():
-            mp.setenv(k, v)
-        for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
-            mp.delenv(k, raising=False)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        url = f"http://127.0.0.1:{port}"
-        with open(tmp_path_factory.mktemp("moto") / "moto.log", "wb") as log:
-            proc = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
-            try:
-                deadline = time.monotonic() + 30
-                while True:
-                    assert proc.poll() is None, f"moto_server exited with code {proc.returncode}"
-                    try:
-                        if httpx.get(url, timeout=1.0).status_code < 500:
-                            break
-                    except httpx.HTTPError:
-                        pass
-                    assert time.monotonic() < deadline, "moto_server did not answer within 30 s"
-                    time.sleep(0.05)
-                import boto3
-
-                boto3.client("s3", endpoint_url=url, region_name="us-east-1").create_bucket(Bucket=BUCKET)
-                yield url
-            finally:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+def s3_bucket(s3_endpoint: str) -> str:
+    make_bucket(s3_endpoint, BUCKET)
+    return s3_endpoint
 
 
-def test_s3_round_trip(s3_endpoint: str, tmp_path: Path, sinks) -> None:
-    store = S3Store(BUCKET, "prefix", s3_endpoint, "us-east-1")
+def test_s3_round_trip(s3_bucket: str, tmp_path: Path, sinks) -> None:
+    store = S3Store(BUCKET, "prefix", s3_bucket, "us-east-1")
     sink = start(sinks, tmp_path / "wal", store)
     comps = [completion(i, T0 + i) for i in range(3)]
     asyncio.run(append_all(sink, "completions", comps))

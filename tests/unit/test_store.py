@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
+
+from tests.conftest import make_bucket
 
 from tidal.registry import checkpoint_key, registry_source
 from tidal.settings import load_settings
@@ -217,59 +214,16 @@ def test_registry_source_for_local_store(tmp_path: Path) -> None:
 
 # ---- S3Store against moto -------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def s3_endpoint(tmp_path_factory: pytest.TempPathFactory):
-    server = Path(sys.executable).parent / "moto_server"
-    if not server.exists():
-        pytest.fail("moto_server is not installed: run ./run.sh setup")
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_SESSION_TOKEN": "test",
-                     "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
-            mp.setenv(k, v)
-        for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
-            mp.delenv(k, raising=False)
-        mp.setenv("NO_PROXY", "127.0.0.1,localhost")
-        port = _free_port()
-        url = f"http://127.0.0.1:{port}"
-        log = open(tmp_path_factory.mktemp("moto") / "moto.log", "wb")
-        proc = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                if proc.poll() is not None:
-                    pytest.fail(f"moto_server exited with code {proc.returncode}")
-                try:
-                    if httpx.get(url, timeout=1.0).status_code < 500:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    pytest.fail("moto_server did not answer within 30 s")
-                time.sleep(0.1)
-            import boto3
-
-            boto3.client("s3", endpoint_url=url, region_name="us-east-1").create_bucket(Bucket=BUCKET)
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            log.close()
+def s3_bucket(s3_endpoint: str) -> str:
+    make_bucket(s3_endpoint, BUCKET)
+    return s3_endpoint
 
 
 @pytest.fixture
-def s3_store(s3_endpoint: str, request: pytest.FixtureRequest) -> S3Store:
+def s3_store(s3_bucket: str, request: pytest.FixtureRequest) -> S3Store:
     # A prefix per test keeps the tests independent on the shared bucket.
-    return S3Store(BUCKET, f"/runs/{request.node.name.replace('[', '-').rstrip(']')}/", s3_endpoint, "us-east-1")
+    return S3Store(BUCKET, f"/runs/{request.node.name.replace('[', '-').rstrip(']')}/", s3_bucket, "us-east-1")
 
 
 def test_s3_round_trip(s3_store: S3Store, tmp_path: Path) -> None:
@@ -304,8 +258,8 @@ def test_s3_uri_and_url(s3_store: S3Store) -> None:
     assert s3_store.url == f"s3://{BUCKET}/{s3_store.prefix}"
 
 
-def test_s3_without_prefix(s3_endpoint: str, tmp_path: Path) -> None:
-    store = S3Store(BUCKET, "", s3_endpoint, "us-east-1")
+def test_s3_without_prefix(s3_bucket: str, tmp_path: Path) -> None:
+    store = S3Store(BUCKET, "", s3_bucket, "us-east-1")
     assert store.url == f"s3://{BUCKET}"
     assert store.uri("noprefix/k") == f"s3://{BUCKET}/noprefix/k"
     store.put_file(make_file(tmp_path / "f", "x"), "noprefix/k")
@@ -317,7 +271,8 @@ def test_registry_source_for_s3_store(s3_store: S3Store) -> None:
     assert registry_source(s3_store, key) == f"s3://{BUCKET}/{s3_store.prefix}/checkpoints/model=tab/version=4"
 
 
-def test_open_store_builds_s3_store_from_settings(monkeypatch: pytest.MonkeyPatch, s3_endpoint: str, tmp_path: Path) -> None:
+def test_open_store_builds_s3_store_from_settings(monkeypatch: pytest.MonkeyPatch, s3_bucket: str, tmp_path: Path) -> None:
+    s3_endpoint = s3_bucket
     monkeypatch.setenv("TIDAL_STORE__URL", f"s3://{BUCKET}/from-settings")
     monkeypatch.setenv("TIDAL_STORE__S3_ENDPOINT_URL", s3_endpoint)
     store = open_store(load_settings())
