@@ -75,3 +75,46 @@ def test_pool_rotates_ready_replicas_and_puts_failed_ones_last():
 def test_gateway_error_carries_status_and_headers():
     e = GatewayError(429, "slow down", {"Retry-After": "1"})
     assert (e.status, e.message, e.headers) == (429, "slow down", {"Retry-After": "1"})
+
+
+def _app_without_engines(tmp_path, rate: float, burst: int):
+    """The real app and Gateway, its lifespan not run: no engine, no log upload needed for these paths."""
+    import hashlib
+
+    from serving.gateway import Gateway, Limits
+    from serving.gateway_app import build_app
+    from serving.gateway_metrics import GatewayMetrics
+    from serving.logsink import LogSink, LogSinkSettings
+    from serving.request_ids import RequestIdSigner
+    from serving.routes import RouteTable
+    from tidal.store import LocalStore
+
+    sink = LogSink(tmp_path / "wal", LocalStore(tmp_path / "store"), LogSinkSettings())
+    pool = ReplicaPool("http://unused", "t", poll_s=1.0)
+    pool.apply({"models": {"tab": {"serving_version": 1, "replicas": []}}})
+    gw = Gateway(RouteTable(tmp_path / "routes.json"), pool, sink, RequestIdSigner(b"k" * 32), b"u" * 32,
+                 Limits(1000, 64, 60_000, 5.0), GatewayMetrics(sink.metrics))
+    clients = {hashlib.sha256(b"alice-key-0123456789").hexdigest(): "alice"}
+    return build_app(gw, clients, "admin-token-0123456789", RateLimiter(rate, burst), 4096)
+
+
+def test_rate_limit_answers_429_with_retry_after(tmp_path):
+    from fastapi.testclient import TestClient
+
+    client = TestClient(_app_without_engines(tmp_path, rate=0.5, burst=2))
+    auth = {"Authorization": "Bearer alice-key-0123456789"}
+    codes = [client.get("/v1/models", headers=auth).status_code for _ in range(3)]
+    assert codes == [200, 200, 429]
+    r = client.get("/v1/models", headers=auth)
+    assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1 and "retry in" in r.json()["error"]["message"]
+    assert client.get("/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
+
+
+def test_routes_need_the_admin_token_and_a_served_version(tmp_path):
+    from fastapi.testclient import TestClient
+
+    client = TestClient(_app_without_engines(tmp_path, rate=100, burst=100))
+    body = {"version": 2, "weight": 0.1}
+    assert client.post("/admin/routes/tab/canary", json=body).status_code == 401
+    r = client.post("/admin/routes/tab/canary", json=body, headers={"Authorization": "Bearer admin-token-0123456789"})
+    assert r.status_code == 409 and "tab@v2" in r.json()["error"]["message"]  # not served by any replica
