@@ -84,9 +84,9 @@ def _flag_value(cmd: list[str], flag: str) -> str:
 
 
 def test_engine_command_with_lora() -> None:
-    settings = EngineSettings(python=Path("/opt/engine/bin/python"), max_lora_rank=16, max_loras=3)
+    settings = EngineSettings(python=Path("/srv/engine/bin/python"), max_lora_rank=16, max_loras=3)
     cmd = engine_command(settings, Path("/ckpt/v1"), ["tab@v1", "tab"], "127.0.0.1", 8123, enable_lora=True)
-    assert cmd[:3] == ["/opt/engine/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert cmd[:3] == ["/srv/engine/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     assert "--enable-lora" in cmd
     assert _flag_value(cmd, "--max-lora-rank") == "16"
     assert _flag_value(cmd, "--max-loras") == "3"
@@ -98,7 +98,7 @@ def test_engine_command_with_lora() -> None:
 
 
 def test_engine_command_without_lora() -> None:
-    settings = EngineSettings(python=Path("/opt/engine/bin/python"))
+    settings = EngineSettings(python=Path("/srv/engine/bin/python"))
     cmd = engine_command(settings, Path("/ckpt/v1"), ["tab@v1"], "127.0.0.1", 8123, enable_lora=False)
     for flag in ("--enable-lora", "--max-lora-rank", "--max-loras"):
         assert flag not in cmd
