@@ -51,7 +51,7 @@ def main() -> None:
     args = ap.parse_args()
 
     cold, lora, lora_raw, restart, rss = [], [], [], [], []
-    with sandbox_platform([{"name": "tab", "replicas": 0}], base_port=18400, pretrain_seconds=20) as (settings, platform):
+    with sandbox_platform([{"name": "tab", "replicas": 0}], pretrain_seconds=20) as (settings, platform):
         client = platform.fleet_client()
         registry, store = Registry(settings.mlflow.tracking_uri), open_store(settings)
         base_dir = CheckpointCache(store, settings.data_path / "cache").local_dir(registry.get("tab", 1))

@@ -104,7 +104,7 @@ def main() -> None:
                     help="give the engine CPU 0 to itself (on a small machine: helps at high concurrency, hurts at 1)")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
-    with sandbox_platform([{"name": "tab", "replicas": 1}], base_port=18500, pretrain_seconds=20, gateway=True) as (settings, platform):
+    with sandbox_platform([{"name": "tab", "replicas": 1}], pretrain_seconds=20, gateway=True) as (settings, platform):
         (replica,) = platform.fleet_client().replicas("tab")
         served = next(iter(replica["served"]))
         key = settings.gateway.clients[0].key

@@ -68,8 +68,11 @@ def launch(settings: EngineSettings, name: str, model_dir: Path, served_names: l
     return proc, info
 
 
-def wait_ready(url: str, timeout: float, proc: subprocess.Popen, log: str, what: str) -> None:
-    wait_http(f"{url}/v1/models", timeout, what, proc=proc, log=log)
+def wait_ready(url: str, timeout: float, proc: subprocess.Popen, log: str, what: str, served_name: str) -> None:
+    """Ready = our process answers /v1/models with our served name. Checking the name matters: if the
+    port was taken meanwhile, our engine exits, and another server on that port must not pass for it."""
+    wait_http(f"{url}/v1/models", timeout, what, proc=proc, log=log,
+              accept=lambda r: served_name in {m["id"] for m in r.json()["data"]})
 
 
 class EngineClient:

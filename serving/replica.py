@@ -75,7 +75,8 @@ def boot(replica: Replica, settings: TidalSettings, checkpoints: CheckpointCache
         base_dir = checkpoints.local_dir(replica.base)
         replica.proc, replica.info = engine.launch(
             settings.engine, replica.name, base_dir, [replica.base.served_name], replica.host, replica.port, enable_lora, log)
-        engine.wait_ready(replica.url, settings.fleet.ready_timeout_s, replica.proc, str(log), f"replica {replica.name}")
+        engine.wait_ready(replica.url, settings.fleet.ready_timeout_s, replica.proc, str(log), f"replica {replica.name}",
+                          replica.base.served_name)
     except BaseException:
         kill(replica)
         replica.state = "failed"

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import time
 from dataclasses import asdict, dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -126,16 +127,18 @@ def stop_group(pid: int, timeout: float = 15.0, sig: int = signal.SIGTERM) -> No
     _wait_gone(list(procs.values()), 5.0)
 
 
-def wait_http(url: str, timeout: float, what: str, proc: subprocess.Popen | None = None, log: str = "") -> None:
-    """Poll url until it answers 2xx; fail early if proc exits."""
+def wait_http(url: str, timeout: float, what: str, proc: subprocess.Popen | None = None, log: str = "",
+              accept: Callable[[httpx.Response], bool] | None = None) -> None:
+    """Poll url until it answers 2xx (and `accept` agrees it is the server we started); fail early if proc exits."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise NotReady(f"{what} exited with code {proc.returncode} before it was ready; see {log}{tail(log)}")
         try:
-            if httpx.get(url, timeout=2.0).is_success:
+            r = httpx.get(url, timeout=2.0)
+            if r.is_success and (accept is None or accept(r)):
                 return
-        except httpx.HTTPError:
+        except (httpx.HTTPError, ValueError, KeyError):
             pass
         time.sleep(0.5)
     raise NotReady(f"{what} not ready at {url} after {timeout:.0f} s; see {log}{tail(log)}")

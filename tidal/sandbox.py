@@ -6,12 +6,15 @@ Tests, benchmarks and fault drills each run their own platform this way, beside 
 from __future__ import annotations
 
 import os
+import random
 import socket
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
+
+from tidal.procs import port_free
 
 
 def free_port() -> int:
@@ -20,11 +23,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def write_config(root: Path, models: list[dict], base_port: int, pretrain_seconds: float = 25.0, **extra) -> Path:
-    """tidal.yaml under root; replica ports come from [base_port, base_port+60), services from the OS.
+def replica_port_block(size: int = 60) -> int:
+    """A random block start in [20000, 30000) (below the OS's ephemeral range), so sandboxes running
+    side by side rarely share replica ports; the fleet skips ports in use anyway."""
+    rng = random.Random()
+    for _ in range(50):
+        base = 20000 + size * rng.randrange(10000 // size)
+        if all(port_free("127.0.0.1", base + i) for i in range(4)):
+            return base
+    raise RuntimeError("no free replica port block found in [20000, 30000)")
+
+
+def write_config(root: Path, models: list[dict], base_port: int | None = None, pretrain_seconds: float = 25.0, **extra) -> Path:
+    """tidal.yaml under root; replica ports from [base_port, base_port+60) (random block if None), services from the OS.
 
     Secrets are fixed and public (clients alice and bob): a sandbox is for tests and benchmarks only.
     """
+    base_port = replica_port_block() if base_port is None else base_port
     config = {
         "data_dir": str(root / "data"),
         "prefect": {"port": free_port()},
@@ -46,7 +61,7 @@ def write_config(root: Path, models: list[dict], base_port: int, pretrain_second
 
 
 @contextmanager
-def sandbox_platform(models: list[dict], base_port: int, fleet: bool = True, gateway: bool = False, **config):
+def sandbox_platform(models: list[dict], base_port: int | None = None, fleet: bool = True, gateway: bool = False, **config):
     """A whole platform for a benchmark: servers, a short bootstrap, fleet, gateway; always torn down."""
     from tidal.platform import Platform, use_platform_env
     from tidal.settings import load_settings

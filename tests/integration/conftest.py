@@ -21,7 +21,7 @@ def settings(tmp_path_factory) -> TidalSettings:
     root = tmp_path_factory.mktemp("tidal")
     models = [{"name": "tab", "replicas": 2, "update_strategy": "lora"},
               {"name": "tabfull", "replicas": 1, "update_strategy": "restart"}]
-    path = write_config(root, models, base_port=18200)
+    path = write_config(root, models)
     with pytest.MonkeyPatch.context() as mp:
         for key in [k for k in os.environ if k.startswith("TIDAL_")]:
             mp.delenv(key)

@@ -180,12 +180,13 @@ def test_missing_checkpoint_is_a_clear_error(fleet, registry, checkpoints, champ
 
 def test_replica_that_never_becomes_ready_is_killed(settings, champion, checkpoints):
     quick = settings.model_copy(update={"fleet": settings.fleet.model_copy(update={"ready_timeout_s": 3.0})})
-    replica = Replica("tab", 99, 18299, "127.0.0.1", champion)
+    port = settings.fleet.base_port + settings.fleet.port_range - 1
+    replica = Replica("tab", 99, port, "127.0.0.1", champion)
     with pytest.raises(NotReady) as e:
         boot(replica, quick, checkpoints, enable_lora=False)
     assert "not ready" in str(e.value) and replica.state == "failed"
     assert replica.proc is not None and replica.proc.poll() is not None
-    assert port_free("127.0.0.1", 18299)
+    assert port_free("127.0.0.1", port)
 
 
 def test_occupied_port_is_reported(platform, settings):
