@@ -57,6 +57,14 @@ def cmd_bootstrap(settings: TidalSettings, args) -> None:
         bootstrap(model=name, force=args.force)
 
 
+def cmd_collect(settings: TidalSettings, args) -> None:
+    _platform(settings).up_servers()
+    from flows.collect import collect  # after up_servers: Prefect reads its API URL on import
+
+    for name in args.models or [m.name for m in settings.models]:
+        print(name, collect(model=name, include_open_hour=args.include_open_hour))
+
+
 def cmd_fleet(settings: TidalSettings, args) -> None:
     client = _platform(settings).fleet_client()
     if args.fleet_cmd == "scale":
@@ -122,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("models", nargs="*")
     bs.add_argument("--force", action="store_true", help="train and register a new base even if a champion exists")
     bs.set_defaults(func=cmd_bootstrap)
+    co = sub.add_parser("collect", help="validate logs since the watermark into a reward dataset")
+    co.add_argument("models", nargs="*")
+    co.add_argument("--include-open-hour", action="store_true", help="also take the hour still in progress")
+    co.set_defaults(func=cmd_collect)
     fl = sub.add_parser("fleet", help="operate the fleet").add_subparsers(dest="fleet_cmd", required=True)
     sc = fl.add_parser("scale")
     sc.add_argument("model")

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
+from data_contracts.collect_settings import CollectSettings
 from serving.logsink import LogSinkSettings
 from tidal.section import Section
 from serving.routes import RouteLimits
@@ -140,6 +141,7 @@ class TidalSettings(BaseSettings):
     fleet: FleetSettings = Field(default_factory=FleetSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     bootstrap: BootstrapSettings = Field(default_factory=BootstrapSettings)
+    collect: CollectSettings = Field(default_factory=CollectSettings, description="Collection flow: contracts, reward rules, watermark timing.")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):

@@ -1,0 +1,165 @@
+"""Collection throughput: validate + join + reward over N completions and their feedback, stored form.
+
+    python -m bench.pipeline [--rows 1000000] [--partitions 10]
+
+Generates CompletionRecord/FeedbackEvent rows written like the gateway's uploader does (records.to_table,
+Parquet, partition keys) into a local store, then times the collection steps (generation and loading
+are reported apart). Also runs every row check of the suites as plain pandas on the same frames, so
+`ge_over_pandas` = Great Expectations validation time / the same checks in pandas. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+
+from data_contracts.assemble import assign_rewards, build_samples, dedupe, drop_stale, join_feedback, settle_feedback
+from data_contracts.collect_settings import CollectSettings
+from data_contracts.derive import completion_frame, feedback_frame
+from data_contracts.pipeline import Versions, contract_params, find_partitions, load_logs, reconcile, validate_logs
+from data_contracts.records import to_table
+from data_contracts.suites import completion_suite, feedback_suite
+from data_contracts.validate import validate_frames
+from serving.request_ids import RequestIdSigner
+from serving.uploader import partition_key
+from tidal.store import LocalStore
+
+HOUR = 3_600_000
+T0 = 1_767_225_600_000  # 2026-01-01T00:00Z
+
+
+def generate(store: LocalStore, rows: int, partitions: int, feedback_share: float, seed: int) -> int:
+    """`partitions` hours of completions (and feedback for a share of them), one object per hour each."""
+    rng, signer = np.random.default_rng(seed), RequestIdSigner(b"bench-request-id-secret")
+    per = rows // partitions
+    n_feedback = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for p in range(partitions):
+            start = T0 + p * HOUR
+            times = np.sort(rng.integers(start, start + HOUR - 120_000, per)).tolist()
+            versions = rng.choice([1, 2, 3], per, p=[0.1, 0.8, 0.1]).tolist()
+            versions[::1499] = [9] * len(versions[::1499])  # a few defects (unknown version, positive log-prob)
+            n_out = rng.integers(0, 12, per).tolist()
+            comps, fbs = [], []
+            for i, (t, v, k) in enumerate(zip(times, versions, n_out)):
+                rid = signer.issue("tab", "alice", t)
+                comps.append({"request_id": rid, "time_ms": t, "model": "tab", "version": v, "served_name": f"tab@v{v}",
+                              "arm": "canary" if v == 3 else "control", "user_hash": f"u{i % 5000}", "client_id": "alice",
+                              "prompt_text": "def f(x):\n    return x * " + str(i % 97), "completion_text": "abcdefghijkl"[:k],
+                              "prompt_token_ids": list(range(i % 50, i % 50 + 32)), "completion_token_ids": list(range(1, k + 1)),
+                              "behaviour_logprobs": [0.5 if i % 997 == 0 else -0.25] * k, "sampling": {"temperature": 1.0, "top_p": 1.0, "max_tokens": 16,
+                                                                              "stop": [], "seed": None},
+                              "finish_reason": "length", "latency_ms": 40.0 + i % 13, "replica": "tab-0"})
+                if (i * 2654435761) % 1000 < feedback_share * 1000:
+                    event = ("accepted", "rejected", "partial")[i % 3]
+                    fbs.append({"request_id": rid, "time_ms": t + 1500, "model": "tab", "event": event,
+                                "accepted_chars": min(k, 3) if event == "partial" else None, "client_id": "alice"})
+            for kind, batch in (("completions", comps), ("feedback", fbs)):
+                local = Path(tmp) / f"{kind}.parquet"
+                pq.write_table(to_table(kind, batch), local)  # the uploader's writing path
+                d = pd.Timestamp(start, unit="ms", tz="UTC")
+                store.put_file(local, partition_key(kind, ("tab", f"{d:%Y-%m-%d}", f"{d:%H}"), f"{p:012d}"))
+            n_feedback += len(fbs)
+    return n_feedback
+
+
+def pandas_failures(suite, frame: pd.DataFrame) -> dict[str, np.ndarray]:
+    """The suite's expectations evaluated with plain pandas: {expectation: failing `_row` ids}."""
+    out = {}
+    for e in suite.expectations:
+        kw = e.configuration.kwargs
+        if e.expectation_type == "expect_column_pair_values_to_be_equal":
+            a, b = frame[kw["column_A"]], frame[kw["column_B"]]
+            bad = a.notna() & b.notna() & (a != b)
+        else:
+            col = frame[kw["column"]]
+            present = col.notna()
+            if e.expectation_type == "expect_column_values_to_not_be_null":
+                bad = ~present
+            elif e.expectation_type == "expect_column_values_to_be_unique":
+                bad = present & col.duplicated(keep=False)
+            elif e.expectation_type == "expect_column_values_to_be_in_set":
+                bad = present & ~col.isin(kw["value_set"])
+            elif e.expectation_type == "expect_column_values_to_be_between":
+                lo, hi = kw.get("min_value"), kw.get("max_value")
+                bad = present & (((col < lo) if lo is not None else False) | ((col > hi) if hi is not None else False))
+            else:
+                raise ValueError(f"no pandas equivalent for {e.expectation_type}")
+        out[f"{e.expectation_type}:{kw.get('column', '')}"] = frame["_row"].to_numpy()[np.asarray(bad, dtype=bool)]
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=1_000_000, help="completions (feedback comes on top)")
+    ap.add_argument("--partitions", type=int, default=10, help="hours (one Parquet object per kind each)")
+    ap.add_argument("--feedback-share", type=float, default=0.8, help="share of completions with a verdict")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    cfg = CollectSettings(window_s=30 * 86400)
+    versions = Versions([1, 2, 3], champion=2)
+    as_of = T0 + (args.partitions + 1) * HOUR
+    with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
+        store = LocalStore(Path(tmp))
+        t = time.perf_counter()
+        n_feedback = generate(store, args.rows, args.partitions, args.feedback_share, args.seed)
+        t_generate = time.perf_counter() - t
+
+        t = time.perf_counter()
+        batch = load_logs(store, find_partitions(store, "tab", cfg, as_of, include_open_hour=False))
+        t_load = time.perf_counter() - t
+
+        params, rule = contract_params("tab", versions, cfg, as_of), cfg.rule_for("tab")
+        t, cpu = time.perf_counter(), time.process_time()
+        work = validate_logs(batch, params)
+        t_validate = time.perf_counter() - t
+        t = time.perf_counter()
+        work = assign_rewards(join_feedback(work), rule)
+        work = settle_feedback(dedupe(drop_stale(work, versions.known, versions.champion, cfg.max_stale_versions)))
+        samples = build_samples(work, rule)
+        t_join_reward = time.perf_counter() - t
+        cpu = time.process_time() - cpu
+        counts = reconcile(work)
+
+        # GE against plain pandas, same frames and checks
+        t = time.perf_counter()
+        c_frame, _ = completion_frame(batch.completions.table)
+        f_frame, _ = feedback_frame(batch.feedback.table, batch.feedback.joinable, batch.completions.table)
+        t_derive = time.perf_counter() - t
+        checks = [(completion_suite(params), c_frame), (feedback_suite(params), f_frame)]
+        t = time.perf_counter()
+        outcomes = validate_frames(checks)
+        t_ge = time.perf_counter() - t
+        t = time.perf_counter()
+        plain = [pandas_failures(suite, frame) for suite, frame in checks]
+        t_pandas = time.perf_counter() - t
+        ge_rows = [set(o.reasons) for o in outcomes.values()]
+        pandas_rows = [set(np.concatenate(list(p.values())).tolist()) for p in plain]
+
+    seconds = t_validate + t_join_reward
+    result = {
+        "bench": "pipeline", "completions": batch.completions.table.num_rows, "feedback": n_feedback,
+        "records_per_s": round(batch.completions.table.num_rows / seconds),
+        "log_rows_per_s": round((batch.completions.table.num_rows + n_feedback) / seconds),
+        "records_per_cpu_s": round(batch.completions.table.num_rows / cpu), "validate_s": round(t_validate, 2), "join_reward_s": round(t_join_reward, 2),
+        "derive_s": round(t_derive, 2), "ge_validate_s": round(t_ge, 2), "pandas_checks_s": round(t_pandas, 3),
+        "ge_over_pandas": round(t_ge / t_pandas, 1), "failing_rows": sum(map(len, ge_rows)), "pandas_agrees": ge_rows == pandas_rows,
+        "load_s": round(t_load, 2), "generate_s": round(t_generate, 1), "samples": samples.num_rows,
+        "rows_in": counts["total"]["in"], "kept": counts["total"]["kept"], "filtered": counts["total"]["filtered"],
+        "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+    }
+    print(json.dumps(result), flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,130 @@
+"""From validated logs to RewardSample rows: join verdicts, reward, drop stale and duplicate rows.
+
+Every step takes and returns the run's `Work`, recording each row's fate in its kind's Ledger.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from data_contracts.ledger import Ledger
+from data_contracts.logs import Batch
+from data_contracts.rewards import RewardRule
+from data_contracts.samples import REWARD_SAMPLE_SCHEMA
+from data_contracts.validate import Outcome
+
+
+@dataclass
+class Work:
+    batch: Batch
+    completions: Ledger
+    feedback: Ledger
+    c_frame: pd.DataFrame  # GE frame of the completions (derive.completion_frame)
+    f_frame: pd.DataFrame
+    c_replay: np.ndarray  # (N,) bool: exact copy of an earlier completion row
+    f_replay: np.ndarray
+    outcomes: dict[str, Outcome]
+    scrubbed: Counter = field(default_factory=Counter)  # redactions per kind
+    prompt_ids: dict[int, list[int]] = field(default_factory=dict)  # completion row → re-encoded prompt of a scrubbed row
+    # set by join_feedback: the verdict of each completion row
+    event: np.ndarray | None = None  # (N,) object: accepted | rejected | partial | none
+    accepted_chars: np.ndarray | None = None  # (N,) float, NaN = not given
+    feedback_time: np.ndarray | None = None  # (N,) float, NaN = no feedback
+    verdict_of: np.ndarray | None = None  # (F,) completion row each feedback row became the verdict of, -1 if none
+    reward: np.ndarray | None = None  # (N,) float, set by assign_rewards
+
+
+def join_feedback(work: Work) -> Work:
+    """One verdict per completion: the valid, joinable feedback row with its request id (the contract
+    quarantines conflicting duplicates, so at most one is left besides exact replays)."""
+    fb, comp = work.feedback, work.completions
+    fb.filter(work.f_replay, "duplicate")
+    fb.filter(~work.batch.feedback.joinable, "late_feedback")
+    n = comp.rows
+    target = work.f_frame["_completion_row"].to_numpy()  # first completion row with the feedback's id, -1 if none
+    if n:
+        fb.filter((target >= 0) & comp.quarantine_mask[np.maximum(target, 0)], "completion_quarantined")
+    use = np.flatnonzero(fb.live & (target >= 0))
+    work.verdict_of = np.full(fb.rows, -1, dtype=np.int64)
+    work.verdict_of[use] = target[use]
+    # Replay copies of a completion share its verdict (they are dropped by dedupe anyway).
+    first_of = work.c_frame["_first_row"].to_numpy()
+    event = np.full(n, "none", dtype=object)
+    chars = np.full(n, np.nan)
+    when = np.full(n, np.nan)
+    event[target[use]] = work.f_frame["event"].to_numpy(dtype=object)[use]
+    chars[target[use]] = work.f_frame["accepted_chars"].to_numpy()[use]
+    when[target[use]] = work.f_frame["time_ms"].to_numpy(dtype=np.float64)[use]
+    work.event, work.accepted_chars, work.feedback_time = event[first_of], chars[first_of], when[first_of]
+    return work
+
+
+def assign_rewards(work: Work, rule: RewardRule) -> Work:
+    """Reward every live completion; without a verdict, `rule.no_feedback` decides (empty ones are always kept)."""
+    shown = np.nan_to_num(work.c_frame["completion_chars"].to_numpy(dtype=np.float64), nan=0.0)
+    live = work.completions.live
+    work.reward = np.full(work.completions.rows, np.nan)
+    work.reward[live] = rule.rewards(work.event[live], work.accepted_chars[live], shown[live])
+    if rule.no_feedback == "drop":
+        work.completions.filter((work.event == "none") & (shown > 0), "no_feedback")
+    return work
+
+
+def versions_behind(versions: np.ndarray, known: list[int], champion: int) -> np.ndarray:
+    """(N,) how many registered versions lie after each version, up to the champion (0 at or past it)."""
+    ordered = np.array(sorted(known))
+    return np.clip(np.searchsorted(ordered, champion, side="right") - np.searchsorted(ordered, versions, side="right"), 0, None)
+
+
+def drop_stale(work: Work, known: list[int], champion: int, max_stale: int) -> Work:
+    """Behaviour versions more than max_stale versions behind the champion are too far off-policy."""
+    versions = np.nan_to_num(work.c_frame["version"].to_numpy(dtype=np.float64), nan=0).astype(np.int64)
+    work.completions.filter(versions_behind(versions, known, champion) > max_stale, "stale")
+    return work
+
+
+def dedupe(work: Work) -> Work:
+    """Exact replays of a completion row (same request id, same content) are kept once."""
+    work.completions.filter(work.c_replay, "duplicate")
+    return work
+
+
+def settle_feedback(work: Work) -> Work:
+    """A verdict's row shares the fate of its completion (kept, or filtered for the completion's reason)."""
+    rows = np.flatnonzero(work.verdict_of >= 0)
+    reasons = work.completions.filtered[work.verdict_of[rows]]
+    dropped = ~np.equal(reasons, None)
+    work.feedback.filtered[rows[dropped]] = reasons[dropped]
+    return work
+
+
+def build_samples(work: Work, rule: RewardRule) -> pa.Table:
+    """The kept completions as RewardSample rows, sorted by (completion time, request id)."""
+    rows = np.flatnonzero(work.completions.live)
+    src = work.batch.completions.table.take(pa.array(rows, pa.int64()))
+    prompt_ids = src["prompt_token_ids"]
+    if work.prompt_ids:
+        replaced = [work.prompt_ids.get(int(r)) for r in rows]
+        original = prompt_ids.to_pylist()
+        prompt_ids = pa.array([o if r is None else r for o, r in zip(original, replaced)], pa.list_(pa.int32()))
+    chars = work.accepted_chars[rows]
+    when = work.feedback_time[rows]
+    table = pa.table({
+        "request_id": src["request_id"], "model": src["model"], "version": src["version"], "arm": src["arm"],
+        "user_hash": src["user_hash"], "prompt_token_ids": prompt_ids, "completion_token_ids": src["completion_token_ids"],
+        "behaviour_logprobs": src["behaviour_logprobs"], "completion_text": src["completion_text"],
+        "event": pa.array(work.event[rows].astype(str), pa.string()),
+        "accepted_chars": pa.array(np.nan_to_num(chars).astype(np.int64), pa.int64(), mask=np.isnan(chars)),
+        "reward": pa.array(work.reward[rows], pa.float64()),
+        "reward_rule": pa.array(np.full(len(rows), rule.id, dtype=object), pa.string()),
+        "completion_time_ms": src["time_ms"],
+        "feedback_time_ms": pa.array(np.nan_to_num(when).astype(np.int64), pa.int64(), mask=np.isnan(when)),
+    }, schema=REWARD_SAMPLE_SCHEMA)
+    order = pc.sort_indices(table, sort_keys=[("completion_time_ms", "ascending"), ("request_id", "ascending")])
+    return table.take(order)

@@ -1,0 +1,162 @@
+"""The frames Great Expectations validates: scalar stored columns plus derived ones, one row per record.
+
+GE validates columns of scalars; row checks it cannot express directly (list lengths and element
+ranges, regexes for secrets, joins to the other log) become derived columns here, computed with Arrow
+and numpy, and the suites (data_contracts/suites.py) put expectations on them, so every failing row
+id still comes from GE. No free text enters a frame (only lengths and the kinds of secrets found), so
+validation results and Data Docs never copy a prompt. `_row` is the row's position in its table;
+`_first_row` (completions) and `_completion_row` (feedback, -1 if none) are the join's look-ups,
+computed once here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from data_contracts import secrets
+
+COMPLETION_SCALARS = ["request_id", "time_ms", "model", "version", "served_name", "arm", "user_hash", "client_id",
+                      "finish_reason", "latency_ms", "replica"]
+FEEDBACK_SCALARS = ["request_id", "time_ms", "model", "event", "accepted_chars", "client_id"]
+SAMPLE_SCALARS = ["request_id", "model", "version", "arm", "user_hash", "event", "accepted_chars", "reward", "reward_rule",
+                  "completion_time_ms", "feedback_time_ms"]
+
+
+def _col(table: pa.Table, name: str) -> pa.Array:
+    col = table[name]
+    return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+
+
+def first_index(values: pa.Array, value_set: pa.Array) -> np.ndarray:
+    """(N,) position of each value's first occurrence in value_set, -1 where absent or null (hash join in Arrow)."""
+    if len(value_set) == 0:
+        return np.full(len(values), -1, dtype=np.int64)
+    found = pc.index_in(values, value_set=value_set, skip_nulls=True)
+    return pc.fill_null(found, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _float(arr: pa.Array) -> np.ndarray:
+    """Nullable numbers → float64 with NaN for null (what GE's pandas backend treats as missing)."""
+    return pc.cast(arr, pa.float64()).to_numpy(zero_copy_only=False)
+
+
+def nullable_bool(values: np.ndarray, valid: np.ndarray) -> pd.arrays.BooleanArray:
+    """(N,) bool with missing values where not valid (GE's map expectations skip missing values)."""
+    return pd.arrays.BooleanArray(np.asarray(values, dtype=bool), ~np.asarray(valid, dtype=bool))
+
+
+def list_stats(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A list column → (lengths (N,) float with NaN for a null list, flat values (M,), row of each value (M,))."""
+    return _float(pc.list_value_length(arr)), pc.list_flatten(arr).to_numpy(zero_copy_only=False), \
+        pc.list_parent_indices(arr).to_numpy(zero_copy_only=False)
+
+
+def per_row_max(values: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
+    """(N,) max of each row's finite-or-infinite values, ignoring NaN; NaN for rows without any."""
+    out = np.full(n, np.nan)
+    if len(values):
+        starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])  # rows are sorted: one run per list
+        out[rows[starts]] = np.fmax.reduceat(values.astype(np.float64), starts)
+    return out
+
+
+def count_where(mask: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
+    return np.bincount(rows[mask], minlength=n).astype(np.int64)
+
+
+def replays(table: pa.Table) -> tuple[pd.Series, np.ndarray, np.ndarray]:
+    """Duplicate request ids: an exact copy of an earlier row is a harmless replay (dedupe drops it), the
+    same id with different content is a conflict (the contract quarantines all of them).
+
+    Returns (distinct_record_id: (N,) str, the request id with replays blanked, so a uniqueness
+    expectation fails exactly the conflicts; replay: (N,) bool; first: (N,) the first row with the
+    same id, the row itself where it has none)."""
+    ids = _col(table, "request_id")
+    n = len(ids)
+    first = first_index(ids, ids)  # each row's first row with the same id
+    has_id = first >= 0
+    repeats = np.bincount(first[has_id], minlength=n)
+    dup = has_id & (repeats[np.maximum(first, 0)] > 1)
+    replay = np.zeros(n, dtype=bool)
+    if dup.any():
+        idx = np.flatnonzero(dup)
+        contents = [repr(sorted(r.items())) for r in table.take(pa.array(idx)).to_pylist()]
+        groups: dict[int, list[tuple[int, str]]] = {}
+        for i, content in zip(idx.tolist(), contents):
+            groups.setdefault(int(first[i]), []).append((i, content))
+        for members in groups.values():
+            if len({c for _, c in members}) == 1:  # all identical: keep the first
+                replay[[i for i, _ in members[1:]]] = True
+    distinct = pc.if_else(pa.array(replay), pa.scalar(None, pa.string()), ids)
+    return pd.Series(distinct.to_pandas(), dtype="str"), replay, np.where(has_id, first, np.arange(n))
+
+
+def completion_frame(table: pa.Table) -> tuple[pd.DataFrame, np.ndarray]:
+    """(GE frame, replay mask) of completions in the stored schema."""
+    n = table.num_rows
+    frame = table.select(COMPLETION_SCALARS).to_pandas()
+    frame["_row"] = np.arange(n)
+    p_len, p_ids, p_rows = list_stats(_col(table, "prompt_token_ids"))
+    c_len, c_ids, c_rows = list_stats(_col(table, "completion_token_ids"))
+    lp_len, lp, lp_rows = list_stats(_col(table, "behaviour_logprobs"))
+    frame["prompt_chars"] = _float(pc.utf8_length(_col(table, "prompt_text")))
+    frame["completion_chars"] = _float(pc.utf8_length(_col(table, "completion_text")))
+    frame["prompt_tokens"], frame["completion_tokens"], frame["logprob_count"] = p_len, c_len, lp_len
+    frame["total_tokens"] = p_len + c_len
+    frame["negative_token_ids"] = count_where(p_ids < 0, p_rows, n) + count_where(c_ids < 0, c_rows, n)
+    frame["max_logprob"] = per_row_max(lp, lp_rows, n)
+    frame["nonfinite_logprobs"] = count_where(~np.isfinite(lp), lp_rows, n)
+    expected_name = pc.binary_join_element_wise(_col(table, "model"), pc.cast(_col(table, "version"), pa.string()), "@v")
+    same = pc.equal(_col(table, "served_name"), expected_name)
+    frame["served_name_matches"] = nullable_bool(pc.fill_null(same, False).to_numpy(zero_copy_only=False),
+                                                 pc.is_valid(same).to_numpy(zero_copy_only=False))
+    frame["prompt_secrets"] = secrets.detect(_col(table, "prompt_text")).to_pandas()
+    frame["completion_secrets"] = secrets.detect(_col(table, "completion_text")).to_pandas()
+    frame["distinct_record_id"], replay, frame["_first_row"] = replays(table)
+    return frame, replay
+
+
+def feedback_frame(table: pa.Table, joinable: np.ndarray, completions: pa.Table) -> tuple[pd.DataFrame, np.ndarray]:
+    """(GE frame, replay mask) of feedback; joinable (N,) marks rows that must refer to one of `completions`."""
+    frame = table.select(FEEDBACK_SCALARS).to_pandas()
+    frame["_row"] = np.arange(table.num_rows)
+    frame["accepted_chars"] = _float(_col(table, "accepted_chars"))
+    frame["partial_without_chars"] = ((frame["event"] == "partial").fillna(False) & frame["accepted_chars"].isna()).to_numpy()
+    # Look-ups into this run's completions (the first row of an id; conflicting duplicates are quarantined anyway).
+    pos = first_index(_col(table, "request_id"), _col(completions, "request_id"))
+    found = pos >= 0
+    frame["completion_found"] = nullable_bool(found, joinable)
+    matched = joinable & found
+    at = pa.array(np.maximum(pos, 0))
+    if completions.num_rows:
+        client = pc.take(_col(completions, "client_id"), at)
+        same_client = pc.fill_null(pc.equal(client, _col(table, "client_id")), False).to_numpy(zero_copy_only=False)
+        shown = _float(pc.take(pc.utf8_length(_col(completions, "completion_text")), at))
+    else:
+        same_client, shown = np.zeros(len(frame), dtype=bool), np.full(len(frame), np.nan)
+    frame["client_matches"] = nullable_bool(matched & same_client, matched)
+    kept = frame["accepted_chars"].to_numpy()
+    known = matched & ~np.isnan(kept) & ~np.isnan(shown)
+    frame["chars_within_completion"] = nullable_bool(known & (kept <= shown), known)
+    frame["_completion_row"] = pos
+    frame["distinct_record_id"], replay, _ = replays(table)
+    return frame, replay
+
+
+def sample_frame(table: pa.Table) -> pd.DataFrame:
+    """GE frame of RewardSample rows (the dataset about to be written)."""
+    n = table.num_rows
+    frame = table.select(SAMPLE_SCALARS).to_pandas()
+    frame["_row"] = np.arange(n)
+    p_len, _, _ = list_stats(_col(table, "prompt_token_ids"))
+    c_len, _, _ = list_stats(_col(table, "completion_token_ids"))
+    lp_len, lp, lp_rows = list_stats(_col(table, "behaviour_logprobs"))
+    frame["completion_tokens"], frame["logprob_count"], frame["total_tokens"] = c_len, lp_len, p_len + c_len
+    frame["max_logprob"] = per_row_max(lp, lp_rows, n)
+    frame["nonfinite_logprobs"] = count_where(~np.isfinite(lp), lp_rows, n)
+    frame["accepted_chars"] = _float(_col(table, "accepted_chars"))
+    frame["feedback_time_ms"] = _float(_col(table, "feedback_time_ms"))
+    return frame

@@ -1,0 +1,154 @@
+"""Reading the gateway's stored logs for one collection run: partitions → the rows this run owns.
+
+Log objects are `logs/{kind}/model=M/date=YYYY-MM-DD/hour=HH/part-<segment>.parquet`, written by the
+gateway's uploader (serving/uploader.py) in the schemas of data_contracts/records.py. A file whose
+schema differs (or that is not Parquet) is not read row by row: the whole file is quarantined with
+reason `schema`, by the run that completes its hour.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from data_contracts.records import SCHEMAS
+from data_contracts.scope import (Partition, Range, Watermark, completes_hour, first_hour, owned_completions, owned_feedback,
+                                  parse_key, partition_prefix, rid_time_ms)
+from tidal.store import ObjectStore
+
+log = logging.getLogger("tidal.collect")
+KINDS = ("completions", "feedback")
+
+
+@dataclass(frozen=True)
+class LogFile:
+    key: str
+    kind: str
+    partition: Partition
+
+
+@dataclass(frozen=True)
+class BadFile:
+    """A log object quarantined whole: not Parquet, or not in its kind's stored schema."""
+
+    key: str
+    kind: str
+    rows: int  # from the Parquet footer when readable, else 0
+    detail: str
+
+
+@dataclass
+class KindRows:
+    """The rows of one kind this run owns, in the stored schema, with where each came from."""
+
+    table: pa.Table
+    source: np.ndarray  # (N,) int index into Batch.files
+    joinable: np.ndarray | None = None  # feedback: (N,) bool, may be matched to this run's completions
+
+
+@dataclass
+class Batch:
+    model: str
+    rng: Range
+    completions: KindRows
+    feedback: KindRows
+    files: list[str]  # log objects with owned rows
+    bad_files: list[BadFile]
+    future: dict[str, dict[str, int]] = field(default_factory=dict)  # kind → request id → time of future rows owned
+
+    @property
+    def partitions(self) -> list[str]:
+        """Sorted partition keys (`logs/{kind}/model=M/date=D/hour=H`) the run owns rows of."""
+        return sorted({partition_prefix(k) for k in self.files} | {partition_prefix(b.key) for b in self.bad_files})
+
+    @property
+    def empty(self) -> bool:
+        return not (self.completions.table.num_rows or self.feedback.table.num_rows or self.bad_files)
+
+
+def find_log_files(store: ObjectStore, model: str, rng: Range) -> list[LogFile]:
+    """Log objects of hours that may hold rows this run owns (future hours included: their rows fail the contract)."""
+    files = []
+    for kind in KINDS:
+        start = first_hour(rng, kind)
+        for key in store.list(f"logs/{kind}/model={model}/"):
+            part = parse_key(key, model)
+            if part is None:
+                log.warning("ignoring %s: not a log part (expected logs/%s/model=%s/date=YYYY-MM-DD/hour=HH/part-*.parquet)",
+                            store.uri(key), kind, model)
+            elif part.hour_ms >= start:
+                files.append(LogFile(key, kind, part))
+    return files
+
+
+def _read(path: Path, kind: str) -> tuple[pa.Table | None, str, int]:
+    """(table, '', rows) for a file in the stored schema; (None, why, rows) otherwise."""
+    expected = SCHEMAS[kind]
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        try:
+            rows = pq.read_metadata(path).num_rows
+        except (pa.ArrowException, OSError):
+            rows = 0
+        return None, f"not a readable Parquet file: {e}", rows
+    schema = table.schema.remove_metadata()
+    if not schema.equals(expected):
+        got, want = dict(zip(schema.names, map(str, schema.types))), dict(zip(expected.names, map(str, expected.types)))
+        diff = {n: f"{got.get(n, 'missing')} (expected {want.get(n, 'no such column')})" for n in sorted(set(got) | set(want))
+                if got.get(n) != want.get(n)}
+        return None, f"schema differs from the stored {kind} schema: {diff or 'column order'}", table.num_rows
+    return table, "", table.num_rows
+
+
+def load_batch(store: ObjectStore, model: str, rng: Range, wm: Watermark, files: list[LogFile]) -> Batch:
+    tables: dict[str, list[pa.Table]] = {k: [] for k in KINDS}
+    sources: dict[str, list[np.ndarray]] = {k: [] for k in KINDS}
+    joinable: list[np.ndarray] = []
+    used, bad, future = [], [], {k: {} for k in KINDS}
+    with tempfile.TemporaryDirectory(prefix="collect-") as tmp:
+        for f in sorted(files, key=lambda f: f.key):
+            local = Path(tmp) / "part.parquet"
+            store.get_file(f.key, local)
+            table, why, rows = _read(local, f.kind)
+            done_hour = completes_hour(rng, f.partition, f.kind)
+            if table is None:
+                if done_hour:
+                    bad.append(BadFile(f.key, f.kind, rows, why))
+                continue
+            has_t = pc.is_valid(table["time_ms"]).to_numpy(zero_copy_only=False)
+            t = pc.fill_null(table["time_ms"], 0).to_numpy()
+            seen = wm.future_seen.get(f.kind, {})
+            if f.kind == "completions":
+                owned = owned_completions(rng, t, has_t, done_hour, table["request_id"], seen)
+                fb_join = None
+            else:
+                owned, fb_join = owned_feedback(rng, t, has_t, rid_time_ms(table["request_id"]), done_hour, table["request_id"], seen)
+            if not owned.any():
+                continue
+            kept = table.filter(pa.array(owned))
+            future_rows = owned & has_t & (t > rng.future_ms)
+            if future_rows.any():
+                ids = table["request_id"].to_pylist()
+                future[f.kind].update({ids[i]: int(t[i]) for i in np.flatnonzero(future_rows) if ids[i] is not None})
+            tables[f.kind].append(kept)
+            sources[f.kind].append(np.full(kept.num_rows, len(used), dtype=np.int32))
+            if fb_join is not None:
+                joinable.append(fb_join[owned])
+            used.append(f.key)
+
+    def rows(kind: str) -> KindRows:
+        table = pa.concat_tables(tables[kind]) if tables[kind] else SCHEMAS[kind].empty_table()
+        source = np.concatenate(sources[kind]) if sources[kind] else np.zeros(0, np.int32)
+        return KindRows(table.combine_chunks(), source)
+
+    batch = Batch(model, rng, rows("completions"), rows("feedback"), used, bad, future)
+    batch.feedback.joinable = np.concatenate(joinable) if joinable else np.zeros(0, bool)
+    return batch

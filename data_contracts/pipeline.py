@@ -1,0 +1,202 @@
+"""The collection steps as plain functions, and `collect_once`, which composes them without Prefect.
+
+flows/collect.py runs the same steps as Prefect tasks (tasks/collect.py); tests and the benchmark call
+them directly. Registry access is one small interface (VersionSource), which tidal.registry.Registry
+satisfies.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import pyarrow as pa
+
+from data_contracts import dataset, secrets
+from data_contracts.assemble import Work, assign_rewards, build_samples, dedupe, drop_stale, join_feedback, settle_feedback
+from data_contracts.collect_settings import CollectSettings, PiiPolicy
+from data_contracts.derive import completion_frame, feedback_frame, sample_frame
+from data_contracts.ledger import Ledger, ReconciliationError
+from data_contracts.logs import Batch, LogFile, find_log_files, load_batch
+from data_contracts.rewards import RewardRule
+from data_contracts.scope import Range, Watermark, advance, initial_watermark, next_range
+from data_contracts.suites import CONTRACT_VERSION, ContractParams, completion_suite, feedback_suite, reward_sample_suite
+from data_contracts.validate import ContractError, validate_frames
+from tidal.store import ObjectStore
+
+log = logging.getLogger("tidal.collect")
+Encoder = Callable[[str], list[int]]  # prompt text → token ids, as the engine tokenizes it
+
+
+class VersionSource(Protocol):
+    """What collection needs from the registry (tidal.registry.Registry has both)."""
+
+    def versions(self, model: str) -> list[int]: ...
+    def aliases(self, model: str) -> dict[str, int]: ...
+
+
+class CollectError(RuntimeError):
+    """Collection cannot run as configured; the message says what is missing."""
+
+
+@dataclass
+class Plan:
+    model: str
+    watermark: Watermark  # where the run starts (the stored one, or the window's start)
+    rng: Range
+    files: list[LogFile]
+
+
+@dataclass
+class Versions:
+    known: list[int]
+    champion: int
+
+
+@dataclass
+class CollectResult:
+    dataset_id: str  # the new dataset, or the previous one when there was nothing new
+    new: bool
+    manifest: dict = field(default_factory=dict)
+    samples: pa.Table | None = None
+    work: Work | None = None
+
+
+def find_partitions(store: ObjectStore, model: str, cfg: CollectSettings, as_of_ms: int, include_open_hour: bool) -> Plan:
+    wm = dataset.read_watermark(store, model) or initial_watermark(model, as_of_ms, cfg.window_s)
+    rng = next_range(wm, as_of_ms, include_open_hour, cfg.feedback_timeout_s, cfg.upload_grace_s, cfg.max_clock_skew_s)
+    return Plan(model, wm, rng, find_log_files(store, model, rng))
+
+
+def load_logs(store: ObjectStore, plan: Plan) -> Batch:
+    return load_batch(store, plan.model, plan.rng, plan.watermark, plan.files)
+
+
+def registry_versions(source: VersionSource, model: str) -> Versions:
+    known = sorted(source.versions(model))
+    if not known:
+        raise CollectError(f"{model} has no registered versions: bootstrap it first (tidal bootstrap {model})")
+    champion = source.aliases(model).get("champion")
+    if champion is None:
+        log.warning("%s has no 'champion' alias; staleness is measured from the newest version, v%d", model, known[-1])
+    return Versions(known, champion if champion is not None else known[-1])
+
+
+def contract_params(model: str, versions: Versions, cfg: CollectSettings, as_of_ms: int) -> ContractParams:
+    return ContractParams(model, tuple(versions.known), cfg.max_model_len, as_of_ms - int(cfg.window_s * 1000),
+                          as_of_ms + int(cfg.max_clock_skew_s * 1000))
+
+
+def validate_logs(batch: Batch, params: ContractParams, pii_policy: PiiPolicy = "quarantine", encoder: Encoder | None = None,
+                  docs_dir: Path | None = None) -> Work:
+    """Run the contracts; failing rows go to their kind's ledger with every reason; then the PII policy."""
+    c_frame, c_replay = completion_frame(batch.completions.table)
+    f_frame, f_replay = feedback_frame(batch.feedback.table, batch.feedback.joinable, batch.completions.table)
+    outcomes = validate_frames([(completion_suite(params), c_frame), (feedback_suite(params), f_frame)], docs_dir)
+    ledgers = {}
+    for kind in ("completions", "feedback"):
+        ledger = Ledger(kind, getattr(batch, kind).table.num_rows)
+        ledger.quarantine(outcomes[kind].reasons)
+        ledger.schema_rows = sum(b.rows for b in batch.bad_files if b.kind == kind)
+        ledgers[kind] = ledger
+    work = Work(batch, ledgers["completions"], ledgers["feedback"], c_frame, f_frame, c_replay, f_replay, outcomes)
+    if pii_policy == "scrub":
+        scrub_prompts(work, encoder)
+    return work
+
+
+def scrub_prompts(work: Work, encoder: Encoder | None) -> Work:
+    """Rows quarantined only for secrets in the prompt: redact it, re-encode it, release the row.
+    A completion with a secret stays quarantined (its tokens and log-probs cannot be rewritten)."""
+    frame, ledger = work.c_frame, work.completions
+    for row, reasons in list(ledger.quarantined.items()):
+        kinds = [k for k in frame["prompt_secrets"].iat[row].split(",") if k]
+        if not kinds or frame["completion_secrets"].iat[row] or set(reasons) != {secrets.reason(k) for k in kinds}:
+            continue
+        if encoder is None:
+            log.warning("pii_policy 'scrub' needs the model's tokenizer to re-encode a redacted prompt; quarantining instead")
+            break
+        text, counts = secrets.redact(work.batch.completions.table["prompt_text"][row].as_py())
+        work.prompt_ids[row] = encoder(text)
+        work.scrubbed.update(counts)
+        del ledger.quarantined[row]
+    return work
+
+
+def check_samples(samples: pa.Table, params: ContractParams, rule: RewardRule) -> None:
+    """The dataset about to be written must meet the RewardSample contract (else a bug: nothing is written)."""
+    outcome = validate_frames([(reward_sample_suite(params, rule), sample_frame(samples))])["reward_samples"]
+    if outcome.reasons:
+        raise ContractError(f"RewardSample contract broken by {len(outcome.reasons)} rows: {dict(outcome.counts())}; "
+                            "the dataset was not written")
+
+
+def reconcile(work: Work) -> dict:
+    """Counts per kind and in total; raises ReconciliationError unless in = kept + quarantined + filtered."""
+    counts = {"completions": work.completions.counts(), "feedback": work.feedback.counts()}
+    total = {k: sum(c[k] for c in counts.values()) for k in ("in", "kept", "quarantined", "filtered")}
+    if total["in"] != total["kept"] + total["quarantined"] + total["filtered"]:
+        raise ReconciliationError(f"rows in {total['in']} != kept + quarantined + filtered: {total}")
+    return {**counts, "total": total}
+
+
+def manifest_fields(plan: Plan, batch: Batch, work: Work, rule: RewardRule, cfg: CollectSettings, versions: Versions,
+                    wm_after: Watermark, quarantine: dict, as_of_ms: int) -> dict:
+    return {
+        "model": plan.model, "contract_version": CONTRACT_VERSION, "created_ms": as_of_ms,
+        "reward_rule": {"id": rule.id, "rule": rule.model_dump(mode="json")},
+        "collect_settings": cfg.model_dump(mode="json", exclude={"reward_rule", "reward_rules"}),
+        "source_partitions": batch.partitions, "source_files": batch.files,
+        "schema_quarantined_files": [{"key": b.key, "kind": b.kind, "rows": b.rows, "detail": b.detail} for b in batch.bad_files],
+        "watermark_before": plan.watermark.model_dump(mode="json"), "watermark_after": wm_after.model_dump(mode="json"),
+        "counts": reconcile(work), "reconciled": True, "scrubbed": dict(work.scrubbed), "quarantine": quarantine,
+        "versions": {"known": versions.known, "champion": versions.champion, "max_stale_versions": cfg.max_stale_versions},
+    }
+
+
+def collect_once(store: ObjectStore, registry: VersionSource, model: str, cfg: CollectSettings, as_of_ms: int,
+                 include_open_hour: bool = False, encoder: Encoder | None = None, docs_dir: Path | None = None) -> CollectResult:
+    """One collection run, step by step, as the flow does it (without Prefect, MLflow or reports)."""
+    plan = find_partitions(store, model, cfg, as_of_ms, include_open_hour)
+    batch = load_logs(store, plan)
+    if batch.empty:
+        return CollectResult(plan.watermark.dataset_id or "", new=False)
+    versions = registry_versions(registry, model)
+    rule, params = cfg.rule_for(model), contract_params(model, versions, cfg, as_of_ms)
+    work = validate_logs(batch, params, cfg.pii_policy_for(model), encoder, docs_dir)
+    ds_id = dataset.dataset_id(model, plan.watermark, batch.partitions, rule.id, CONTRACT_VERSION)
+    quarantine = dataset.write_quarantine(store, batch, {"completions": work.completions, "feedback": work.feedback}, ds_id)
+    work = join_feedback(work)
+    work = assign_rewards(work, rule)
+    work = drop_stale(work, versions.known, versions.champion, cfg.max_stale_versions)
+    work = settle_feedback(dedupe(work))
+    samples = build_samples(work, rule)
+    check_samples(samples, params, rule)
+    wm_after = advance(plan.watermark, plan.rng, batch.future, ds_id, as_of_ms)
+    manifest = dataset.write_dataset(store, model, ds_id, samples, {**manifest_fields(
+        plan, batch, work, rule, cfg, versions, wm_after, quarantine, as_of_ms), "summary": summarize(samples, rule)})
+    dataset.write_watermark(store, wm_after)  # only once the dataset is complete
+    return CollectResult(ds_id, True, manifest, samples, work)
+
+
+def summarize(samples: pa.Table, rule: RewardRule) -> dict:
+    """Reward distribution and accept rate by (version, arm), for reports and the manifest."""
+    df = samples.select(["version", "arm", "event", "reward"]).to_pandas()
+    low, high = rule.bounds()
+    counts, edges = np.histogram(df["reward"].to_numpy(), bins=8, range=(low, high if high > low else low + 1))
+    out = {"rows": len(df), "events": dict(sorted(Counter(df["event"].tolist()).items())),
+           "reward_mean": float(df["reward"].mean()) if len(df) else None,
+           "reward_histogram": [{"from": float(a), "to": float(b), "rows": int(n)} for a, b, n in zip(edges[:-1], edges[1:], counts)],
+           "by_version_arm": []}
+    for (version, arm), g in df.groupby(["version", "arm"], sort=True):
+        verdicts = int(g["event"].isin(["accepted", "rejected", "partial"]).sum())
+        accepted = int(g["event"].isin(["accepted", "partial"]).sum())
+        out["by_version_arm"].append({"version": int(version), "arm": arm, "rows": len(g), "verdicts": verdicts,
+                                      "accept_rate": accepted / verdicts if verdicts else None,
+                                      "mean_reward": float(g["reward"].mean())})
+    return out

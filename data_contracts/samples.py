@@ -1,0 +1,51 @@
+"""RewardSample: one served completion joined with its verdict and reward, as the trainer reads it.
+
+A collected dataset (`datasets/model=M/<dataset-id>/part-0.parquet`) holds rows of exactly this type
+in REWARD_SAMPLE_SCHEMA. The behaviour log-probs travel with every row: PPO's truncated importance
+weight min(π_old/μ, C) needs μ, the probability the *served* weights gave each sampled token.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pyarrow as pa
+from pydantic import BaseModel, Field
+
+from data_contracts.records import Arm
+
+SampleEvent = Literal["accepted", "rejected", "partial", "none"]
+
+
+class RewardSample(BaseModel):
+    """A completion, the user's verdict on it (or "none"), and the reward the model's rule gave it."""
+
+    request_id: str = Field(description="Signed request id of the completion (unique within a dataset).")
+    model: str = Field(description="Registered model name.")
+    version: int = Field(description="Behaviour version: the registry version whose weights sampled the completion.")
+    arm: Arm = Field(description="Route arm that served it (control = champion, canary = candidate).")
+    user_hash: str = Field(description="Hash of the user/session id.")
+    prompt_token_ids: list[int] = Field(description="(P,) prompt token ids as the engine saw them (re-encoded if the prompt was scrubbed).")
+    completion_token_ids: list[int] = Field(description="(T,) sampled token ids.")
+    behaviour_logprobs: list[float] = Field(description="(T,) served log-prob of each sampled token: μ in PPO's IS weight.")
+    completion_text: str = Field(description="Completion as shown to the user ('' = nothing shown).")
+    event: SampleEvent = Field(description="The verdict: accepted, rejected, partial, or none (no feedback in time / nothing shown).")
+    accepted_chars: int | None = Field(None, ge=0, description="Characters the user kept, when the feedback said.")
+    reward: float = Field(description="Terminal reward from the rule named in reward_rule.")
+    reward_rule: str = Field(description="Rule that computed the reward, 'name@version'.")
+    completion_time_ms: int = Field(description="Unix epoch ms of the completion request.")
+    feedback_time_ms: int | None = Field(None, description="Unix epoch ms of the feedback; None without feedback.")
+
+
+REWARD_SAMPLE_SCHEMA = pa.schema([
+    ("request_id", pa.string()), ("model", pa.string()), ("version", pa.int64()), ("arm", pa.string()),
+    ("user_hash", pa.string()), ("prompt_token_ids", pa.list_(pa.int32())), ("completion_token_ids", pa.list_(pa.int32())),
+    ("behaviour_logprobs", pa.list_(pa.float32())), ("completion_text", pa.string()), ("event", pa.string()),
+    ("accepted_chars", pa.int64()), ("reward", pa.float64()), ("reward_rule", pa.string()),
+    ("completion_time_ms", pa.int64()), ("feedback_time_ms", pa.int64()),
+])
+
+
+def samples_table(rows: list[dict]) -> pa.Table:
+    """Rows (model_dump() of RewardSample) → a table in the stored schema."""
+    return pa.Table.from_pylist(rows, schema=REWARD_SAMPLE_SCHEMA)

@@ -1,0 +1,116 @@
+"""The data contracts as Great Expectations suites, built in code per run (their bounds depend on the
+run's clock, the registry's versions and the model's context length).
+
+Each expectation names, in `meta["reason"]`, the quarantine reason of the rows it fails; the secrets
+expectations name theirs from the kinds found (`meta["reasons_from"] = "secrets"`). Columns are those
+of data_contracts/derive.py. Bump CONTRACT_VERSION on any change: it is part of every dataset id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import great_expectations as gx
+import great_expectations.expectations as gxe
+
+from data_contracts.rewards import EVENTS, RewardRule
+
+CONTRACT_VERSION = "1"
+ARMS = ["control", "canary"]
+FINISH_REASONS = ["stop", "length", "abort", "error"]
+FEEDBACK_EVENTS = ["accepted", "rejected", "partial"]
+
+
+@dataclass(frozen=True)
+class ContractParams:
+    model: str
+    known_versions: tuple[int, ...]  # every version registered for the model
+    max_model_len: int  # most prompt+completion tokens
+    oldest_ms: int  # start of the collection window
+    newest_ms: int  # the run's clock plus the allowed skew
+
+
+def _meta(reason: str) -> dict:
+    return {"reason": reason}
+
+
+def _not_null(columns: dict[str, str]) -> list:
+    """{frame column: stored field it stands for} → one not-null expectation each (reason null:<field>)."""
+    return [gxe.ExpectColumnValuesToNotBeNull(column=c, meta=_meta(f"null:{field}")) for c, field in columns.items()]
+
+
+def _time(p: ContractParams, column: str) -> list:
+    return [gxe.ExpectColumnValuesToBeBetween(column=column, max_value=p.newest_ms, meta=_meta("future_time")),
+            gxe.ExpectColumnValuesToBeBetween(column=column, min_value=p.oldest_ms, meta=_meta("too_old"))]
+
+
+def _logprobs(p: ContractParams) -> list:
+    return [
+        gxe.ExpectColumnPairValuesToBeEqual(column_A="completion_tokens", column_B="logprob_count",
+                                            ignore_row_if="either_value_is_missing", meta=_meta("logprob_length_mismatch")),
+        gxe.ExpectColumnValuesToBeBetween(column="max_logprob", max_value=0.0, meta=_meta("positive_logprob")),
+        gxe.ExpectColumnValuesToBeBetween(column="nonfinite_logprobs", min_value=0, max_value=0, meta=_meta("nonfinite_logprob")),
+        gxe.ExpectColumnValuesToBeBetween(column="total_tokens", min_value=0, max_value=p.max_model_len, meta=_meta("too_many_tokens")),
+    ]
+
+
+def _suite(name: str, expectations: list) -> gx.ExpectationSuite:
+    # Expectations are given at construction: add_expectation would need an active GE context.
+    return gx.ExpectationSuite(name=name, expectations=expectations, meta={"contract_version": CONTRACT_VERSION})
+
+
+def completion_suite(p: ContractParams) -> gx.ExpectationSuite:
+    """CompletionRecord in stored form (frame: derive.completion_frame)."""
+    return _suite("completions", [
+        *_not_null({c: c for c in ["request_id", "time_ms", "model", "version", "served_name", "arm", "user_hash", "client_id",
+                                   "finish_reason", "latency_ms", "replica"]}),
+        *_not_null({"prompt_chars": "prompt_text", "completion_chars": "completion_text", "prompt_tokens": "prompt_token_ids",
+                    "completion_tokens": "completion_token_ids", "logprob_count": "behaviour_logprobs"}),
+        gxe.ExpectColumnValuesToBeUnique(column="distinct_record_id", meta=_meta("duplicate_request_id")),
+        gxe.ExpectColumnValuesToBeInSet(column="model", value_set=[p.model], meta=_meta("wrong_model")),
+        gxe.ExpectColumnValuesToBeInSet(column="version", value_set=list(p.known_versions), meta=_meta("unknown_version")),
+        gxe.ExpectColumnValuesToBeInSet(column="served_name_matches", value_set=[True], meta=_meta("served_name_mismatch")),
+        gxe.ExpectColumnValuesToBeInSet(column="arm", value_set=ARMS, meta=_meta("bad_arm")),
+        gxe.ExpectColumnValuesToBeInSet(column="finish_reason", value_set=FINISH_REASONS, meta=_meta("bad_finish_reason")),
+        gxe.ExpectColumnValuesToBeBetween(column="latency_ms", min_value=0, meta=_meta("negative_latency")),
+        *_time(p, "time_ms"),
+        *_logprobs(p),
+        gxe.ExpectColumnValuesToBeBetween(column="negative_token_ids", min_value=0, max_value=0, meta=_meta("negative_token_id")),
+        gxe.ExpectColumnValuesToBeInSet(column="prompt_secrets", value_set=[""], meta={"reasons_from": "secrets"}),
+        gxe.ExpectColumnValuesToBeInSet(column="completion_secrets", value_set=[""], meta={"reasons_from": "secrets"}),
+    ])
+
+
+def feedback_suite(p: ContractParams) -> gx.ExpectationSuite:
+    """FeedbackEvent in stored form (frame: derive.feedback_frame)."""
+    return _suite("feedback", [
+        *_not_null({c: c for c in ["request_id", "time_ms", "model", "event", "client_id"]}),
+        gxe.ExpectColumnValuesToBeUnique(column="distinct_record_id", meta=_meta("duplicate_request_id")),
+        gxe.ExpectColumnValuesToBeInSet(column="model", value_set=[p.model], meta=_meta("wrong_model")),
+        gxe.ExpectColumnValuesToBeInSet(column="event", value_set=FEEDBACK_EVENTS, meta=_meta("bad_event")),
+        gxe.ExpectColumnValuesToBeBetween(column="accepted_chars", min_value=0, meta=_meta("negative_accepted_chars")),
+        gxe.ExpectColumnValuesToBeInSet(column="partial_without_chars", value_set=[False], meta=_meta("partial_without_chars")),
+        *_time(p, "time_ms"),
+        gxe.ExpectColumnValuesToBeInSet(column="completion_found", value_set=[True], meta=_meta("orphan_feedback")),
+        gxe.ExpectColumnValuesToBeInSet(column="client_matches", value_set=[True], meta=_meta("foreign_feedback")),
+        gxe.ExpectColumnValuesToBeInSet(column="chars_within_completion", value_set=[True], meta=_meta("accepted_chars_over_completion")),
+    ])
+
+
+def reward_sample_suite(p: ContractParams, rule: RewardRule) -> gx.ExpectationSuite:
+    """RewardSample as written to a dataset (frame: derive.sample_frame). A failure here is a bug in the
+    collection code, not bad input: the dataset is not written."""
+    low, high = rule.bounds()
+    return _suite("reward_samples", [
+        *_not_null({c: c for c in ["request_id", "model", "version", "arm", "user_hash", "event", "reward", "reward_rule",
+                                   "completion_time_ms", "completion_tokens", "logprob_count"]}),
+        gxe.ExpectColumnValuesToBeUnique(column="request_id", meta=_meta("duplicate_request_id")),
+        gxe.ExpectColumnValuesToBeInSet(column="model", value_set=[p.model], meta=_meta("wrong_model")),
+        gxe.ExpectColumnValuesToBeInSet(column="version", value_set=list(p.known_versions), meta=_meta("unknown_version")),
+        gxe.ExpectColumnValuesToBeInSet(column="arm", value_set=ARMS, meta=_meta("bad_arm")),
+        gxe.ExpectColumnValuesToBeInSet(column="event", value_set=list(EVENTS), meta=_meta("bad_event")),
+        gxe.ExpectColumnValuesToBeInSet(column="reward_rule", value_set=[rule.id], meta=_meta("wrong_reward_rule")),
+        gxe.ExpectColumnValuesToBeBetween(column="reward", min_value=low, max_value=high, meta=_meta("reward_out_of_range")),
+        gxe.ExpectColumnValuesToBeBetween(column="accepted_chars", min_value=0, meta=_meta("negative_accepted_chars")),
+        *_logprobs(p),
+    ])

@@ -1,0 +1,165 @@
+"""Prefect tasks of the collection flow (composed by flows/collect.py): one per step.
+
+The steps themselves are plain functions in data_contracts/ (unit-tested without Prefect); the tasks
+here add what only a platform run does: the tokenizer for scrubbing, Data Docs, MLflow, artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlflow
+import pyarrow as pa
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from data_contracts import assemble, dataset, pipeline
+from data_contracts.assemble import Work
+from data_contracts.collect_settings import CollectSettings, PiiPolicy
+from data_contracts.logs import Batch
+from data_contracts.pipeline import Encoder, Plan, Versions
+from data_contracts.report import quarantine_rows, report_markdown
+from data_contracts.rewards import RewardRule
+from data_contracts.scope import Watermark, advance
+from data_contracts.suites import CONTRACT_VERSION, ContractParams
+from tidal.registry import CheckpointCache, Registry
+from tidal.store import ObjectStore, upload_dir
+
+
+@task(cache_policy=NO_CACHE)
+def find_new_partitions(store: ObjectStore, model: str, cfg: CollectSettings, as_of_ms: int, include_open_hour: bool) -> Plan:
+    return pipeline.find_partitions(store, model, cfg, as_of_ms, include_open_hour)
+
+
+@task(cache_policy=NO_CACHE)
+def load_logs(store: ObjectStore, plan: Plan) -> Batch:
+    return pipeline.load_logs(store, plan)
+
+
+@task(cache_policy=NO_CACHE)
+def read_versions(registry: Registry, model: str) -> Versions:
+    return pipeline.registry_versions(registry, model)
+
+
+@task(cache_policy=NO_CACHE)
+def load_encoder(registry: Registry, store: ObjectStore, cache_dir: Path, model: str, versions: Versions,
+                 policy: PiiPolicy) -> Encoder | None:
+    """The champion's tokenizer, to re-encode scrubbed prompts (only needed for pii_policy 'scrub')."""
+    if policy != "scrub":
+        return None
+    from transformers import AutoTokenizer  # heavy, and only for scrubbing
+
+    info = registry.get(model, versions.champion)
+    base = info if info.base_version == info.version else registry.get(model, info.base_version)
+    tokenizer = AutoTokenizer.from_pretrained(CheckpointCache(store, cache_dir).local_dir(base))
+
+    def encode(prompt: str) -> list[int]:
+        try:  # chat requests are logged as the JSON of their messages; the engine applied the chat template
+            messages = json.loads(prompt)
+            if isinstance(messages, list) and all(isinstance(m, dict) and "content" in m for m in messages):
+                return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+        except ValueError:
+            pass
+        return tokenizer(prompt)["input_ids"]
+
+    return encode
+
+
+@task(cache_policy=NO_CACHE)
+def validate_logs(batch: Batch, params: ContractParams, policy: PiiPolicy, encoder: Encoder | None, docs_dir: Path) -> Work:
+    return pipeline.validate_logs(batch, params, policy, encoder, docs_dir)
+
+
+@task(cache_policy=NO_CACHE)
+def quarantine_failures(store: ObjectStore, work: Work, ds_id: str) -> dict:
+    return dataset.write_quarantine(store, work.batch, {"completions": work.completions, "feedback": work.feedback}, ds_id)
+
+
+@task(cache_policy=NO_CACHE)
+def publish_data_docs(store: ObjectStore, docs_dir: Path, model: str, ds_id: str) -> str:
+    """Upload the Data Docs site; returns the store URI of its index page."""
+    prefix = f"reports/data_docs/model={model}/{ds_id}"
+    upload_dir(store, docs_dir, prefix)
+    return store.uri(f"{prefix}/index.html")
+
+
+@task(cache_policy=NO_CACHE)
+def join_feedback(work: Work) -> Work:
+    return assemble.join_feedback(work)
+
+
+@task(cache_policy=NO_CACHE)
+def assign_rewards(work: Work, rule: RewardRule) -> Work:
+    return assemble.assign_rewards(work, rule)
+
+
+@task(cache_policy=NO_CACHE)
+def drop_stale(work: Work, versions: Versions, max_stale: int) -> Work:
+    return assemble.drop_stale(work, versions.known, versions.champion, max_stale)
+
+
+@task(cache_policy=NO_CACHE)
+def dedupe(work: Work) -> Work:
+    return assemble.settle_feedback(assemble.dedupe(work))
+
+
+@task(cache_policy=NO_CACHE)
+def build_samples(work: Work, rule: RewardRule, params: ContractParams) -> pa.Table:
+    samples = assemble.build_samples(work, rule)
+    pipeline.check_samples(samples, params, rule)
+    return samples
+
+
+@task(cache_policy=NO_CACHE)
+def write_dataset_version(store: ObjectStore, plan: Plan, work: Work, samples: pa.Table, rule: RewardRule, cfg: CollectSettings,
+                          versions: Versions, quarantine: dict, ds_id: str, as_of_ms: int) -> tuple[dict, Watermark]:
+    """Dataset + manifest; returns the manifest and the watermark to set once everything else succeeded."""
+    wm_after = advance(plan.watermark, plan.rng, work.batch.future, ds_id, as_of_ms)
+    fields = pipeline.manifest_fields(plan, work.batch, work, rule, cfg, versions, wm_after, quarantine, as_of_ms)
+    manifest = dataset.write_dataset(store, plan.model, ds_id, samples, {**fields, "summary": pipeline.summarize(samples, rule)})
+    return manifest, wm_after
+
+
+@task(cache_policy=NO_CACHE)
+def log_to_mlflow(tracking_uri: str, manifest: dict, samples: pa.Table) -> str:
+    """A run in experiment `<model>/collect` with the dataset as its input; returns the run id."""
+    model, counts = manifest["model"], manifest["counts"]["total"]
+    mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_experiment(f"{model}/collect")
+    with mlflow.start_run(run_name=manifest["dataset_id"]) as run:
+        mlflow.set_tags({"tidal.dataset_id": manifest["dataset_id"], "tidal.dataset_digest": manifest["digest"],
+                         "tidal.reward_rule": manifest["reward_rule"]["id"], "tidal.contract_version": CONTRACT_VERSION})
+        mlflow.log_params({"model": model, "reward_rule": manifest["reward_rule"]["id"], "contract_version": CONTRACT_VERSION,
+                           "source_partitions": len(manifest["source_partitions"]),
+                           "watermark_after": manifest["watermark_after"]["hour"] or "none"})
+        metrics = {f"rows_{k}": v for k, v in counts.items() if isinstance(v, int)}
+        if manifest["summary"]["reward_mean"] is not None:
+            metrics["reward_mean"] = manifest["summary"]["reward_mean"]
+        mlflow.log_metrics(metrics)
+        mlflow.log_dict(manifest, "manifest.json")
+        data = mlflow.data.from_pandas(samples.to_pandas(), source=manifest["data_uri"], name=manifest["dataset_id"],
+                                       digest=manifest["digest"].removeprefix("sha256:")[:16])
+        mlflow.log_input(data, context="collect")
+        return run.info.run_id
+
+
+@task(cache_policy=NO_CACHE)
+def publish_reports(manifest: dict, docs_uri: str | None, run_id: str, store: ObjectStore) -> None:
+    model = manifest["model"]
+    create_markdown_artifact(key=f"{_key(model)}-collect", description=f"Collection {manifest['dataset_id']}",
+                             markdown=report_markdown(manifest, docs_uri, run_id, store))
+    create_table_artifact(key=f"{_key(model)}-collect-quarantine", table=quarantine_rows(manifest) or [{"kind": "-", "reason": "none", "rows": 0}],
+                          description=f"Quarantine reasons of {manifest['dataset_id']}")
+
+
+@task(cache_policy=NO_CACHE)
+def advance_watermark(store: ObjectStore, wm: Watermark) -> None:
+    dataset.write_watermark(store, wm)
+    get_run_logger().info("watermark of %s now at %s (dataset %s)", wm.model, wm.hour, wm.dataset_id)
+
+
+def _key(model: str) -> str:
+    """Prefect artifact keys allow lowercase letters, digits and dashes."""
+    return "".join(ch if ch.isalnum() else "-" for ch in model.lower())

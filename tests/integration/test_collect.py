@@ -1,0 +1,107 @@
+"""The collect flow on the real platform: traffic through the gateway → logs → dataset, on real Prefect
+and MLflow servers. Other tests of the session log traffic too: assertions on rows are about this
+test's request ids, the reconciliation is over everything stored."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pyarrow as pa
+import pytest
+
+from data_contracts.dataset import read_manifest, read_parquet, read_watermark
+
+pytestmark = pytest.mark.slow
+PROMPTS = ["def add(a, b):\n    return", "for i in range(", "import os\nprint(os.path.", "class Point:\n    def __init__(self"]
+
+
+def post(url: str, key: str, path: str, body: dict) -> dict:
+    r = httpx.post(url + path, json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def stored(store, kind: str) -> list[dict]:
+    tables = [read_parquet(store, k) for k in store.list(f"logs/{kind}/model=tab/")]
+    return pa.concat_tables(tables).to_pylist() if tables else []
+
+
+def wait_stored(store, kind: str, ids: set[str], timeout: float = 60) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = stored(store, kind)
+        if ids <= {r["request_id"] for r in rows}:
+            return rows
+        assert time.monotonic() < deadline, f"{len(ids - {r['request_id'] for r in rows})} {kind} records not stored in {timeout} s"
+        time.sleep(0.5)
+
+
+def verdict(i: int, text: str) -> dict | None:
+    """Most completions get a verdict, cycling through the events; every tenth gets none."""
+    if i % 10 == 9:
+        return None
+    event = ("accepted", "rejected", "partial")[i % 3]
+    return {"event": event, "accepted_chars": min(2, len(text))} if event == "partial" else {"event": event}
+
+
+def test_collect_turns_gateway_traffic_into_a_reconciled_dataset(settings, gateway, keys, checkpoints, registry, platform):
+    from flows.collect import collect  # after the platform is up: Prefect reads its API URL on import
+
+    store, cfg = checkpoints.store, settings.collect
+    rule = cfg.rule_for("tab")
+    answers, sent = {}, {}
+    for i in range(30):
+        a = post(gateway, keys["alice"], "/v1/completions", {"model": "tab", "prompt": PROMPTS[i % 4], "max_tokens": 6,
+                                                              "logprobs": 1, "user": f"collect-{i}"})
+        answers[a["id"]] = a
+        v = verdict(i, a["choices"][0]["text"])
+        if v is not None:
+            assert post(gateway, keys["alice"], "/v1/feedback", {"request_id": a["id"], **v})["recorded"]
+            sent[a["id"]] = v
+    logged = {r["request_id"]: r for r in wait_stored(store, "completions", set(answers)) if r["request_id"] in answers}
+    wait_stored(store, "feedback", set(sent))
+    assert read_watermark(store, "tab") is None  # the first collection of this session
+
+    ds_id = collect(model="tab", include_open_hour=True)
+    manifest = read_manifest(store, "tab", ds_id)
+    samples = {r["request_id"]: r for r in read_parquet(store, manifest["data_key"]).to_pylist()}
+
+    # rows join exactly to the logs and the engine's answers
+    expected = {rid for rid, a in answers.items() if rid in sent or a["choices"][0]["text"] == ""}
+    assert {rid for rid in samples if rid in answers} == expected
+    for rid in expected:
+        s, a, log = samples[rid], answers[rid], logged[rid]
+        assert s["version"] == log["version"] == a["tidal"]["version"] and s["arm"] == log["arm"] == a["tidal"]["arm"]
+        assert s["behaviour_logprobs"] == log["behaviour_logprobs"] and s["completion_token_ids"] == log["completion_token_ids"]
+        assert s["prompt_token_ids"] == log["prompt_token_ids"] and s["completion_time_ms"] == log["time_ms"]
+        assert s["completion_text"] == a["choices"][0]["text"]
+        assert s["behaviour_logprobs"] == pytest.approx(a["choices"][0]["logprobs"]["token_logprobs"], abs=1e-5)
+        v = sent.get(rid, {"event": "none"})
+        assert s["event"] == v["event"] and s["accepted_chars"] == v.get("accepted_chars")
+        assert s["reward"] == pytest.approx(rule.reward(v["event"], v.get("accepted_chars"), s["completion_text"]))
+        assert s["reward_rule"] == rule.id
+    # counts reconcile, over everything stored so far
+    counts = manifest["counts"]
+    for kind in ("completions", "feedback", "total"):
+        c = counts[kind]
+        assert c["in"] == c["kept"] + c["quarantined"] + c["filtered"], kind
+    assert counts["completions"]["in"] == len(stored(store, "completions"))
+    assert counts["feedback"]["in"] == len(stored(store, "feedback"))
+    assert counts["completions"]["filtered_by_reason"].get("no_feedback", 0) >= sum(
+        1 for rid, a in answers.items() if rid not in sent and a["choices"][0]["text"])
+
+    # MLflow: a run of experiment tab/collect with the dataset as input
+    exp = registry.client.get_experiment_by_name("tab/collect")
+    [run] = registry.client.search_runs([exp.experiment_id], f"tags.`tidal.dataset_id` = '{ds_id}'")
+    [inp] = run.inputs.dataset_inputs
+    assert inp.dataset.name == ds_id and inp.dataset.digest == manifest["digest"].removeprefix("sha256:")[:16]
+    # reports: Data Docs in the store, artifacts in Prefect
+    assert store.exists(f"reports/data_docs/model=tab/{ds_id}/index.html")
+    arts = httpx.post(f"{settings.prefect.api_url}/artifacts/filter", json={"artifacts": {"key": {"any_": ["tab-collect"]}}}).json()
+    assert any(ds_id in (a.get("data") or "") for a in arts)
+
+    # the watermark moved: a second run finds nothing new and writes nothing
+    assert read_watermark(store, "tab").dataset_id == ds_id
+    assert collect(model="tab", include_open_hour=True) == ds_id
+    assert {k.split("/")[2] for k in store.list("datasets/model=tab/")} == {ds_id}
