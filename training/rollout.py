@@ -1,0 +1,104 @@
+"""From RewardSamples to the padded tensors PPO trains on, and back to completion-aligned columns.
+
+Layout of one batch (P = longest prompt, T = longest completion):
+
+    input_ids   [pad pad p0 p1 p2 | c0 c1 c2 pad]    prompts left-padded, completions right-padded
+    columns      0   1   2  3  4    5  6  7   8       every prompt ends at column P - 1
+
+The logits (and value) at column P - 1 + t belong to the context that produced completion token
+c_t, so ``completion_view`` slices columns [P - 1, P - 1 + T) of any (B, P + T, ...) tensor to get
+(B, T, ...) aligned with ``completion_ids``, ``mask`` and ``behaviour_logprobs``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from data_contracts.samples import RewardSample
+
+
+@dataclass
+class SampleSelection:
+    """Which samples a PPO batch may use, and how many were dropped for which reason."""
+
+    kept: list[RewardSample]
+    stale: int  # behaviour version more than max_stale_versions older than the trained policy
+    newer: int  # behaviour version newer than the trained policy (another lineage, e.g. a canary)
+    empty: int  # no completion tokens: no token to credit the reward to
+
+
+def select_samples(
+    samples: Sequence[RewardSample], current_version: int, max_stale_versions: int | None
+) -> SampleSelection:
+    """Keep samples with 0 <= current_version - version <= max_stale_versions (None: any version)
+    and at least one completion token; count the rest by reason."""
+    kept: list[RewardSample] = []
+    stale = newer = empty = 0
+    for s in samples:
+        if not s.completion_token_ids:
+            empty += 1
+        elif s.version > current_version:
+            newer += 1
+        elif max_stale_versions is not None and current_version - s.version > max_stale_versions:
+            stale += 1
+        else:
+            kept.append(s)
+    return SampleSelection(kept=kept, stale=stale, newer=newer, empty=empty)
+
+
+@dataclass
+class RolloutBatch:
+    """Padded tensors of a batch of samples (see the module docstring for the layout)."""
+
+    input_ids: torch.Tensor  # (B, P + T) long
+    attention_mask: torch.Tensor  # (B, P + T) long, 1 on real prompt and completion tokens
+    completion_ids: torch.Tensor  # (B, T) long, pad after each completion's end
+    mask: torch.Tensor  # (B, T) float32, 1 on real completion tokens
+    behaviour_logprobs: torch.Tensor  # (B, T) float32 mu, 0 on padding
+    rewards: torch.Tensor  # (B,) float32 terminal rewards
+    versions: torch.Tensor  # (B,) long behaviour versions
+    prompt_width: int  # P
+
+    def completion_view(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, P + T, ...) -> (B, T, ...): the columns whose outputs score completion tokens."""
+        T = self.completion_ids.shape[1]
+        return x[:, self.prompt_width - 1 : self.prompt_width - 1 + T]
+
+
+def collate(samples: Sequence[RewardSample], pad_token_id: int) -> RolloutBatch:
+    """Stack samples into a RolloutBatch: prompts left-padded, completions right-padded."""
+    if not samples:
+        raise ValueError("no samples to collate")
+    for s in samples:
+        if not s.prompt_token_ids:
+            raise ValueError(f"sample {s.request_id} has an empty prompt: no logits predict its first token")
+        if len(s.behaviour_logprobs) != len(s.completion_token_ids):
+            raise ValueError(
+                f"sample {s.request_id}: {len(s.behaviour_logprobs)} behaviour log-probs for "
+                f"{len(s.completion_token_ids)} completion tokens"
+            )
+    B = len(samples)
+    P = max(len(s.prompt_token_ids) for s in samples)
+    T = max(len(s.completion_token_ids) for s in samples)
+    input_ids = torch.full((B, P + T), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((B, P + T), dtype=torch.long)
+    behaviour = torch.zeros((B, T), dtype=torch.float32)
+    for i, s in enumerate(samples):
+        p, t = len(s.prompt_token_ids), len(s.completion_token_ids)
+        input_ids[i, P - p : P] = torch.tensor(s.prompt_token_ids)
+        input_ids[i, P : P + t] = torch.tensor(s.completion_token_ids)
+        attention_mask[i, P - p : P + t] = 1
+        behaviour[i, :t] = torch.tensor(s.behaviour_logprobs)
+    return RolloutBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        completion_ids=input_ids[:, P:].clone(),
+        mask=attention_mask[:, P:].to(torch.float32),
+        behaviour_logprobs=behaviour,
+        rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32),
+        versions=torch.tensor([s.version for s in samples], dtype=torch.long),
+        prompt_width=P,
+    )
