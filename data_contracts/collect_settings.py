@@ -13,6 +13,8 @@ PiiPolicy = Literal["quarantine", "scrub"]
 
 
 class CollectSettings(Section):
+    schedule_cron: str = Field("20 * * * *", description=(
+        "When the scheduled collect deployment runs (cron, UTC): after the hour's verdicts and uploads are in."))
     window_s: float = Field(7 * 86400.0, gt=0, description=(
         "Collection window: records older than this (at run time) fail the contract; a model's first run "
         "starts this far back."))

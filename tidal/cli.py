@@ -32,6 +32,7 @@ def cmd_up(settings: TidalSettings, args) -> None:
     platform = _platform(settings)
     platform.up_servers()
     ensure_champions(settings)
+    platform.up_flows()
     if not args.no_fleet:
         platform.up_fleet()
         platform.up_gateway()

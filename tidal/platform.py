@@ -63,6 +63,10 @@ class Platform:
                 "fleet", [py, "-m", "serving.supervisor"], s.fleet.host, s.fleet.admin_port, "fleet.admin_port",
                 f"http://{s.fleet.host}:{s.fleet.admin_port}/health", 60.0, f"http://{s.fleet.host}:{s.fleet.admin_port}",
                 {"TIDAL_CONFIG": str(self._settings_file())}),
+            "flows": Service(
+                "flows", [py, "-m", "flows.deployments"], s.prefect.host, s.prefect.runner_port, "prefect.runner_port",
+                f"http://{s.prefect.host}:{s.prefect.runner_port}/health", 120.0, f"http://{s.prefect.host}:{s.prefect.runner_port}",
+                {"TIDAL_CONFIG": str(self._settings_file())}),
             "gateway": Service(
                 "gateway", [py, "-m", "serving.gateway_app"], s.gateway.host, s.gateway.port, "gateway.port",
                 f"http://{s.gateway.host}:{s.gateway.port}/health", 60.0, f"http://{s.gateway.host}:{s.gateway.port}",
@@ -106,6 +110,10 @@ class Platform:
         for name in ("prefect", "mlflow"):
             self.ensure(svcs[name])
 
+    def up_flows(self) -> ProcInfo:
+        """The runner of scheduled flows (deployments registered with the Prefect server)."""
+        return self.ensure(self.services()["flows"])
+
     def up_fleet(self, timeout_s: float | None = None) -> dict:
         """Start the supervisor and wait until every configured replica is verified (or start-up failed)."""
         svc = self.services()["fleet"]
@@ -144,7 +152,7 @@ class Platform:
     def down(self) -> list[str]:
         """Stop the gateway (it flushes its log), the fleet (it stops its replicas), then MLflow and
         Prefect; kill any replica left behind."""
-        order = ("gateway", "fleet", "mlflow", "prefect")
+        order = ("gateway", "flows", "fleet", "mlflow", "prefect")
         stopped = [n for n in order if self.running(n)]
         for name in order:
             self.stop(name)

@@ -42,7 +42,7 @@ def write_config(root: Path, models: list[dict], base_port: int | None = None, p
     base_port = replica_port_block() if base_port is None else base_port
     config = {
         "data_dir": str(root / "data"),
-        "prefect": {"port": free_port()},
+        "prefect": {"port": free_port(), "runner_port": free_port()},
         "mlflow": {"port": free_port()},
         "fleet": {"admin_port": free_port(), "base_port": base_port, "port_range": 60, "health_interval_s": 1.0,
                   "restart_backoff_s": 1.0, "ready_timeout_s": 300},

@@ -39,6 +39,7 @@ class StoreSettings(Section):
 class PrefectSettings(Section):
     host: str = Field("127.0.0.1", description="Address the Prefect server binds to.")
     port: int = Field(4200, ge=1, le=65535, description="Prefect API/UI port.")
+    runner_port: int = Field(4201, ge=1, le=65535, description="Health port of the runner that executes scheduled flows.")
     ready_timeout_s: float = Field(180.0, gt=0, description="How long `tidal up` waits for the server.")
 
     @property
@@ -159,7 +160,7 @@ class TidalSettings(BaseSettings):
         if len(set(names)) != len(names):
             raise ValueError(f"model names must be unique, got {names}")
         fixed = {"prefect.port": self.prefect.port, "mlflow.port": self.mlflow.port, "fleet.admin_port": self.fleet.admin_port,
-                 "gateway.port": self.gateway.port}
+                 "gateway.port": self.gateway.port, "prefect.runner_port": self.prefect.runner_port}
         if len(set(fixed.values())) != len(fixed):
             raise ValueError(f"ports must differ: {fixed}")
         lo, hi = self.fleet.base_port, self.fleet.base_port + self.fleet.port_range
