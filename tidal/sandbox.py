@@ -23,30 +23,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def replica_port_block(size: int = 60) -> int:
-    """A random block start in [20000, 30000) (below the OS's ephemeral range), so sandboxes running
-    side by side rarely share replica ports; the fleet skips ports in use anyway."""
+BLOCK = 80  # ports per sandbox: services at +0..+4, spare for tests at +5..+9, replicas from +10 to +70
+SPARE = 5  # offset of the spare ports (from prefect.port)
+
+
+def port_block() -> int:
+    """A random free block start in [20000, 32000): below the OS's ephemeral range (32768+), so outgoing
+    connections can't take a sandbox's ports between choosing and binding them, and sandboxes
+    running side by side rarely meet (the fleet skips replica ports in use anyway)."""
     rng = random.Random()
     for _ in range(50):
-        base = 20000 + size * rng.randrange(10000 // size)
-        if all(port_free("127.0.0.1", base + i) for i in range(4)):
+        base = 20000 + BLOCK * rng.randrange(12000 // BLOCK)
+        if all(port_free("127.0.0.1", base + i) for i in (0, 1, 2, 3, 4, 10, 11, 12, 13)):
             return base
-    raise RuntimeError("no free replica port block found in [20000, 30000)")
+    raise RuntimeError("no free port block found in [20000, 32000)")
 
 
 def write_config(root: Path, models: list[dict], base_port: int | None = None, pretrain_seconds: float = 25.0, **extra) -> Path:
-    """tidal.yaml under root; replica ports from [base_port, base_port+60) (random block if None), services from the OS.
+    """tidal.yaml under root, every port from one block (random if base_port is None).
 
     Secrets are fixed and public (clients alice and bob): a sandbox is for tests and benchmarks only.
     """
-    base_port = replica_port_block() if base_port is None else base_port
+    b = port_block() if base_port is None else base_port
     config = {
         "data_dir": str(root / "data"),
-        "prefect": {"port": free_port(), "runner_port": free_port()},
-        "mlflow": {"port": free_port()},
-        "fleet": {"admin_port": free_port(), "base_port": base_port, "port_range": 60, "health_interval_s": 1.0,
+        "prefect": {"port": b, "runner_port": b + 1},
+        "mlflow": {"port": b + 2},
+        "fleet": {"admin_port": b + 3, "base_port": b + 10, "port_range": 60, "health_interval_s": 1.0,
                   "restart_backoff_s": 1.0, "ready_timeout_s": 300},
-        "gateway": {"port": free_port(), "secret": "sandbox-request-id-secret",
+        "gateway": {"port": b + 4, "secret": "sandbox-request-id-secret",
                     "clients": [{"client_id": "alice", "key": "alice-key-0123456789"}, {"client_id": "bob", "key": "bob-key-0123456789ab"}],
                     "logsink": {"segment_max_age_s": 1.0, "upload_interval_s": 0.5},
                     "rate_limit_rps": 100_000.0, "rate_limit_burst": 100_000},  # load tests measure the gateway, not the limiter

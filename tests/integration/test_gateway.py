@@ -24,7 +24,7 @@ from tests.conftest import make_bucket
 from tests.integration.tcpproxy import TcpProxy
 from tidal.procs import stop_group, wait_http
 from tidal.registry import publish
-from tidal.sandbox import free_port
+from tidal.sandbox import SPARE
 from tidal.store import S3Store
 from training.variants import random_adapter
 
@@ -207,7 +207,7 @@ def test_gateway_kill9_loses_no_acknowledged_completion(gateway, keys, platform,
 
 def test_object_store_outage_delays_uploads_but_loses_nothing(settings, keys, canary, tmp_path, s3_endpoint):
     """A second gateway logging to S3 (moto) behind a proxy that goes down mid-load."""
-    proxy_port, gw_port = free_port(), free_port()
+    proxy_port, gw_port = settings.prefect.port + SPARE, settings.prefect.port + SPARE + 1  # the sandbox's spare ports
     proxy = TcpProxy(int(s3_endpoint.rsplit(":", 1)[1]), proxy_port)
     gw = None
     try:
