@@ -54,7 +54,9 @@ class Gateway:
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
-        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+        # Idle connections are dropped before the engines' own keep-alive timeout (vLLM: 5 s), so a
+        # request rarely meets a connection the engine is closing.
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=3),
                                              timeout=aiohttp.ClientTimeout(total=self.limits.upstream_timeout_s),
                                              json_serialize=lambda o: orjson.dumps(o).decode())
         self.sink.start()
@@ -108,12 +110,18 @@ class Gateway:
         return body
 
     async def call_engine(self, path: str, served_name: str, body: dict) -> tuple[aiohttp.ClientResponse, Endpoint]:
-        """POST to a replica serving served_name; one retry on another replica if no byte came back."""
-        tried, last = 0, ""
-        for ep in self.pool.candidates(served_name)[:2]:
-            tried += 1
+        """POST to a replica serving served_name. Failing before the first byte, the call is retried once:
+        on another replica when there is one, else on the same one. A refused connection puts the replica
+        in penalty; a closed keep-alive connection (the engine timed it out as we reused it) does not."""
+        eps = self.pool.candidates(served_name)
+        tried, last = [], ""
+        for ep in [eps[0], *(eps[1:2] or eps[:1])]:
+            tried.append(ep.replica)
             try:
                 resp = await self.session.post(ep.url + path, data=orjson.dumps(body), headers={"Content-Type": "application/json"})
+            except aiohttp.ServerDisconnectedError as e:
+                last = repr(e)
+                continue
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as e:
                 self.pool.penalize(ep.replica)
                 self.metrics.failovers.labels(served_name.split("@")[0]).inc()
@@ -125,7 +133,7 @@ class Gateway:
                 status = 400 if resp.status < 500 else 502
                 raise GatewayError(status, f"engine {ep.replica} refused the request ({resp.status}): {text[:500]}")
             return resp, ep
-        raise GatewayError(503, f"{served_name}: {tried} replica(s) failed before answering: {last}")
+        raise GatewayError(503, f"{served_name}: failed before answering on {tried}: {last}")
 
     def new_record(self, req, routed: Routed, client_id: str, rid: str, ep: Endpoint, prompt_text: str) -> dict:
         return {"request_id": rid, "time_ms": routed.t0_ms, "model": req.model, "version": routed.arm.version,
