@@ -69,29 +69,21 @@ def boot(replica: Replica, settings: TidalSettings, checkpoints: CheckpointCache
 
     Raises (and leaves no process behind) if any step fails: a replica is either fully verified or gone.
     """
-    replica.state = "starting"
+    replica.state, replica.probes = "starting", []
     log = settings.log_dir / f"replica-{replica.name}.log"
+    atol = settings.fleet.probe_atol
     try:
         base_dir = checkpoints.local_dir(replica.base)
         replica.proc, replica.info = engine.launch(
             settings.engine, replica.name, base_dir, [replica.base.served_name], replica.host, replica.port, enable_lora, log)
         engine.wait_ready(replica.url, settings.fleet.ready_timeout_s, replica.proc, str(log), f"replica {replica.name}",
                           replica.base.served_name)
-    except BaseException:
-        kill(replica)
-        replica.state = "failed"
-        raise
-    replica.probes = []
-    try:
-        client = replica.client()
-        try:
-            replica.probes.append(verify(client, replica.base.served_name, base_dir, settings.fleet.probe_atol, replica.name))
+        with replica.client() as client:
+            replica.probes.append(verify(client, replica.base.served_name, base_dir, atol, replica.name))
             for info in list(replica.adapters.values()):
                 path = checkpoints.local_dir(info)
                 client.load_lora(info.served_name, path)
-                replica.probes.append(verify(client, info.served_name, path, settings.fleet.probe_atol, replica.name))
-        finally:
-            client.close()
+                replica.probes.append(verify(client, info.served_name, path, atol, replica.name))
     except BaseException:
         kill(replica)
         replica.state = "failed"
