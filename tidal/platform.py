@@ -33,6 +33,7 @@ class Service:
     ready_timeout_s: float
     url: str
     env: dict[str, str] = field(default_factory=dict)
+    dirs: list[Path] = field(default_factory=list)  # made before the process starts
 
 
 class Platform:
@@ -46,7 +47,7 @@ class Platform:
         mlflow_env = {**TELEMETRY_OFF, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         if s.store.s3_endpoint_url:
             mlflow_env["MLFLOW_S3_ENDPOINT_URL"] = s.store.s3_endpoint_url
-        (data / "mlflow").mkdir(parents=True, exist_ok=True)
+        child = {"TIDAL_CONFIG": str(self.settings_file)}
         return {
             "prefect": Service(
                 "prefect", [py, "-m", "prefect", "server", "start", "--host", s.prefect.host, "--port", str(s.prefect.port)],
@@ -58,30 +59,32 @@ class Platform:
                            "--workers", str(s.mlflow.workers), "--backend-store-uri", f"sqlite:///{data / 'mlflow' / 'mlflow.db'}",
                            "--artifacts-destination", f"{s.store_url}/mlflow-artifacts"],
                 s.mlflow.host, s.mlflow.port, "mlflow.port", f"{s.mlflow.tracking_uri}/health", s.mlflow.ready_timeout_s,
-                s.mlflow.tracking_uri, mlflow_env),
+                s.mlflow.tracking_uri, mlflow_env, [data / "mlflow"]),
             "fleet": Service(
                 "fleet", [py, "-m", "serving.supervisor"], s.fleet.host, s.fleet.admin_port, "fleet.admin_port",
                 f"http://{s.fleet.host}:{s.fleet.admin_port}/health", 60.0, f"http://{s.fleet.host}:{s.fleet.admin_port}",
-                {"TIDAL_CONFIG": str(self._settings_file())}),
+                child),
             "flows": Service(
                 "flows", [py, "-m", "flows.deployments"], s.prefect.host, s.prefect.runner_port, "prefect.runner_port",
                 f"http://{s.prefect.host}:{s.prefect.runner_port}/health", 120.0, f"http://{s.prefect.host}:{s.prefect.runner_port}",
-                {"TIDAL_CONFIG": str(self._settings_file())}),
+                child),
             "gateway": Service(
                 "gateway", [py, "-m", "serving.gateway_app"], s.gateway.host, s.gateway.port, "gateway.port",
                 f"http://{s.gateway.host}:{s.gateway.port}/health", 60.0, f"http://{s.gateway.host}:{s.gateway.port}",
-                {"TIDAL_CONFIG": str(self._settings_file())}),
+                child),
         }
 
-    def _settings_file(self) -> Path:
-        """The resolved settings, so child processes see exactly what this process resolved."""
-        path = self.run_dir / "settings.yaml"
-        path.parent.mkdir(parents=True, exist_ok=True)
+    @property
+    def settings_file(self) -> Path:
+        """Where child processes read the settings this process resolved (written by `ensure`)."""
+        return self.run_dir / "settings.yaml"
+
+    def _write_settings_file(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         data = self.settings.model_dump(mode="json")
         data["data_dir"] = str(self.settings.data_path)
-        path.write_text(yaml.safe_dump(data, sort_keys=False))
-        path.chmod(0o600)
-        return path
+        self.settings_file.write_text(yaml.safe_dump(data, sort_keys=False))
+        self.settings_file.chmod(0o600)
 
     def running(self, name: str) -> ProcInfo | None:
         info = read_procinfo(self.run_dir / f"{name}.json")
@@ -94,6 +97,9 @@ class Platform:
             wait_http(svc.ready_url, svc.ready_timeout_s, svc.name, log=info.log)
             return info
         require_port(svc.host, svc.port, svc.name, svc.port_setting)
+        self._write_settings_file()
+        for d in svc.dirs:
+            d.mkdir(parents=True, exist_ok=True)
         proc, info = spawn(svc.name, svc.cmd, self.log_dir / f"{svc.name}.log", env=svc.env, cwd=self.settings.data_path)
         info.url = svc.url
         save_procinfo(self.run_dir / f"{svc.name}.json", info)
