@@ -107,8 +107,10 @@ def build_app(gw: Gateway, clients: dict[str, str], admin: str, limiter: RateLim
                                {"Retry-After": str(max(1, math.ceil(wait)))})
         return client_id
 
+    admin_digest = _digest(admin)
+
     async def admin_only(authorization: str = Header("", description="Bearer <admin token>")) -> None:
-        if _digest(authorization.removeprefix("Bearer ").strip()) != _digest(admin):
+        if _digest(authorization.removeprefix("Bearer ").strip()) != admin_digest:
             raise GatewayError(401, "missing or wrong admin token")
 
     def answer(result, endpoint: str):
@@ -180,10 +182,10 @@ def build_gateway(settings: TidalSettings) -> tuple[FastAPI, TidalSettings]:
     g = settings.gateway
     sink = LogSink(settings.data_path / "wal", open_store(settings), g.logsink)
     metrics = GatewayMetrics(sink.metrics)
+    key = secret(settings, "request_id", g.secret).encode()  # signs request ids and keys user hashes
     gw = Gateway(routes=RouteTable(settings.data_path / "gateway" / "routes.json", g.route_limits),
                  pool=ReplicaPool(f"http://{settings.fleet.host}:{settings.fleet.admin_port}", admin_token(settings), g.fleet_poll_s),
-                 sink=sink, signer=RequestIdSigner(secret(settings, "request_id", g.secret).encode()),
-                 user_secret=secret(settings, "request_id", g.secret).encode(),
+                 sink=sink, signer=RequestIdSigner(key), user_secret=key,
                  limits=Limits(g.max_prompt_chars, g.max_tokens, int(g.feedback_window_s * 1000), g.upstream_timeout_s),
                  metrics=metrics)
     clients = {_digest(c.key): c.client_id for c in client_keys(settings)}
