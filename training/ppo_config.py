@@ -51,6 +51,14 @@ class PPOConfig(BaseModel):
     batch_size: int = Field(64, description="Samples (prompt + one completion) per PPO iteration.")
     minibatch_size: int = Field(16, description="Samples per optimizer step; must divide batch_size.")
     epochs: int = Field(2, description="Passes over each batch (each pass reshuffles the minibatches).")
+    passes: int = Field(
+        4,
+        description="Passes over the training rows of the dataset; each pass reshuffles them into batches "
+        "of batch_size (one PPO iteration per batch).",
+    )
+    max_iterations: int | None = Field(
+        None, description="Stop after this many PPO iterations even if passes are left. None runs every pass."
+    )
     target_kl: float | None = Field(
         0.05,
         description="Stop the remaining minibatches of an epoch (and later epochs) once the approximate "
@@ -129,6 +137,11 @@ class PPOConfig(BaseModel):
                 f"{max(d for d in range(1, self.minibatch_size + 1) if self.batch_size % d == 0)}",
             )
         need(self.epochs >= 1, f"epochs={self.epochs}: must be >= 1")
+        need(self.passes >= 1, f"passes={self.passes}: must be >= 1")
+        need(
+            self.max_iterations is None or self.max_iterations >= 1,
+            f"max_iterations={self.max_iterations}: must be >= 1, or None to run every pass",
+        )
         need(
             self.target_kl is None or self.target_kl > 0,
             f"target_kl={self.target_kl}: must be > 0, or None to disable early stopping",

@@ -1,0 +1,117 @@
+"""The trainer's view of a collected dataset: every way it can be unusable gives a clear DatasetError."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+
+from data_contracts.dataset import write_dataset, write_watermark
+from data_contracts.samples import RewardSample, samples_table
+from data_contracts.scope import Watermark
+from tidal.store import LocalStore
+from training.job_spec import run_key
+from training.reward_data import (
+    DatasetError,
+    is_heldout,
+    latest_dataset_id,
+    load_dataset,
+    split,
+)
+from training.train_settings import TrainSettings
+
+
+def row(i: int, **kw) -> dict:
+    base = RewardSample(request_id=f"r{i}", model="tab", version=1, arm="control", user_hash="u", prompt_token_ids=[1, 2],
+                        completion_token_ids=[3], behaviour_logprobs=[-0.5], completion_text="x", event="accepted",
+                        reward=0.75, reward_rule="cursor-tab@1", completion_time_ms=0).model_dump()
+    return {**base, **kw}
+
+
+@pytest.fixture()
+def store(tmp_path) -> LocalStore:
+    return LocalStore(tmp_path / "store")
+
+
+def test_a_written_dataset_loads_with_its_digest(store) -> None:
+    manifest = write_dataset(store, "tab", "ds-1", samples_table([row(i) for i in range(5)]), {"model": "tab"})
+    data = load_dataset(store, "tab", "ds-1")
+    assert data.digest == manifest["digest"] and len(data.samples) == 5 and data.reward_rule == "cursor-tab@1"
+    assert data.samples[0].behaviour_logprobs == [-0.5]
+
+
+def test_missing_dataset_names_the_ones_that_exist(store) -> None:
+    write_dataset(store, "tab", "ds-1", samples_table([row(0)]), {})
+    with pytest.raises(DatasetError, match=r"ds-2 of tab not found .*\['ds-1'\]"):
+        load_dataset(store, "tab", "ds-2")
+
+
+def test_empty_dataset_is_refused(store) -> None:
+    write_dataset(store, "tab", "ds-e", samples_table([]), {})
+    with pytest.raises(DatasetError, match="has no rows: collect more traffic"):
+        load_dataset(store, "tab", "ds-e")
+
+
+def test_wrong_schema_names_the_columns(store) -> None:
+    table = samples_table([row(0)]).drop_columns(["behaviour_logprobs"])
+    table = table.append_column("behaviour_logprobs", pa.array([["-0.5"]], pa.list_(pa.string())))
+    write_dataset(store, "tab", "ds-s", table, {})
+    with pytest.raises(DatasetError, match=r"\(behaviour_logprobs: expected list<float>, got list<string>\)$"):
+        load_dataset(store, "tab", "ds-s")
+
+
+def test_changed_data_file_fails_the_digest_check(store, tmp_path) -> None:
+    manifest = write_dataset(store, "tab", "ds-d", samples_table([row(0), row(1)]), {})
+    other = tmp_path / "other.parquet"
+    import pyarrow.parquet as pq
+
+    pq.write_table(samples_table([row(0)]), other)
+    store.put_file(other, manifest["data_key"])
+    with pytest.raises(DatasetError, match="does not match the manifest"):
+        load_dataset(store, "tab", "ds-d")
+
+
+def test_truncated_data_file_is_refused(store, tmp_path) -> None:
+    manifest = write_dataset(store, "tab", "ds-t", samples_table([row(0)]), {})
+    path = store.root / manifest["data_key"]
+    cut = tmp_path / "cut"
+    cut.write_bytes(path.read_bytes()[:40])
+    store.put_file(cut, manifest["data_key"])
+    # the manifest still names the old digest; fix it to reach the Parquet reader itself
+    m = json.loads((store.root / "datasets/model=tab/ds-t/manifest.json").read_text())
+    import hashlib
+
+    m["digest"] = "sha256:" + hashlib.sha256(cut.read_bytes()).hexdigest()
+    (store.root / "datasets/model=tab/ds-t/manifest.json").write_text(json.dumps(m))
+    with pytest.raises(DatasetError, match="unreadable Parquet"):
+        load_dataset(store, "tab", "ds-t")
+
+
+def test_rows_of_another_model_are_refused(store) -> None:
+    write_dataset(store, "tab", "ds-m", samples_table([row(0), row(1, model="other")]), {})
+    with pytest.raises(DatasetError, match=r"other models \['other'\]"):
+        load_dataset(store, "tab", "ds-m")
+
+
+def test_latest_dataset_comes_from_the_watermark(store) -> None:
+    with pytest.raises(DatasetError, match="no collected dataset yet"):
+        latest_dataset_id(store, "tab")
+    write_watermark(store, Watermark(model="tab", completions_through_ms=0, feedback_through_ms=0, dataset_id="ds-9"))
+    assert latest_dataset_id(store, "tab") == "ds-9"
+
+
+def test_split_is_stable_and_near_the_fraction() -> None:
+    rows = [RewardSample.model_validate(row(i)) for i in range(2000)]
+    train, heldout = split(rows, 0.2)
+    assert len(train) + len(heldout) == 2000 and 0.17 < len(heldout) / 2000 < 0.23
+    assert all(is_heldout(s.request_id, 0.2) for s in heldout)
+    assert split(list(reversed(rows)), 0.2)[1] == list(reversed(heldout))
+
+
+def test_run_key_changes_with_what_determines_the_result() -> None:
+    cfg = TrainSettings()
+    key = run_key("tab", "sha256:a", 1, cfg)
+    assert key == run_key("tab", "sha256:a", 1, TrainSettings(retries=9, torch_threads=1))  # operational knobs only
+    assert key != run_key("tab", "sha256:b", 1, cfg) and key != run_key("tab", "sha256:a", 2, cfg)
+    assert key != run_key("tab", "sha256:a", 1, TrainSettings(ppo={"learning_rate": 1e-3}))

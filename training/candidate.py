@@ -1,0 +1,70 @@
+"""From the champion's checkpoint to a trainable policy+critic, and from the trained model to a candidate
+checkpoint the fleet can serve.
+
+    champion full  + lora=True   -> fresh adapter (seeded) on the champion; candidate = adapter on it
+    champion lora  + lora=True   -> the champion's adapter, trained further; candidate = adapter on the same base
+    champion full/lora + lora=False -> all weights trained (a lora champion is merged first); candidate = full
+
+A candidate directory holds the served weights (adapter or full HF checkpoint), `probe.json` (what the
+trainer's forward pass says the served weights must produce) and `critic.pt` (the value head, which is
+not served: the next run starting from this version warms its critic from it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from training.policy import is_adapter_dir, load_policy, load_tokenizer, save_policy
+from training.ppo_config import PPOConfig
+from training.probe import compute_probe, load_probe, save_probe
+from training.value_head import PolicyWithValue, ValueHead
+
+CRITIC_FILE = "critic.pt"
+
+
+def build_trainable(champion_dir: Path, base_dir: Path, cfg: PPOConfig) -> PolicyWithValue:
+    """The policy to train (trainable weights per cfg.lora) with a value head, float32 on CPU."""
+    adapter = is_adapter_dir(champion_dir)
+    if cfg.lora and adapter:
+        policy = load_policy(champion_dir, base_path=base_dir, trainable=True)
+    else:
+        policy = load_policy(champion_dir, base_path=base_dir)
+        if adapter:  # full fine-tune of a lora champion: fold its adapter into the weights first
+            policy = policy.merge_and_unload()
+        if cfg.lora:
+            from peft import get_peft_model
+
+            with torch.random.fork_rng(devices=[]):  # seeded adapter init, no global RNG side effect
+                torch.manual_seed(cfg.seed)
+                policy = get_peft_model(policy, cfg.lora_config())
+        else:
+            policy.requires_grad_(True)
+    policy.train()
+    head = ValueHead(int(policy.config.hidden_size), seed=cfg.seed)
+    critic = champion_dir / CRITIC_FILE
+    if critic.is_file():
+        head.load_state_dict(torch.load(critic, weights_only=True))
+    return PolicyWithValue(policy, head)
+
+
+def save_candidate(model: PolicyWithValue, champion_dir: Path, base_dir: Path, out: Path, note: str = "") -> Path:
+    """Write the served weights, their probe (on the champion's probe prompts) and the critic into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    policy = model.policy
+    tokenizer = load_tokenizer(base_dir)
+    if hasattr(policy, "peft_config"):
+        policy.save_pretrained(str(out))  # adapter only; the fleet serves it on the base's replicas
+    else:
+        save_policy(policy, tokenizer, out)
+    torch.save(model.value_head.state_dict(), out / CRITIC_FILE)
+    prompts = [tokenizer.decode(item.prompt_token_ids) for item in load_probe(champion_dir).items]
+    probe = compute_probe(policy, tokenizer, prompts, max_new_tokens=load_probe(champion_dir).max_new_tokens,
+                          version_note=note)
+    save_probe(probe, out)
+    return out
+
+
+def candidate_kind(cfg: PPOConfig) -> str:
+    return "lora" if cfg.lora else "full"

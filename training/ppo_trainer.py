@@ -1,0 +1,230 @@
+"""PPO on logged completions, one sample per prompt: the whole algorithm, top to bottom.
+
+Per iteration (one batch of logged samples):
+
+    rollout   pi_old log-probs and values V_old of the logged tokens (no grad), reference log-probs
+              (the champion, computed once per sample before training)
+    weights   w = min(pi_old / mu, C): mu is what the *served* weights gave each token (from the log)
+    rewards   terminal reward from the dataset on the last token, -kl_coef * (log pi_old - log pi_ref) on each
+    GAE       advantages and returns over completion tokens, advantages whitened per batch
+    update    `epochs` passes of shuffled minibatches: w-weighted clipped surrogate + clipped value loss
+              - entropy bonus, gradient clipping, early stop when approx KL > 1.5 * target_kl
+
+Determinism: batches and minibatches come from generators seeded by (seed, pass) and
+(seed, iteration, epoch), never from a running RNG, so a run resumed at iteration k replays
+exactly what an uninterrupted run would do from k (given the restored weights and optimizer).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from data_contracts.samples import RewardSample
+from training.ppo_config import PPOConfig
+from training.ppo_loss import (
+    gae,
+    kl_penalized_rewards,
+    masked_mean,
+    masked_whiten,
+    ppo_losses,
+    token_entropy,
+    token_logprobs,
+    truncated_is_weight,
+)
+from training.rollout import RolloutBatch, collate
+from training.value_head import PolicyWithValue
+
+
+class TrainingDiverged(RuntimeError):
+    """A loss, gradient or weight became non-finite; the message names the iteration and the fix."""
+
+
+def iteration_plan(n: int, cfg: PPOConfig) -> list[list[int]]:
+    """Row indices of every PPO iteration: each pass shuffles the n rows into batches of
+    min(batch_size, n); rows left over after the last full batch wait for the next pass's shuffle."""
+    if n < 1:
+        raise ValueError("no training rows")
+    size, batches = min(cfg.batch_size, n), []
+    for p in range(cfg.passes):
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed * 1_000_003 + p)).tolist()
+        batches += [perm[i : i + size] for i in range(0, n - size + 1, size)]
+    return batches[: cfg.max_iterations] if cfg.max_iterations else batches
+
+
+def _seeded(*parts: int) -> torch.Generator:
+    seed = 0
+    for p in parts:
+        seed = (seed * 1_000_003 + p) % (2**63)
+    return torch.Generator().manual_seed(seed)
+
+
+@dataclass
+class Rollout:
+    """A batch with everything the update needs, all (B, T) over completion tokens unless noted."""
+
+    batch: RolloutBatch
+    logp_old: torch.Tensor
+    values_old: torch.Tensor
+    logp_ref: torch.Tensor
+    is_weight: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+
+
+class PPOTrainer:
+    """Owns the policy+value model, its optimizer and the reference log-probs of the training rows."""
+
+    def __init__(self, model: PolicyWithValue, cfg: PPOConfig, pad_token_id: int):
+        self.model, self.cfg, self.pad_token_id = model, cfg, pad_token_id
+        self.trainable = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.Adam(model.param_groups(cfg.learning_rate, cfg.critic_learning_rate))
+        self.ref_logprobs: list[torch.Tensor] = []  # per training row: (T_i,) log pi_ref of its tokens
+
+    # --- the reference: the policy as it was before any update -----------------------------------
+    @torch.no_grad()
+    def token_logprobs(self, samples: Sequence[RewardSample], chunk: int = 64) -> list[torch.Tensor]:
+        """Per sample, (T_i,) log-probs of its completion tokens under the current policy."""
+        self.model.eval()
+        out = []
+        for i in range(0, len(samples), chunk):
+            batch = collate(samples[i : i + chunk], self.pad_token_id)
+            logits, _ = self.model(batch.input_ids, batch.attention_mask)
+            logp = token_logprobs(batch.completion_view(logits), batch.completion_ids)  # (b, T)
+            lengths = batch.mask.sum(1).long().tolist()
+            out += [logp[j, :n].clone() for j, n in enumerate(lengths)]
+        return out
+
+    def compute_reference(self, samples: Sequence[RewardSample]) -> None:
+        """Fix pi_ref: the policy as it is now, before any update (the champion the run starts from)."""
+        self.ref_logprobs = self.token_logprobs(samples)
+
+    def _ref_batch(self, rows: Sequence[int], T: int) -> torch.Tensor:
+        out = torch.zeros((len(rows), T))  # (B, T), 0 on padding
+        for j, r in enumerate(rows):
+            out[j, : len(self.ref_logprobs[r])] = self.ref_logprobs[r]
+        return out
+
+    # --- one iteration ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def rollout(self, samples: Sequence[RewardSample], rows: Sequence[int]) -> Rollout:
+        cfg = self.cfg
+        self.model.eval()
+        batch = collate([samples[r] for r in rows], self.pad_token_id)
+        logits, values = self.model(batch.input_ids, batch.attention_mask)
+        mask = batch.mask  # (B, T)
+        logp_old = token_logprobs(batch.completion_view(logits), batch.completion_ids) * mask  # (B, T)
+        values_old = batch.completion_view(values).float() * mask  # (B, T) V of each token's context
+        logp_ref = self._ref_batch(rows, mask.shape[1])  # (B, T)
+        # (B, T) behaviour log-probs mu from the serving engine, as logged
+        w = truncated_is_weight(logp_old, batch.behaviour_logprobs, mask, cfg.is_truncation, cfg.is_level)
+        rewards = kl_penalized_rewards(batch.rewards, logp_old, logp_ref, mask, cfg.kl_coef)
+        advantages, returns = gae(rewards, values_old, mask, cfg.gamma, cfg.gae_lambda)
+        if cfg.whiten_advantages:
+            advantages = masked_whiten(advantages, mask)
+        return Rollout(batch, logp_old, values_old, logp_ref, w, advantages, returns)
+
+    def update(self, ro: Rollout, iteration: int) -> dict[str, float]:
+        """`epochs` passes of minibatch PPO steps over one rollout; returns the iteration's metrics."""
+        cfg, b = self.cfg, ro.batch
+        self.model.train()
+        B, sums, steps, stopped = b.input_ids.shape[0], {}, 0, False
+        for epoch in range(cfg.epochs):
+            order = torch.randperm(B, generator=_seeded(cfg.seed, iteration, epoch))
+            for mb in order.split(cfg.minibatch_size):
+                logits, values = self.model(b.input_ids[mb], b.attention_mask[mb])
+                logits = b.completion_view(logits)  # (b, T, V)
+                parts = ppo_losses(
+                    logp_new=token_logprobs(logits, b.completion_ids[mb]),
+                    logp_old=ro.logp_old[mb], advantages=ro.advantages[mb],
+                    values_new=b.completion_view(values), values_old=ro.values_old[mb], returns=ro.returns[mb],
+                    is_weight=ro.is_weight[mb], mask=b.mask[mb], clip_eps=cfg.clip_eps,
+                    value_clip_eps=cfg.value_clip_eps,
+                    entropy=token_entropy(logits) if cfg.entropy_coef > 0 else None,
+                    is_truncation=cfg.is_truncation,
+                )
+                loss = parts.total(cfg.vf_coef, cfg.entropy_coef)
+                self._check_finite(loss, iteration, "loss")
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, cfg.max_grad_norm)
+                self._check_finite(grad_norm, iteration, "gradient norm")
+                self.optimizer.step()
+                steps += 1
+                for name in ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "is_weight_mean",
+                             "is_truncated_frac"):
+                    sums[name] = sums.get(name, 0.0) + float(getattr(parts, name).detach())
+                sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(grad_norm)
+                if cfg.target_kl is not None and float(parts.approx_kl) > 1.5 * cfg.target_kl:
+                    stopped = True
+                    break
+            if stopped:
+                break
+        for p in self.trainable:
+            if not torch.isfinite(p).all():
+                self._check_finite(torch.tensor(math.nan), iteration, "weights")
+        metrics = {f"ppo/{k}": v / steps for k, v in sums.items()}
+        m = b.mask
+        metrics.update({
+            "ppo/early_stopped": float(stopped),
+            "ppo/epochs_done": float(epoch + 1),
+            # KL(pi_old || pi_ref) per token: the tokens were sampled from mu, so weight them by w ~ pi_old / mu
+            "ppo/kl_ref": float(masked_mean(ro.is_weight * (ro.logp_old - ro.logp_ref), m) / masked_mean(ro.is_weight, m).clamp_min(1e-8)),
+            "ppo/reward_mean": float(b.rewards.mean()),
+            "ppo/value_mean": float(masked_mean(ro.values_old, m)),
+            "ppo/advantage_abs_mean": float(masked_mean(ro.advantages.abs(), m)),
+        })
+        return metrics
+
+    def _check_finite(self, value: torch.Tensor, iteration: int, what: str) -> None:
+        if not torch.isfinite(value).all():
+            raise TrainingDiverged(
+                f"PPO diverged at iteration {iteration}: the {what} is not finite (learning_rate="
+                f"{self.cfg.learning_rate}, critic_learning_rate={self.cfg.critic_learning_rate}); lower "
+                "train.ppo.learning_rate, and check the dataset's rewards and log-probs are finite")
+
+    # --- the loop -------------------------------------------------------------------------------------
+    def train(self, samples: Sequence[RewardSample], plan: Sequence[Sequence[int]], start: int = 0,
+              on_iteration: Callable[[int, dict[str, float]], None] | None = None) -> list[dict[str, float]]:
+        """Run iterations start..len(plan)-1; `on_iteration(i, metrics)` after each (logging, checkpoints)."""
+        history = []
+        for it in range(start, len(plan)):
+            t0 = time.perf_counter()
+            ro = self.rollout(samples, plan[it])
+            metrics = self.update(ro, it)
+            seconds = time.perf_counter() - t0
+            metrics["charts/tokens_per_s"] = float(ro.batch.attention_mask.sum()) / seconds
+            metrics["charts/iteration_s"] = seconds
+            history.append(metrics)
+            if on_iteration is not None:
+                on_iteration(it, metrics)
+        return history
+
+    # --- checkpoint state ----------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        return {
+            "trainable": {names[id(p)]: p.detach().clone() for p in self.trainable},
+            "optimizer": self.optimizer.state_dict(),
+            "ref_logprobs": self.ref_logprobs,
+            "torch_rng": torch.get_rng_state(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        params = dict(self.model.named_parameters())
+        trainable_names = {n for n, p in params.items() if p.requires_grad}
+        if set(state["trainable"]) != trainable_names:
+            missing = sorted(trainable_names - set(state["trainable"]))[:3]
+            extra = sorted(set(state["trainable"]) - trainable_names)[:3]
+            raise ValueError(f"checkpoint does not match the model being trained (missing {missing}, unexpected {extra}); "
+                             "it belongs to another configuration: start a new run")
+        with torch.no_grad():
+            for n, t in state["trainable"].items():
+                params[n].copy_(t)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.ref_logprobs = list(state["ref_logprobs"])
+        torch.set_rng_state(state["torch_rng"])

@@ -1,0 +1,105 @@
+"""A collected reward dataset, as the trainer reads it: checked against its manifest, split train/held-out.
+
+The collect flow writes `datasets/model=M/<dataset-id>/part-0.parquet` and a manifest with the
+data's sha256. The trainer refuses anything that does not match what the collect flow promised:
+a missing manifest, a digest mismatch (a file changed or truncated after collection), a schema
+other than REWARD_SAMPLE_SCHEMA, rows that fail RewardSample, or an empty dataset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import ValidationError
+
+from data_contracts.dataset import dataset_prefix, read_manifest, read_watermark
+from data_contracts.samples import REWARD_SAMPLE_SCHEMA, RewardSample
+from tidal.store import ObjectStore
+
+
+class DatasetError(ValueError):
+    """The dataset cannot be trained on; the message says which dataset, what is wrong and what to do."""
+
+
+@dataclass
+class RewardDataset:
+    dataset_id: str
+    digest: str  # "sha256:<hex>" of the Parquet file, as in the manifest
+    reward_rule: str  # "name@version"
+    samples: list[RewardSample]
+
+
+def latest_dataset_id(store: ObjectStore, model: str) -> str:
+    """The dataset the model's last collection wrote (its watermark names it)."""
+    wm = read_watermark(store, model)
+    if wm is None or not wm.dataset_id:
+        raise DatasetError(f"{model} has no collected dataset yet: run `tidal collect {model}` first, or pass --dataset")
+    return wm.dataset_id
+
+
+def load_dataset(store: ObjectStore, model: str, ds_id: str) -> RewardDataset:
+    """Read and check one dataset version; raises DatasetError naming the problem."""
+    manifest_key = f"{dataset_prefix(model, ds_id)}/manifest.json"
+    if not store.exists(manifest_key):
+        known = sorted({k.split("/")[2] for k in store.list(f"datasets/model={model}/")})
+        raise DatasetError(f"dataset {ds_id} of {model} not found ({manifest_key} missing); datasets: {known or 'none'}")
+    manifest = read_manifest(store, model, ds_id)
+    with tempfile.TemporaryDirectory() as tmp:
+        local = Path(tmp) / "part-0.parquet"
+        try:
+            store.get_file(manifest["data_key"], local)
+        except (KeyError, FileNotFoundError, OSError) as e:
+            raise DatasetError(f"dataset {ds_id}: its data file is missing ({e})") from None
+        digest = "sha256:" + hashlib.sha256(local.read_bytes()).hexdigest()
+        if digest != manifest.get("digest"):
+            raise DatasetError(f"dataset {ds_id}: data digest {digest[:19]}… does not match the manifest's "
+                               f"{str(manifest.get('digest'))[:19]}…; the file changed after collection, re-run collect")
+        try:
+            table = pq.read_table(local)
+        except Exception as e:  # noqa: BLE001  pyarrow raises several types for a damaged file
+            raise DatasetError(f"dataset {ds_id}: unreadable Parquet ({e})") from None
+    want = {f.name: _type_name(f.type) for f in REWARD_SAMPLE_SCHEMA}
+    got = {f.name: _type_name(f.type) for f in table.schema}
+    if want != got:
+        diff = sorted(n for n in want.keys() | got.keys() if want.get(n) != got.get(n))
+        detail = "; ".join(f"{n}: expected {want.get(n, 'absent')}, got {got.get(n, 'absent')}" for n in diff)
+        raise DatasetError(f"dataset {ds_id}: schema is not the RewardSample schema ({detail})")
+    if table.num_rows == 0:
+        raise DatasetError(f"dataset {ds_id} of {model} has no rows: collect more traffic with feedback before training")
+    samples: list[RewardSample] = []
+    for i, row in enumerate(table.to_pylist()):
+        try:
+            samples.append(RewardSample.model_validate(row))
+        except ValidationError as e:
+            raise DatasetError(f"dataset {ds_id}: row {i} is not a RewardSample: {e.errors()[0]['msg']} "
+                               f"at {e.errors()[0]['loc']}") from None
+    wrong = {s.model for s in samples} - {model}
+    if wrong:
+        raise DatasetError(f"dataset {ds_id} holds rows of other models {sorted(wrong)}; expected only {model}")
+    rules = {s.reward_rule for s in samples}
+    return RewardDataset(ds_id, manifest["digest"], ",".join(sorted(rules)), samples)
+
+
+def _type_name(t: pa.DataType) -> str:
+    """A type as text, lists by their item type only (Parquet renames a list's item field 'element')."""
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return f"list<{_type_name(t.value_type)}>"
+    return str(t)
+
+
+def is_heldout(request_id: str, fraction: float) -> bool:
+    """Stable per row: a hash of the request id, so a row's side never changes between runs."""
+    h = int.from_bytes(hashlib.sha256(request_id.encode()).digest()[:8], "big") / 2**64
+    return h < fraction
+
+
+def split(samples: list[RewardSample], heldout_fraction: float) -> tuple[list[RewardSample], list[RewardSample]]:
+    """(train, held-out) rows, in dataset order."""
+    train = [s for s in samples if not is_heldout(s.request_id, heldout_fraction)]
+    heldout = [s for s in samples if is_heldout(s.request_id, heldout_fraction)]
+    return train, heldout
