@@ -20,6 +20,7 @@ from tidal.section import Section
 from serving.routes import RouteLimits
 from training.policy import PolicyConfig
 from training.pretrain import PretrainConfig
+from training.train_settings import TrainSettings
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 UpdateStrategy = Literal["lora", "restart", "reload", "nccl"]
@@ -143,6 +144,7 @@ class TidalSettings(BaseSettings):
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     bootstrap: BootstrapSettings = Field(default_factory=BootstrapSettings)
     collect: CollectSettings = Field(default_factory=CollectSettings, description="Collection flow: contracts, reward rules, watermark timing.")
+    train: TrainSettings = Field(default_factory=TrainSettings, description="Training plane: PPO, checkpoints, offline gate.")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):

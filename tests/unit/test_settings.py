@@ -121,6 +121,19 @@ def test_bad_env_value_names_field_and_variable(monkeypatch: pytest.MonkeyPatch)
     assert "-1" in msg
 
 
+def test_bad_ppo_combination_names_the_section_and_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    msg = settings_error(monkeypatch, env={"TIDAL_TRAIN__PPO__MINIBATCH_SIZE": "7"})
+    assert "train.ppo" in msg and "batch_size=64 is not a multiple of minibatch_size=7" in msg
+    assert "TIDAL_TRAIN__PPO" in msg
+
+
+def test_train_section_reads_env_overrides(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
+    monkeypatch.setenv("TIDAL_TRAIN__PPO__LEARNING_RATE", "3e-4")
+    monkeypatch.setenv("TIDAL_TRAIN__GATE__MAX_KL", "0.2")
+    s = load_settings()
+    assert s.train.ppo.learning_rate == 3e-4 and s.train.gate.max_kl == 0.2 and s.train.ppo.lora is True
+
+
 def test_negative_replica_count(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
     msg = settings_error(monkeypatch, yaml="models:\n  - name: tab\n    replicas: -1\n", tmp=clean_env)
     assert "models.0.replicas" in msg

@@ -1,0 +1,74 @@
+"""The offline gate on the tiny policy: an unchanged candidate passes with exact figures; NaN weights, a
+candidate far from the champion, a code regression and too little evidence each fail with their reason."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from training.corpus import read_texts, stdlib_root
+from training.offline_gate import evaluate, kl_and_ope
+from training.policy import load_policy, load_tokenizer
+from training.train_settings import GateConfig
+
+CODE = read_texts([stdlib_root() / "bisect.py"])
+CFG = GateConfig(eval_bytes=2000, seq_len=64, min_heldout_rows=4)
+
+
+@pytest.fixture(scope="module")
+def champion(champion_dir):
+    return load_policy(champion_dir)
+
+
+@pytest.fixture(scope="module")
+def tok(champion_dir):
+    return load_tokenizer(champion_dir)
+
+
+def test_unchanged_candidate_passes_with_exact_figures(champion, tok, samples) -> None:
+    report = evaluate(copy.deepcopy(champion), champion, None, tok, samples[:40], CODE, CFG)
+    assert report.passed, report.reason
+    f = report.figures
+    assert f["kl_per_token"] == pytest.approx(0.0, abs=1e-6) and f["bpb_delta"] == pytest.approx(0.0, abs=1e-6)
+    # the samples were drawn from the champion, so every importance weight is 1: SNIS = plain mean, ESS = N
+    assert f["ope_champion"] == pytest.approx(sum(s.reward for s in samples[:40]) / 40, abs=1e-4)
+    assert f["ess_champion"] == pytest.approx(40, rel=1e-3) and f["ope_gain"] == pytest.approx(0.0, abs=1e-6)
+    assert report.tags()["tidal.gate.passed"] == "true" and "tidal.gate.reason" not in report.tags()
+
+
+def test_nan_weights_fail_the_finite_check_alone(champion, tok, samples) -> None:
+    bad = copy.deepcopy(champion)
+    with torch.no_grad():
+        next(bad.parameters())[0, 0] = float("nan")
+    report = evaluate(bad, champion, None, tok, samples[:40], CODE, CFG)
+    assert not report.passed and [c.name for c in report.checks] == ["finite"]
+    assert "1 non-finite values" in report.reason and report.tags()["tidal.gate.passed"] == "false"
+
+
+def test_a_candidate_far_from_the_champion_fails_kl_and_bits_per_byte(champion, tok, samples) -> None:
+    far = copy.deepcopy(champion)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in far.parameters():
+            p.add_(0.5 * torch.randn(p.shape, generator=gen))
+    report = evaluate(far, champion, None, tok, samples[:40], CODE, CFG)
+    failed = {c.name for c in report.checks if not c.passed}
+    assert {"kl", "bits_per_byte"} <= failed
+    assert "nats/token vs max 0.5" in report.tags()["tidal.gate.kl"] and "tidal.gate.reason" in report.tags()
+
+
+def test_too_few_heldout_rows_fail(champion, tok, samples) -> None:
+    report = evaluate(copy.deepcopy(champion), champion, None, tok, samples[:2], CODE, CFG)
+    assert not report.passed and "2 held-out rows < 4" in report.reason
+
+
+def test_low_effective_sample_size_is_inconclusive_not_failed(champion, tok, samples) -> None:
+    rows = [s.model_copy(update={"behaviour_logprobs": [lp - 3.0 * (i % 2) for lp in s.behaviour_logprobs]})
+            for i, s in enumerate(samples[:40])]
+    figures = kl_and_ope(champion, champion, rows, tok.pad_token_id)
+    assert figures["ess_champion"] < 40  # unequal weights now
+    report = evaluate(copy.deepcopy(champion), champion, None, tok, rows, CODE, CFG.model_copy(update={"min_ess": 1000}))
+    [ope] = [c for c in report.checks if c.name == "ope"]
+    assert ope.passed and ope.detail.startswith("inconclusive")

@@ -1,0 +1,199 @@
+"""The trainer process: `python -m training.job train|gate SPEC.json`.
+
+    train   dataset -> PPO from the champion (resuming from the run's last checkpoint) -> candidate + result.json
+    gate    candidate vs champion on held-out logged rows and held-out code -> gate.json
+
+It never runs inside a serving process, and a crash (kill -9 included) loses at most checkpoint_every
+iterations: the next attempt resumes from the last saved state and ends with the same weights.
+Exit codes: 0 done, EXIT_BAD_INPUT (unusable dataset or settings), EXIT_DIVERGED (non-finite
+training); anything else is a crash worth retrying.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from tidal.registry import CheckpointCache, Registry, VersionInfo
+from tidal.settings import load_settings
+from tidal.store import ObjectStore, download_dir, open_store, upload_dir
+from training.job_spec import EXIT_BAD_INPUT, EXIT_DIVERGED, TrainJob, TrainResult
+from training.reward_data import DatasetError, load_dataset, split
+
+STATE_DIR = "state"
+
+
+def _put_json(store: ObjectStore, key: str, data: dict) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "obj.json"
+        path.write_text(json.dumps(data, indent=2, sort_keys=True))
+        store.put_file(path, key)
+
+
+def _get_json(store: ObjectStore, key: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        store.get_file(key, Path(tmp) / "obj.json")
+        return json.loads((Path(tmp) / "obj.json").read_text())
+
+
+def save_state(store: ObjectStore, prefix: str, iteration: int, state: dict) -> str:
+    """One file per checkpoint, written whole (LocalStore renames into place, an S3 put is atomic)."""
+    key = f"{prefix}/{STATE_DIR}/iter-{iteration:06d}.pt"
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.save({**state, "iteration": iteration}, Path(tmp) / "state.pt")
+        store.put_file(Path(tmp) / "state.pt", key)
+    return key
+
+
+def latest_state(store: ObjectStore, prefix: str) -> dict | None:
+    keys = sorted(k for k in store.list(f"{prefix}/{STATE_DIR}/") if k.endswith(".pt"))
+    if not keys:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        store.get_file(keys[-1], Path(tmp) / "state.pt")
+        return torch.load(Path(tmp) / "state.pt", weights_only=True)
+
+
+class Checkouts:
+    """Local directories of the champion, its base, and the run's candidate."""
+
+    def __init__(self, spec: TrainJob, store: ObjectStore, registry: Registry, cache_dir: Path):
+        self.cache = CheckpointCache(store, cache_dir)
+        self.champion: VersionInfo = registry.get(spec.model, spec.champion_version)
+        base = self.champion if self.champion.base_version == self.champion.version else registry.get(
+            spec.model, self.champion.base_version)
+        self.champion_dir, self.base_dir = self.cache.local_dir(self.champion), self.cache.local_dir(base)
+        self.store, self.spec, self.cache_dir = store, spec, cache_dir
+
+    def candidate_dir(self) -> Path:
+        return download_dir(self.store, f"{self.spec.prefix}/candidate", self.cache_dir / self.spec.prefix / "candidate")
+
+
+def train(spec: TrainJob) -> None:
+    from training.candidate import build_trainable, candidate_kind, save_candidate
+    from training.policy import load_tokenizer
+    from training.ppo_trainer import PPOTrainer, iteration_plan
+    from training.rollout import select_samples
+
+    settings, cfg = load_settings(), spec.train.ppo
+    store, registry = open_store(settings), Registry(spec.tracking_uri)
+    if store.exists(f"{spec.prefix}/result.json"):
+        print(f"{spec.run_key}: already finished; nothing to do")
+        return
+    torch.set_num_threads(spec.torch_threads)
+    torch.manual_seed(cfg.seed)
+
+    data = load_dataset(store, spec.model, spec.dataset_id)
+    if data.digest != spec.dataset_digest:
+        raise DatasetError(f"dataset {spec.dataset_id} changed since the run was planned ({data.digest[:19]}… vs "
+                           f"{spec.dataset_digest[:19]}…); start a new run")
+    train_rows, heldout = split(data.samples, spec.train.heldout_fraction)
+    picked = select_samples(train_rows, spec.champion_version, cfg.max_stale_versions)
+    dropped = {"stale": picked.stale, "newer": picked.newer, "empty": picked.empty}
+    if len(picked.kept) < spec.train.min_train_rows:
+        raise DatasetError(f"dataset {spec.dataset_id}: {len(picked.kept)} usable training rows (of {len(data.samples)}; "
+                           f"held out {len(heldout)}, dropped {dropped}) < train.min_train_rows={spec.train.min_train_rows}: "
+                           "collect more traffic with feedback")
+
+    dirs = Checkouts(spec, store, registry, settings.data_path / "cache")
+    tokenizer = load_tokenizer(dirs.base_dir)
+    trainer = PPOTrainer(build_trainable(dirs.champion_dir, dirs.base_dir, cfg), cfg, tokenizer.pad_token_id)
+    plan = iteration_plan(len(picked.kept), cfg)
+    state = latest_state(store, spec.prefix)
+    if state is not None:
+        trainer.load_state_dict(state)
+        start = state["iteration"] + 1
+        print(f"{spec.run_key}: resuming after iteration {state['iteration']} of {len(plan)}")
+    else:
+        trainer.compute_reference(picked.kept)
+        start = 0
+
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    mlflow = MlflowClient(spec.tracking_uri)
+
+    def after_iteration(it: int, metrics: dict[str, float]) -> None:
+        now = int(time.time() * 1000)
+        mlflow.log_batch(spec.mlflow_run_id, metrics=[Metric(k, v, now, it) for k, v in metrics.items()])
+        if (it + 1) % spec.train.checkpoint_every == 0 or it + 1 == len(plan):
+            save_state(store, spec.prefix, it, {**trainer.state_dict(), "final": metrics})
+        print(f"iteration {it + 1}/{len(plan)}: " + ", ".join(
+            f"{k.split('/')[1]}={v:.4g}" for k, v in metrics.items() if k in SHOWN), flush=True)
+
+    history = trainer.train(picked.kept, plan, start, after_iteration)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = save_candidate(trainer.model, dirs.champion_dir, dirs.base_dir, Path(tmp) / "candidate", spec.run_key)
+        upload_dir(store, out, f"{spec.prefix}/candidate")
+    final = history[-1] if history else (state or {}).get("final", {})
+    result = TrainResult(
+        iterations=len(plan), resumed_from=None if state is None else state["iteration"],
+        train_rows=len(picked.kept), heldout_rows=len(heldout), dropped=dropped, final=final,
+        tokens_per_s=sum(h["charts/tokens_per_s"] for h in history) / max(len(history), 1),
+        kind=candidate_kind(cfg))
+    _put_json(store, f"{spec.prefix}/result.json", result.model_dump())  # last: the run is complete
+
+
+SHOWN = {"ppo/policy_loss", "ppo/value_loss", "ppo/approx_kl", "ppo/clipfrac", "ppo/is_weight_mean", "ppo/reward_mean",
+         "charts/tokens_per_s"}
+
+
+def gate(spec: TrainJob) -> None:
+    from training import corpus
+    from training.candidate import CRITIC_FILE
+    from training.offline_gate import evaluate
+    from training.policy import load_policy, load_tokenizer
+    from training.value_head import ValueHead
+
+    settings = load_settings()
+    torch.set_num_threads(spec.torch_threads)
+    store, registry = open_store(settings), Registry(spec.tracking_uri)
+    data = load_dataset(store, spec.model, spec.dataset_id)
+    _, heldout = split(data.samples, spec.train.heldout_fraction)
+    dirs = Checkouts(spec, store, registry, settings.data_path / "cache")
+    cand_dir = dirs.candidate_dir()
+    champion = load_policy(dirs.champion_dir, base_path=dirs.base_dir)
+    candidate = load_policy(cand_dir, base_path=dirs.base_dir)
+    critic = ValueHead(int(champion.config.hidden_size))
+    critic.load_state_dict(torch.load(cand_dir / CRITIC_FILE, weights_only=True))
+    root = corpus.stdlib_root()
+    _, code_files = corpus.split_files(corpus.source_files(root), root, settings.bootstrap.heldout_fraction)
+    report = evaluate(candidate, champion, critic, load_tokenizer(dirs.base_dir), heldout, corpus.read_texts(code_files),
+                      spec.train.gate)
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    now = int(time.time() * 1000)
+    MlflowClient(spec.tracking_uri).log_batch(
+        spec.mlflow_run_id, metrics=[Metric(f"gate/{k}", v, now, 0) for k, v in report.figures.items()])
+    _put_json(store, f"{spec.prefix}/gate.json", report.model_dump())
+    print(("gate passed" if report.passed else f"gate FAILED: {report.reason}"), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.job", description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["train", "gate"])
+    parser.add_argument("spec", type=Path, help="TrainJob JSON written by the train flow")
+    args = parser.parse_args(argv)
+    spec = TrainJob.model_validate_json(args.spec.read_text())
+    from training.ppo_trainer import TrainingDiverged
+
+    try:
+        (train if args.command == "train" else gate)(spec)
+    except DatasetError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
+    except TrainingDiverged as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return EXIT_DIVERGED
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""What the train flow hands the trainer process, and the exit codes it reads back.
+
+Kept free of torch: the flow imports this module, the trainer (training/job.py) is only ever run as
+its own process (`python -m training.job train|gate SPEC.json`; a Kubernetes Job later).
+
+Store layout of one training run (its key digests everything that determines the result, so a retried
+or re-submitted run finds its own checkpoints and never trains twice):
+
+    training/model=M/<run-key>/state/iter-000004.pt    PPO state every checkpoint_every iterations
+    training/model=M/<run-key>/candidate/...           served weights, probe.json, critic.pt
+    training/model=M/<run-key>/result.json             written last: the run finished
+    training/model=M/<run-key>/gate.json               the offline gate's report
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from pydantic import BaseModel, Field
+
+from training.train_settings import TrainSettings
+
+EXIT_BAD_INPUT = 2  # dataset or configuration unusable: retrying cannot help
+EXIT_DIVERGED = 3  # non-finite loss or weights: retrying replays the same divergence
+
+
+class TrainJob(BaseModel):
+    model: str = Field(description="Registered model name.")
+    run_key: str = Field(description="Digest of model, dataset, champion and settings: names the run everywhere.")
+    dataset_id: str = Field(description="Reward dataset trained on (datasets/model=M/<id>/).")
+    dataset_digest: str = Field(description="Its manifest's sha256, checked again by the trainer.")
+    champion_version: int = Field(description="Version the policy starts from; also the KL reference.")
+    tracking_uri: str = Field(description="MLflow server the trainer logs metrics to.")
+    mlflow_run_id: str = Field(description="MLflow run of this training run (created by the flow, reused by retries).")
+    train: TrainSettings = Field(description="The training settings in force.")
+    torch_threads: int = Field(ge=1, description="torch.set_num_threads of the trainer (train.torch_threads, or derived).")
+
+    @property
+    def prefix(self) -> str:
+        return f"training/model={self.model}/{self.run_key}"
+
+
+def run_key(model: str, dataset_digest: str, champion_version: int, train: TrainSettings) -> str:
+    """Same inputs, same key: a resubmitted run resumes (or returns) instead of training again."""
+    settings = train.model_dump(mode="json", exclude={"retries", "retry_delay_s", "torch_threads"})
+    blob = json.dumps([model, dataset_digest, champion_version, settings], sort_keys=True)
+    return "run-" + hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+class TrainResult(BaseModel):
+    iterations: int = Field(description="PPO iterations in the plan (all done).")
+    resumed_from: int | None = Field(description="Iteration the last process resumed after (None: ran from the start).")
+    train_rows: int = Field(description="Rows trained on, after the stale/empty filter.")
+    heldout_rows: int = Field(description="Rows kept out for the gate.")
+    dropped: dict[str, int] = Field(description="Training rows left out, by reason (stale, newer, empty).")
+    final: dict[str, float] = Field(description="Metrics of the last iteration.")
+    tokens_per_s: float = Field(description="Mean charts/tokens_per_s over the iterations of the last process.")
+    kind: str = Field(description="'lora' or 'full': how the candidate is served.")
+
+
+class GateCheck(BaseModel):
+    name: str
+    passed: bool
+    value: float | None
+    limit: float | None
+    detail: str
+
+
+class GateReport(BaseModel):
+    passed: bool
+    checks: list[GateCheck]
+    figures: dict[str, float]
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(f"{c.name}: {c.detail}" for c in self.checks if not c.passed)
+
+    def tags(self) -> dict[str, str]:
+        """MLflow version tags: one per check plus the verdict and, when failed, the reason."""
+        tags = {"tidal.gate.passed": str(self.passed).lower()}
+        for c in self.checks:
+            tags[f"tidal.gate.{c.name}"] = ("pass" if c.passed else "FAIL") + f": {c.detail}"
+        tags.update({f"tidal.gate.figure.{k}": f"{v:.6g}" for k, v in self.figures.items()})
+        if not self.passed:
+            tags["tidal.gate.reason"] = self.reason
+        return tags
