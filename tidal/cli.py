@@ -66,6 +66,14 @@ def cmd_collect(settings: TidalSettings, args) -> None:
         print(name, collect(model=name, include_open_hour=args.include_open_hour))
 
 
+def cmd_train(settings: TidalSettings, args) -> None:
+    _platform(settings).up_servers()
+    from flows.train import train  # after up_servers: Prefect reads its API URL on import
+
+    version = train(model=args.model, dataset_id=args.dataset)
+    print(f"{args.model}: candidate v{version}")
+
+
 def cmd_fleet(settings: TidalSettings, args) -> None:
     client = _platform(settings).fleet_client()
     if args.fleet_cmd == "scale":
@@ -135,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("models", nargs="*")
     co.add_argument("--include-open-hour", action="store_true", help="also take the hour still in progress")
     co.set_defaults(func=cmd_collect)
+    tr = sub.add_parser("train", help="PPO from the champion on a reward dataset; registers a gated candidate")
+    tr.add_argument("model")
+    tr.add_argument("--dataset", default=None, help="dataset id (default: the latest collected one)")
+    tr.set_defaults(func=cmd_train)
     fl = sub.add_parser("fleet", help="operate the fleet").add_subparsers(dest="fleet_cmd", required=True)
     sc = fl.add_parser("scale")
     sc.add_argument("model")

@@ -105,6 +105,14 @@ class Registry:
         self.get(model, version)
         self.client.set_registered_model_alias(model, alias, str(version))
 
+    def find_by_tag(self, model: str, key: str, value: str) -> VersionInfo | None:
+        """The newest version whose tag `key` equals `value`, or None."""
+        for version in reversed(self.versions(model)):
+            info = self.get(model, version)
+            if info.tags.get(key) == value:
+                return info
+        return None
+
     def set_tags(self, model: str, version: int, tags: dict[str, str]) -> None:
         for k, v in tags.items():
             self.client.set_model_version_tag(model, str(version), k, v)

@@ -21,7 +21,11 @@ def settings(tmp_path_factory) -> TidalSettings:
     root = tmp_path_factory.mktemp("tidal")
     models = [{"name": "tab", "replicas": 2, "update_strategy": "lora"},
               {"name": "tabfull", "replicas": 1, "update_strategy": "restart"}]
-    path = write_config(root, models)
+    # Training sized for a test: a short, aggressive run that checkpoints often (so it can be killed mid-run).
+    train = {"ppo": {"learning_rate": 2e-3, "critic_learning_rate": 1e-2, "batch_size": 32, "minibatch_size": 8,
+                     "passes": 4, "epochs": 2},
+             "checkpoint_every": 2, "retry_delay_s": 0.0, "gate": {"eval_bytes": 20_000}}
+    path = write_config(root, models, train=train)
     with pytest.MonkeyPatch.context() as mp:
         for key in [k for k in os.environ if k.startswith("TIDAL_")]:
             mp.delenv(key)

@@ -1,4 +1,4 @@
-"""Scheduled flows: the runner registers an hourly collect deployment per model with the Prefect server."""
+"""Deployed flows: the runner registers an hourly collect and an on-demand train deployment per model."""
 
 from __future__ import annotations
 
@@ -21,4 +21,6 @@ def test_collect_is_deployed_on_its_schedule(platform, settings):
         assert crons == [settings.collect.schedule_cron]
         flow = httpx.get(f"{api}/flows/{d['flow_id']}", timeout=30).json()
         assert flow["name"] == "collect"
+        t = by_name[f"train-{m.name}"]  # on demand: no schedule
+        assert t["parameters"] == {"model": m.name} and not [s for s in t["schedules"] if s.get("active", True)]
     assert httpx.get(f"http://{settings.prefect.host}:{settings.prefect.runner_port}/health", timeout=10).is_success

@@ -76,6 +76,9 @@ def test_parser_maps_commands_to_handlers() -> None:
     args = p.parse_args(["bootstrap", "tab", "code", "--force"])
     assert (args.models, args.force) == (["tab", "code"], True)
     assert p.parse_args(["status", "--json"]).json is True
+    args = p.parse_args(["train", "tab", "--dataset", "ds-1"])
+    assert (args.model, args.dataset, args.func.__name__) == ("tab", "ds-1", "cmd_train")
+    assert p.parse_args(["train", "tab"]).dataset is None
 
 
 # ---- status ---------------------------------------------------------------------------------------

@@ -1,0 +1,54 @@
+"""Train flow: the latest reward dataset → PPO from the champion → offline gate → a registered candidate.
+
+    champion + dataset  →  trainer process (retried; resumes)  →  gate process  →  version (+ alias `candidate`)
+
+The run's key digests model, dataset, champion and settings: a retried or resubmitted flow finds the
+same checkpoints and the version it may already have registered, so one run registers one version.
+A candidate that fails the gate is registered with the failing checks as tags, gets no alias, and the
+flow fails with the reason.
+"""
+
+from __future__ import annotations
+
+from prefect import flow, get_run_logger
+
+from tasks.train import (
+    GateFailed,
+    find_registered,
+    plan_run,
+    promote_to_candidate,
+    publish_train_report,
+    register_candidate,
+    resolve_champion,
+    resolve_dataset,
+    run_offline_gate,
+    run_trainer,
+)
+from tidal.registry import Registry
+from tidal.settings import load_settings
+from tidal.store import open_store
+
+
+@flow(name="train", log_prints=True)
+def train(model: str = "tab", dataset_id: str | None = None) -> int:
+    """Returns the candidate's version."""
+    settings = load_settings()
+    settings.model(model)  # unknown model → clear error
+    cfg, store, registry = settings.train, open_store(settings), Registry(settings.mlflow.tracking_uri)
+
+    champion = resolve_champion(registry, model)
+    manifest = resolve_dataset(store, model, dataset_id)
+    plan = plan_run(settings, store, model, champion, manifest)
+    info = find_registered(registry, model, plan.spec.run_key)
+    if info is None:
+        result = run_trainer.with_options(retries=cfg.retries, retry_delay_seconds=cfg.retry_delay_s)(plan, store)
+        gate = run_offline_gate.with_options(retries=cfg.retries, retry_delay_seconds=cfg.retry_delay_s)(plan, store)
+        info = register_candidate(registry, store, settings.data_path / "cache", plan, result, gate)
+        publish_train_report(plan, info, result, gate)
+    else:
+        get_run_logger().info("%s: run %s already registered v%d", model, plan.spec.run_key, info.version)
+    if info.tags.get("tidal.gate.passed") != "true":
+        raise GateFailed(f"{model} v{info.version} failed the offline gate: {info.tags.get('tidal.gate.reason', 'unknown')}")
+    promote_to_candidate(registry, info)
+    print(f"{model} v{info.version} trained from v{champion.version} on {manifest['dataset_id']}: gate passed, alias 'candidate'")
+    return info.version

@@ -1,0 +1,209 @@
+"""Prefect tasks of the train flow (composed by flows/train.py).
+
+The trainer and the gate run as their own processes (`python -m training.job`); nothing here imports
+torch. A crashed trainer is retried and resumes from its last checkpoint; a bad dataset or a diverged
+run is not retried (the next attempt would fail the same way).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlflow
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+
+from data_contracts.dataset import read_manifest, read_parquet
+from tasks.bootstrap import code_revision
+from tidal.procs import tail
+from tidal.registry import Registry, VersionInfo, publish
+from tidal.settings import PROJECT_ROOT, TidalSettings
+from tidal.store import ObjectStore, download_dir
+from training.job_spec import (
+    EXIT_BAD_INPUT,
+    EXIT_DIVERGED,
+    GateReport,
+    TrainJob,
+    TrainResult,
+    run_key,
+)
+from training.reward_data import DatasetError, latest_dataset_id
+
+
+class TrainerCrashed(RuntimeError):
+    """The trainer process died (killed, out of memory, ...): worth a retry, which resumes from its checkpoint."""
+
+
+class TrainerRejected(RuntimeError):
+    """The trainer refused its input or diverged: a retry would fail the same way."""
+
+
+class GateFailed(RuntimeError):
+    """The candidate failed the offline gate; it is registered with the reason but gets no traffic."""
+
+
+@dataclass
+class TrainPlan:
+    spec: TrainJob
+    champion: VersionInfo
+    manifest: dict
+    spec_path: Path
+    log_path: Path
+
+
+@task(cache_policy=NO_CACHE)
+def resolve_champion(registry: Registry, model: str) -> VersionInfo:
+    champion = registry.by_alias(model, "champion")
+    if champion is None:
+        raise LookupError(f"{model} has no champion to train from: run `tidal bootstrap {model}` first")
+    return champion
+
+
+@task(cache_policy=NO_CACHE)
+def resolve_dataset(store: ObjectStore, model: str, dataset_id: str | None) -> dict:
+    """The manifest of the dataset to train on (the latest collected one when none is named)."""
+    ds_id = dataset_id or latest_dataset_id(store, model)
+    if not store.exists(f"datasets/model={model}/{ds_id}/manifest.json"):
+        known = sorted({k.split("/")[2] for k in store.list(f"datasets/model={model}/")})
+        raise DatasetError(f"dataset {ds_id} of {model} not found; datasets: {known or 'none'}")
+    return read_manifest(store, model, ds_id)
+
+
+@task(cache_policy=NO_CACHE)
+def plan_run(settings: TidalSettings, store: ObjectStore, model: str, champion: VersionInfo, manifest: dict) -> TrainPlan:
+    """The run's key, its MLflow run (found again by a retried or resubmitted flow) and the trainer's spec file."""
+    cfg = settings.train
+    key = run_key(model, manifest["digest"], champion.version, cfg)
+    tracking = settings.mlflow.tracking_uri
+    mlflow.set_tracking_uri(tracking)
+    experiment = mlflow.set_experiment(f"{model}/train")
+    runs = mlflow.search_runs([experiment.experiment_id], f"tags.`tidal.train_run` = '{key}'", output_format="list")
+    if runs:
+        run_id = runs[0].info.run_id
+    else:
+        with mlflow.start_run(run_name=key) as run:
+            run_id = run.info.run_id
+            mlflow.set_tags({"tidal.train_run": key, "tidal.parent_version": str(champion.version),
+                             "tidal.dataset_id": manifest["dataset_id"], "tidal.dataset_digest": manifest["digest"],
+                             "tidal.code_revision": code_revision()})
+            mlflow.log_params(hyper_parameters(settings))
+            data = mlflow.data.from_pandas(read_parquet(store, manifest["data_key"]).to_pandas(), source=manifest["data_uri"],
+                                           name=manifest["dataset_id"], digest=manifest["digest"].removeprefix("sha256:")[:16])
+            mlflow.log_input(data, context="train")
+    spec = TrainJob(model=model, run_key=key, dataset_id=manifest["dataset_id"], dataset_digest=manifest["digest"],
+                    champion_version=champion.version, tracking_uri=tracking, mlflow_run_id=run_id, train=cfg,
+                    torch_threads=trainer_threads(settings))
+    spec_path = settings.run_dir / f"train-{model}-{key}.json"
+    spec_path.parent.mkdir(parents=True, exist_ok=True)
+    spec_path.write_text(spec.model_dump_json(indent=2))
+    return TrainPlan(spec, champion, manifest, spec_path, settings.log_dir / f"train-{model}.log")
+
+
+def trainer_threads(settings: TidalSettings) -> int:
+    """train.torch_threads, else the cores a local CPU fleet leaves free (CPU replicas each hold engine.cpu_threads)."""
+    if settings.train.torch_threads:
+        return settings.train.torch_threads
+    engine = 0 if settings.engine.flavor == "cuda" else sum(m.replicas for m in settings.models) * settings.engine.cpu_threads
+    return max(1, (os.cpu_count() or 1) - engine)
+
+
+def hyper_parameters(settings: TidalSettings) -> dict[str, str]:
+    cfg = settings.train
+    flat = {f"ppo.{k}": v for k, v in cfg.ppo.model_dump(mode="json").items()}
+    flat.update({f"gate.{k}": v for k, v in cfg.gate.model_dump(mode="json").items()})
+    flat.update({"heldout_fraction": cfg.heldout_fraction, "checkpoint_every": cfg.checkpoint_every})
+    return {k: json.dumps(v) if isinstance(v, list | dict) else str(v) for k, v in flat.items()}
+
+
+@task(cache_policy=NO_CACHE)
+def find_registered(registry: Registry, model: str, key: str) -> VersionInfo | None:
+    """The version an earlier attempt of this run already registered, if any (registration happens once)."""
+    return registry.find_by_tag(model, "tidal.train_run", key)
+
+
+def _job(plan: TrainPlan, command: str) -> None:
+    """Run `python -m training.job <command>` to completion; its output goes to the model's train log."""
+    plan.log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(plan.log_path, "ab") as log:
+        log.write(f"--- {command} {plan.spec.run_key}\n".encode())
+        log.flush()
+        proc = subprocess.run([sys.executable, "-m", "training.job", command, str(plan.spec_path)], cwd=PROJECT_ROOT,
+                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=False)
+    if proc.returncode == 0:
+        return
+    last = tail(str(plan.log_path), 8)
+    if proc.returncode in (EXIT_BAD_INPUT, EXIT_DIVERGED):
+        raise TrainerRejected(f"{command} of {plan.spec.model} refused to run (exit {proc.returncode}):\n{last}")
+    raise TrainerCrashed(f"{command} process of {plan.spec.model} died (exit {proc.returncode}); log {plan.log_path}:\n{last}")
+
+
+def _retry_only_crashes(task, task_run, state) -> bool:
+    try:
+        state.result()
+    except TrainerCrashed:
+        return True
+    except Exception:  # noqa: BLE001  any other failure is final
+        return False
+    return False
+
+
+@task(cache_policy=NO_CACHE, retry_condition_fn=_retry_only_crashes)
+def run_trainer(plan: TrainPlan, store: ObjectStore) -> TrainResult:
+    """The PPO job, in its own process; each retry resumes from the run's last checkpoint."""
+    _job(plan, "train")
+    result = TrainResult.model_validate(_get_json(store, f"{plan.spec.prefix}/result.json"))
+    get_run_logger().info("%s: %d iterations on %d rows (resumed after %s), %.0f tokens/s", plan.spec.run_key,
+                          result.iterations, result.train_rows, result.resumed_from, result.tokens_per_s)
+    return result
+
+
+@task(cache_policy=NO_CACHE, retry_condition_fn=_retry_only_crashes)
+def run_offline_gate(plan: TrainPlan, store: ObjectStore) -> GateReport:
+    _job(plan, "gate")
+    return GateReport.model_validate(_get_json(store, f"{plan.spec.prefix}/gate.json"))
+
+
+def _get_json(store: ObjectStore, key: str) -> dict:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store.get_file(key, Path(tmp) / "obj.json")
+        return json.loads((Path(tmp) / "obj.json").read_text())
+
+
+@task(cache_policy=NO_CACHE)
+def register_candidate(registry: Registry, store: ObjectStore, cache_dir: Path, plan: TrainPlan, result: TrainResult,
+                       gate: GateReport) -> VersionInfo:
+    """Publish the run's checkpoint as the model's next version with its lineage and gate results."""
+    spec, champion = plan.spec, plan.champion
+    local = download_dir(store, f"{spec.prefix}/candidate", cache_dir / spec.prefix / "candidate")
+    tags = {"tidal.origin": "ppo", "tidal.parent_version": str(champion.version), "tidal.train_run": spec.run_key,
+            "tidal.dataset_id": spec.dataset_id, "tidal.dataset_digest": spec.dataset_digest,
+            "tidal.reward_rule": plan.manifest["reward_rule"]["id"], "tidal.code_revision": code_revision(),
+            "tidal.hparams": spec.train.ppo.model_dump_json(), "tidal.mlflow_run": spec.mlflow_run_id,
+            "tidal.train_rows": str(result.train_rows), **gate.tags()}
+    base = champion.base_version if result.kind == "lora" else None
+    return publish(registry, store, spec.model, local, result.kind, base, tags, spec.mlflow_run_id)
+
+
+@task(cache_policy=NO_CACHE)
+def promote_to_candidate(registry: Registry, info: VersionInfo) -> None:
+    registry.set_alias(info.model, "candidate", info.version)
+
+
+@task(cache_policy=NO_CACHE)
+def publish_train_report(plan: TrainPlan, info: VersionInfo, result: TrainResult, gate: GateReport) -> None:
+    rows = "\n".join(f"| {c.name} | {'pass' if c.passed else '**FAIL**'} | {c.detail} |" for c in gate.checks)
+    final = "\n".join(f"| `{k}` | {v:.4g} |" for k, v in sorted(result.final.items()))
+    create_markdown_artifact(key=f"{info.model.replace('_', '-')}-train", description=f"Training run {plan.spec.run_key}", markdown=(
+        f"# {info.model} v{info.version} from v{plan.champion.version}: gate {'passed' if gate.passed else 'FAILED'}\n\n"
+        f"Dataset `{plan.spec.dataset_id}` ({result.train_rows} training rows, {result.heldout_rows} held out, "
+        f"dropped {result.dropped}); {result.iterations} PPO iterations; MLflow run `{plan.spec.mlflow_run_id}`.\n\n"
+        f"## Offline gate\n\n| check | result | detail |\n|---|---|---|\n{rows}\n\n"
+        f"## Last iteration\n\n| metric | value |\n|---|---|\n{final}\n"))

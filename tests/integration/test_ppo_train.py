@@ -1,0 +1,195 @@
+"""The train flow on the real platform: traffic through the gateway with feedback that prefers one
+property, collection into a dataset, `tidal train` (its trainer killed -9 mid-run while serving goes on),
+the offline gate, one registered candidate, and what it learned on held-out rows."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import psutil
+import pytest
+import torch
+
+from training import corpus
+from training.probe import probe_prompts
+from training.reward_data import load_dataset, split
+
+pytestmark = pytest.mark.slow
+
+
+def single_line(text: str) -> bool:
+    """The users of this test accept a suggestion that stays on its line and reject one that runs over."""
+    return "\n" not in text
+
+
+def complete(gateway: str, key: str, prompt: str, user: str) -> dict:
+    r = httpx.post(gateway + "/v1/completions", headers={"Authorization": f"Bearer {key}"}, timeout=60,
+                   json={"model": "tab", "prompt": prompt, "max_tokens": 8, "temperature": 1.0, "user": user})
+    r.raise_for_status()
+    return r.json()
+
+
+def feedback(gateway: str, key: str, request_id: str, event: str) -> None:
+    r = httpx.post(gateway + "/v1/feedback", headers={"Authorization": f"Bearer {key}"}, timeout=30,
+                   json={"request_id": request_id, "event": event})
+    assert r.status_code == 200, r.text
+
+
+def tidal(settings, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "TIDAL_CONFIG": os.environ["TIDAL_CONFIG"], **(env or {})}
+    return subprocess.run([sys.executable, "-m", "tidal.cli", *args], capture_output=True, text=True, timeout=900,
+                          env=full_env, check=False)
+
+
+@pytest.fixture(scope="module")
+def dataset_id(settings, gateway, keys, checkpoints, platform) -> str:
+    """~300 held-out-code completions at temperature 1, each accepted iff it stays on one line."""
+    from flows.collect import (
+        collect,  # after the platform is up: Prefect reads its API URL on import
+    )
+
+    root = corpus.stdlib_root()
+    _, heldout = corpus.split_files(corpus.source_files(root), root, settings.bootstrap.heldout_fraction)
+    prompts = probe_prompts(corpus.read_texts(heldout[:200]), n=300, prompt_chars=150, seed=7)
+
+    def one(i: int) -> None:
+        answer = complete(gateway, keys["alice"], prompts[i], f"train-user-{i}")
+        text = answer["choices"][0]["text"]
+        if text:
+            feedback(gateway, keys["alice"], answer["id"], "accepted" if single_line(text) else "rejected")
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(one, range(len(prompts))))
+    time.sleep(3)  # segment age + upload interval of the sandbox log sink
+    return collect(model="tab", include_open_hour=True)
+
+
+class Traffic(threading.Thread):
+    """Completions at a steady pace until stopped; counts answers and errors."""
+
+    def __init__(self, gateway: str, key: str):
+        super().__init__(daemon=True)
+        self.gateway, self.key, self.ok, self.errors, self.stop = gateway, key, 0, [], threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                complete(self.gateway, self.key, "def main():\n    ", "during-training")
+                self.ok += 1
+            except Exception as e:  # noqa: BLE001  counted, asserted on below
+                self.errors.append(repr(e))
+            time.sleep(0.05)
+
+
+def trainer_processes() -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "training.job" in cmd and "train" in cmd:
+            out.append(p)
+    return out
+
+
+def test_train_survives_a_killed_trainer_and_registers_one_gated_candidate(settings, gateway, keys, registry, checkpoints,
+                                                                          dataset_id):
+    store = checkpoints.store
+    before = set(registry.versions("tab"))
+    traffic = Traffic(gateway, keys["bob"])
+    traffic.start()
+    proc = subprocess.Popen([sys.executable, "-m", "tidal.cli", "train", "tab", "--dataset", dataset_id],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
+    # kill -9 the trainer once it has saved its first checkpoint
+    deadline, killed = time.monotonic() + 600, None
+    while killed is None and time.monotonic() < deadline and proc.poll() is None:
+        states = store.list("training/model=tab/")
+        running = trainer_processes()
+        if running and any("/state/" in k for k in states):
+            running[0].kill()
+            killed = running[0].pid
+        time.sleep(0.05)
+    out, _ = proc.communicate(timeout=900)
+    traffic.stop.set()
+    traffic.join(timeout=60)
+    assert killed is not None, f"the trainer finished before it could be killed:\n{out[-3000:]}"
+    assert proc.returncode == 0, out[-4000:]
+    assert traffic.errors == [] and traffic.ok > 10  # serving never noticed
+
+    # one candidate, registered once, resumed after the kill, gated, with its lineage
+    new = set(registry.versions("tab")) - before
+    assert len(new) == 1, new
+    info = registry.get("tab", new.pop())
+    assert registry.aliases("tab")["candidate"] == info.version
+    log = (settings.log_dir / "train-tab.log").read_text()
+    assert "resuming after iteration" in log
+    champion = registry.by_alias("tab", "champion")
+    manifest_digest = load_dataset(store, "tab", dataset_id).digest
+    assert info.kind == "lora" and info.base_version == champion.base_version
+    assert info.tags["tidal.parent_version"] == str(champion.version)
+    assert info.tags["tidal.dataset_id"] == dataset_id and info.tags["tidal.dataset_digest"] == manifest_digest
+    assert info.tags["tidal.reward_rule"] == settings.collect.rule_for("tab").id
+    assert info.tags["tidal.gate.passed"] == "true" and info.tags["tidal.gate.kl"].startswith("pass")
+    assert float(info.tags["tidal.gate.figure.kl_per_token"]) <= settings.train.gate.max_kl
+    assert "learning_rate" in info.tags["tidal.hparams"] and info.tags["tidal.code_revision"]
+    assert store.exists(f"{info.key}/probe.json") and store.exists(f"{info.key}/adapter_config.json")
+
+    # MLflow: the run holds the hyper-parameters, the dataset input and prefixed metrics
+    run = registry.client.get_run(info.tags["tidal.mlflow_run"])
+    assert run.data.params["ppo.learning_rate"] == str(settings.train.ppo.learning_rate)
+    assert {"ppo/policy_loss", "ppo/value_loss", "ppo/approx_kl", "ppo/clipfrac", "ppo/is_weight_mean",
+            "ppo/is_truncated_frac", "charts/tokens_per_s", "gate/kl_per_token"} <= set(run.data.metrics)
+    assert run.inputs.dataset_inputs[0].dataset.name == dataset_id
+
+    # what it learned: on held-out rows, accepted completions gained log-probability relative to rejected ones
+    gain_accepted, gain_rejected = heldout_gain(settings, registry, checkpoints, champion, info, dataset_id)
+    print(f"held-out gain accepted {gain_accepted:+.3f} rejected {gain_rejected:+.3f}; gate figures "
+          + ", ".join(f"{k}={v}" for k, v in info.tags.items() if k.startswith("tidal.gate.figure.")))
+    assert gain_accepted - gain_rejected > 0.05, (gain_accepted, gain_rejected)
+
+    # a second submission of the same run registers nothing new
+    again = tidal(settings, "train", "tab", "--dataset", dataset_id)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert set(registry.versions("tab")) - before == {info.version}
+
+
+@torch.no_grad()
+def heldout_gain(settings, registry, checkpoints, champion, candidate, dataset_id) -> tuple[float, float]:
+    """Mean change of log pi(completion | prompt) from champion to candidate on held-out accepted / rejected rows."""
+    from training.policy import load_policy
+    from training.ppo_loss import token_logprobs
+    from training.rollout import collate
+    from training.value_head import position_ids_from_mask
+
+    base_dir = checkpoints.local_dir(registry.get("tab", champion.base_version))
+    rows = [s for s in split(load_dataset(checkpoints.store, "tab", dataset_id).samples, settings.train.heldout_fraction)[1]
+            if s.event in ("accepted", "rejected")]
+    batch = collate(rows, 0)
+
+    def seq_logp(model) -> torch.Tensor:
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                    position_ids=position_ids_from_mask(batch.attention_mask))
+        return (token_logprobs(batch.completion_view(out.logits), batch.completion_ids) * batch.mask).sum(1)
+
+    before = seq_logp(load_policy(checkpoints.local_dir(champion), base_path=base_dir))
+    after = seq_logp(load_policy(checkpoints.local_dir(candidate), base_path=base_dir))
+    gain = after - before
+    accepted = torch.tensor([s.event == "accepted" for s in rows])
+    assert accepted.any() and (~accepted).any(), "held-out rows need both verdicts"
+    return float(gain[accepted].mean()), float(gain[~accepted].mean())
+
+
+def test_unusable_datasets_and_a_diverging_learning_rate_register_nothing(settings, registry, checkpoints, dataset_id):
+    before = set(registry.versions("tab"))
+    missing = tidal(settings, "train", "tab", "--dataset", "ds-does-not-exist")
+    assert missing.returncode != 0 and "dataset ds-does-not-exist of tab not found" in missing.stdout + missing.stderr
+
+    diverging = tidal(settings, "train", "tab", "--dataset", dataset_id,
+                      env={"TIDAL_TRAIN__PPO__LEARNING_RATE": "1e30", "TIDAL_TRAIN__PPO__CRITIC_LEARNING_RATE": "1e30"})
+    text = diverging.stdout + diverging.stderr
+    assert diverging.returncode != 0 and "PPO diverged at iteration" in text and "lower train.ppo.learning_rate" in text
+    assert set(registry.versions("tab")) == before
