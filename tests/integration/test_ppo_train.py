@@ -188,6 +188,13 @@ def test_unusable_datasets_and_a_diverging_learning_rate_register_nothing(settin
     missing = tidal(settings, "train", "tab", "--dataset", "ds-does-not-exist")
     assert missing.returncode != 0 and "dataset ds-does-not-exist of tab not found" in missing.stdout + missing.stderr
 
+    from data_contracts.dataset import write_dataset
+    from data_contracts.samples import samples_table
+
+    write_dataset(checkpoints.store, "tab", "ds-empty-by-test", samples_table([]), {"model": "tab", "reward_rule": {"id": "x@1"}})
+    empty = tidal(settings, "train", "tab", "--dataset", "ds-empty-by-test")
+    assert empty.returncode != 0 and "has no rows: collect more traffic" in empty.stdout + empty.stderr
+
     diverging = tidal(settings, "train", "tab", "--dataset", dataset_id,
                       env={"TIDAL_TRAIN__PPO__LEARNING_RATE": "1e30", "TIDAL_TRAIN__PPO__CRITIC_LEARNING_RATE": "1e30"})
     text = diverging.stdout + diverging.stderr
