@@ -1,0 +1,1 @@
+"""Seeded simulators that drive Tidal's decision code fast, without servers."""

@@ -1,0 +1,112 @@
+"""Acceptance checks of the canary ramp, driven by the seeded outcome simulator (sim/canary_outcomes.py):
+A/A false alarms within alpha, a clearly degraded canary stopped at the first step, a better one promoted.
+
+Every ramp is seeded, so the counts below are deterministic. Cost grows with the square of the requests
+in a ramp (each look re-reads every outcome since the canary started), so the A/A ramps use a smaller
+min_samples than production; the always-valid error bound does not depend on it, and the early looks,
+where a canary has only a handful of outcomes, are the same as with the default.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from data_contracts.rewards import RewardRule
+from serving.canary_policy import CanaryConfig
+from sim.canary_outcomes import ArmModel, RampResult, _serve, run_ramp
+
+RATE_RPS = 20.0  # assumed traffic; looks every 100 requests = the default poll_s (5 s) at this rate
+BASE = ArmModel(accept_p=0.3)
+
+
+def ramps(cfg: CanaryConfig, canary: ArmModel, seeds: range, look_every: int) -> list[RampResult]:
+    # max_requests far beyond max_step_s * rate * steps: every ramp ends by the policy's own decision
+    return [run_ramp(cfg, (BASE, canary), seed, RATE_RPS, look_every, max_requests=10**6) for seed in seeds]
+
+
+def test_simulator_is_seeded_and_follows_routing_errors_and_the_reward_rule() -> None:
+    cfg = CanaryConfig(min_samples=50, max_step_s=90.0)
+    first = run_ramp(cfg, (BASE, ArmModel(0.12)), 7, RATE_RPS, 100, 10**6)
+    assert first == run_ramp(cfg, (BASE, ArmModel(0.12)), 7, RATE_RPS, 100, 10**6)
+    arms = (BASE, ArmModel(0.3, error_rate=0.5))
+    users = np.random.default_rng(1).random(10_000)
+    outs, canary, failed = _serve(np.random.default_rng(0), arms, RewardRule(), users, 0.25, 0, 4000, RATE_RPS)
+    assert abs(canary.mean() - (users < 0.25).mean()) < 0.03  # a user is on the canary iff u < weight
+    assert not failed[~canary].any() and abs(failed[canary].mean() - 0.5) < 0.05
+    assert len(outs) == 4000 - failed.sum()  # failed requests leave no outcome
+    assert {o.reward for o in outs} == {0.75, -0.25}  # the default rule: nothing empty, every verdict known
+    assert all((o.reward == 0.75) == (o.accepted == 1.0) == (o.accepted_chars > 0) for o in outs)
+    assert outs[-1].time_ms < 4000 / RATE_RPS * 1000
+    with pytest.raises(ValueError, match="accept_p"):
+        ArmModel(accept_p=1.5)
+
+
+# --- A/A: both arms identical ---------------------------------------------------------------------
+
+# step 0 needs ~1000 requests (50 s) on average; 90 s leaves 5 sd of room, and ends the last step.
+# With min_samples=50 the latency guardrail judges the canary's p99 from 50 outcomes on (their maximum).
+AA_CFG = CanaryConfig(min_samples=50, max_step_s=90.0)
+AA_RAMPS = 200
+
+
+@pytest.fixture(scope="module")
+def aa() -> list[RampResult]:
+    return ramps(AA_CFG, BASE, range(AA_RAMPS), look_every=100)
+
+
+def count(results: list[RampResult]) -> Counter[str]:
+    return Counter(r.action for r in results)
+
+
+def test_aa_false_rollback_rate_within_alpha(aa: list[RampResult]) -> None:
+    n = count(aa)
+    assert n["rollback"] <= AA_CFG.alpha * AA_RAMPS, n
+
+
+def test_aa_false_promotion_rate_within_alpha(aa: list[RampResult]) -> None:
+    n = count(aa)
+    assert n["promote"] <= AA_CFG.alpha * AA_RAMPS, n
+
+
+def test_aa_false_alarms_together_within_alpha(aa: list[RampResult]) -> None:
+    """The union bound of the design: primary at alpha/2 plus guardrails at alpha/4 each spend at most alpha."""
+    n = count(aa)
+    assert n["rollback"] + n["promote"] <= AA_CFG.alpha * AA_RAMPS, n
+
+
+def test_aa_ramps_end_inconclusive_after_walking_every_step_otherwise(aa: list[RampResult]) -> None:
+    """Counted apart from the false alarms: no decision at the last step within max_step_s."""
+    n = count(aa)
+    assert set(n) <= {"rollback", "promote", "inconclusive"}, n  # none 'unfinished': the policy ended each ramp
+    assert all(r.step == len(AA_CFG.steps) - 1 for r in aa if r.action == "inconclusive")
+    assert n["inconclusive"] > 0.75 * AA_RAMPS, n
+
+
+# --- a degraded canary: accept rate 0.3 -> 0.12 (-60%) ------------------------------------------
+
+def test_degraded_canary_is_rolled_back_at_the_first_step() -> None:
+    """'Exposed' = canary requests / all requests until the decision. Users are assigned at random, so that
+    share of n requests scatters around the weight by sqrt(w (1 - w) / n); a rollback within step 0
+    holds the routed share at 5%, and the realised share may exceed it only by that noise (3 sd)."""
+    cfg = CanaryConfig()  # production steps and min_samples
+    w = cfg.steps[0]
+    results = ramps(cfg, ArmModel(accept_p=0.12), range(50), look_every=50)
+    stopped = [r for r in results if r.action == "rollback" and r.step == 0
+               and r.exposed_share <= w + 3 * math.sqrt(w * (1 - w) / r.requests)]
+    assert len(stopped) >= 0.95 * len(results), [(r.action, r.step, round(r.exposed_share, 3)) for r in results]
+    pooled = sum(r.canary_requests for r in results) / sum(r.requests for r in results)
+    assert pooled <= w + 0.01, pooled
+
+
+# --- a better canary: accept rate 0.3 -> 0.4 ------------------------------------------------------
+
+def test_better_canary_is_promoted_through_every_step() -> None:
+    cfg = CanaryConfig(min_samples=100, max_step_s=150.0)
+    results = ramps(cfg, ArmModel(accept_p=0.4), range(50), look_every=100)
+    promoted = [r for r in results if r.action == "promote" and r.step == len(cfg.steps) - 1]
+    assert len(promoted) >= 0.8 * len(results), Counter((r.action, r.step, r.reason[:24]) for r in results)
+    assert all("reward rose" in r.reason for r in promoted)

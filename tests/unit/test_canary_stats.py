@@ -1,0 +1,204 @@
+"""Canary statistics and decision rule: the mSPRT and its confidence sequence, CanaryConfig's checks,
+each guardrail of `look()` firing with its reason, and `Ramp` stepping only when a step is complete."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from serving.canary_policy import ArmHealth, CanaryConfig, Outcome, Ramp, look
+from serving.canary_stats import Summary, msprt
+
+ALPHA = 0.05
+
+
+# --- mSPRT ---------------------------------------------------------------------------------------
+
+def test_summary_of_values() -> None:
+    assert Summary.of([1.0, 2.0, 3.0]) == Summary(3, 2.0, 1.0)  # unbiased variance: /(n - 1)
+    assert Summary.of([]) == Summary(0, 0.0, 0.0)
+    assert Summary.of([5.0]) == Summary(1, 5.0, 0.0)
+
+
+def bernoulli(rng: np.random.Generator, p: float, n: int) -> Summary:
+    return Summary.of(rng.binomial(1, p, n).astype(float).tolist())
+
+
+def test_identical_arms_are_not_significant() -> None:
+    rng = np.random.default_rng(1)
+    c = msprt("accepted", bernoulli(rng, 0.3, 3000), bernoulli(rng, 0.3, 3000), ALPHA, 0.2)
+    assert not c.significant and not c.worse and not c.better
+    assert c.low < 0 < c.high and c.p_value > ALPHA
+    exact = Summary(1000, 0.3, 0.21)
+    same = msprt("accepted", exact, exact, ALPHA, 0.2)
+    assert same.delta == 0 and same.log_lambda < 0 and same.p_value == 1.0  # the mixture penalises no effect
+
+
+def test_a_big_difference_is_significant_with_its_sign() -> None:
+    rng = np.random.default_rng(2)
+    control, canary = bernoulli(rng, 0.3, 2000), bernoulli(rng, 0.45, 2000)
+    up = msprt("accepted", control, canary, ALPHA, 0.2)
+    assert up.significant and up.better and not up.worse
+    assert up.delta > 0 and up.low > 0 and up.p_value < ALPHA
+    assert up.relative == pytest.approx(up.delta / control.mean)
+    down = msprt("accepted", canary, control, ALPHA, 0.2)
+    assert down.worse and not down.better and down.high < 0 and down.delta == pytest.approx(-up.delta)
+
+
+def test_significance_is_exactly_the_bounds_excluding_zero() -> None:
+    """The confidence sequence is the test inverted: 0 leaves [low, high] exactly when Lambda >= 1/alpha,
+    and p = 1/Lambda <= alpha there."""
+    control = Summary(800, 0.30, 0.21)
+    for delta in np.linspace(-0.12, 0.12, 49):
+        c = msprt("accepted", control, Summary(400, 0.30 + delta, 0.21), ALPHA, 0.2)
+        if abs(c.log_lambda - math.log(1 / ALPHA)) < 1e-9:
+            continue  # on the boundary itself rounding decides
+        assert c.significant == (c.low > 0 or c.high < 0), delta
+        assert c.significant == (c.p_value <= ALPHA), delta
+
+
+def test_confidence_bounds_contain_the_true_delta() -> None:
+    """Always-valid bounds hold at every n at once, so at one fixed n they cover at least 1 - alpha."""
+    rng = np.random.default_rng(3)
+    true_delta, covered, trials = 0.05, 0, 300
+    for _ in range(trials):
+        c = msprt("accepted", bernoulli(rng, 0.30, 400), bernoulli(rng, 0.35, 400), ALPHA, 0.2)
+        covered += c.low <= true_delta <= c.high
+    assert covered >= (1 - ALPHA) * trials
+
+
+def test_too_few_outcomes_decide_nothing_and_bad_parameters_are_refused() -> None:
+    c = msprt("reward", Summary(1, 0.75, 0.0), Summary(500, -0.25, 0.1), ALPHA, 0.2)
+    assert not c.significant and (c.low, c.high, c.p_value) == (-math.inf, math.inf, 1.0)
+    with pytest.raises(ValueError, match="alpha"):
+        msprt("reward", Summary(9, 0, 1), Summary(9, 0, 1), 1.0, 0.2)
+    with pytest.raises(ValueError, match="mixture_sd"):
+        msprt("reward", Summary(9, 0, 1), Summary(9, 0, 1), ALPHA, 0.0)
+
+
+# --- CanaryConfig --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("steps", [[], [0.25, 0.05], [0.05, 0.05, 0.5], [0.05, 1.0], [0.0, 0.5]])
+def test_steps_must_be_increasing_shares_strictly_inside_0_1(steps: list[float]) -> None:
+    with pytest.raises(ValidationError, match=r"canary.steps=.*need increasing shares in \(0, 1\)"):
+        CanaryConfig(steps=steps)
+
+
+def test_config_defaults_and_typos() -> None:
+    cfg = CanaryConfig()
+    assert (cfg.steps, cfg.min_samples, cfg.alpha, cfg.primary) == ([0.05, 0.25, 0.5], 200, 0.05, "reward")
+    with pytest.raises(ValidationError, match="min_sample"):
+        CanaryConfig(min_sample=100)  # extra keys are typos
+
+
+# --- look(): guardrails, primary, step end --------------------------------------------------------
+
+CFG = CanaryConfig(min_samples=200, max_step_s=600)
+
+
+def outcomes(arm: str, n: int, accept_every: int = 10, accepts_per: int = 3, chars: float = 20.0,
+             latency_ms: float = 100.0) -> list[Outcome]:
+    """n deterministic outcomes: `accepts_per` of every `accept_every` accepted (30% by default), each
+    accepted one keeping `chars` characters; rewards as the default rule (+0.75 / -0.25)."""
+    out = []
+    for i in range(n):
+        ok = i % accept_every < accepts_per
+        out.append(Outcome(arm, 0.75 if ok else -0.25, float(ok), chars if ok else 0.0, latency_ms + i % 7, i))
+    return out
+
+
+SAME = outcomes("control", 1000) + outcomes("canary", 300)
+HEALTHY = {"control": ArmHealth(1000, 10), "canary": ArmHealth(300, 3)}
+
+
+def test_equal_arms_advance_once_the_step_is_complete() -> None:
+    assert look(CFG, 0, SAME, 300, 60.0, HEALTHY).action == "advance"
+    assert look(CFG, 0, SAME, 150, 60.0, HEALTHY).action == "wait"  # step not complete yet
+    last = look(CFG, 2, SAME, 300, 60.0, HEALTHY)
+    assert last.action == "wait" and "canary outcomes" in last.reason  # no improvement: no promotion
+
+
+def test_probe_failure_rolls_back() -> None:
+    res = look(CFG, 0, SAME, 300, 60.0, HEALTHY, probe_ok=False)
+    assert res.action == "rollback" and "served-weight check failed" in res.reason
+
+
+def test_error_rate_guardrail() -> None:
+    res = look(CFG, 0, SAME, 300, 60.0, {"control": ArmHealth(1000, 10), "canary": ArmHealth(300, 30)})
+    assert res.action == "rollback" and res.reason.startswith("error rate 10.000% vs control 1.000% (excess in [")
+    within = look(CFG, 0, SAME, 300, 60.0, {"control": ArmHealth(1000, 10), "canary": ArmHealth(300, 8)})
+    assert within.action == "advance"  # 2.7% vs 1%: inside the +2% allowance
+    unsure = look(CFG, 0, SAME, 300, 60.0, {"control": ArmHealth(1000, 10), "canary": ArmHealth(300, 15)})
+    assert unsure.action == "advance"  # 5% vs 1%: above the allowance, but not with always-valid confidence
+    few = look(CFG, 0, SAME, 100, 60.0, {"control": ArmHealth(1000, 10), "canary": ArmHealth(20, 10)})
+    assert few.action != "rollback"  # fewer than min_test_samples canary requests: not judged yet
+
+
+def test_p99_latency_guardrail() -> None:
+    slow = outcomes("control", 1000) + outcomes("canary", 300, latency_ms=400.0)
+    res = look(CFG, 0, slow, 300, 60.0, HEALTHY)
+    assert res.action == "rollback" and res.reason.startswith("p99 latency 406 ms vs control 106 ms")
+    few = outcomes("control", 1000) + outcomes("canary", 100, latency_ms=400.0)
+    assert look(CFG, 0, few, 100, 60.0, HEALTHY).action == "wait"  # p99 of < min_samples outcomes not judged
+
+
+def test_accepted_chars_guardrail_fires_before_the_primary() -> None:
+    """Same accept rate and reward, but accepted suggestions keep a quarter of the characters."""
+    terse = outcomes("control", 1000) + outcomes("canary", 300, chars=5.0)
+    res = look(CFG, 0, terse, 300, 60.0, HEALTHY)
+    assert res.action == "rollback" and res.reason.startswith("accepted chars per request fell: 1.500 vs 6.000")
+    assert not res.comparisons["reward"].significant
+
+
+def test_primary_fell_rolls_back() -> None:
+    """Fewer accepts (10% vs 30%) with 3x the characters each: chars per request equal, reward lower."""
+    data = outcomes("control", 1000) + outcomes("canary", 300, accepts_per=1, chars=60.0)
+    res = look(CFG, 0, data, 300, 60.0, HEALTHY)
+    assert res.action == "rollback" and res.reason.startswith("reward fell: -0.1500 vs 0.0500")
+
+
+def test_promotion_needs_the_last_step_and_a_significant_improvement() -> None:
+    better = outcomes("control", 1000) + outcomes("canary", 300, accepts_per=5)  # 50% vs 30% accepted
+    assert look(CFG, 1, better, 300, 60.0, HEALTHY).action == "advance"  # not the last step
+    assert look(CFG, 2, better, 150, 60.0, HEALTHY).action == "wait"  # last step, not complete
+    res = look(CFG, 2, better, 300, 60.0, HEALTHY)
+    assert res.action == "promote" and res.reason.startswith("reward rose: 0.2500 vs 0.0500")
+
+
+def test_a_step_without_decision_is_inconclusive_at_max_step_s() -> None:
+    res = look(CFG, 2, SAME, 300, 600.0, HEALTHY)
+    assert res.action == "inconclusive" and res.reason.startswith("no decision within 600 s at 50%")
+    assert look(CFG, 0, SAME, 10, 600.0, HEALTHY).action == "inconclusive"  # also for a step short of samples
+
+
+def test_two_rejected_canary_outcomes_are_no_evidence() -> None:
+    """No test decides before both arms have min_test_samples outcomes (two equal outcomes have variance 0)."""
+    data = outcomes("control", 48) + [Outcome("canary", -0.25, 0.0, 0.0, 100.0, 0)] * 2
+    res = look(CFG, 0, data, 2, 5.0, {"control": ArmHealth(48), "canary": ArmHealth(2)})
+    assert res.action == "wait", res.reason
+
+
+# --- Ramp ----------------------------------------------------------------------------------------
+
+def test_ramp_advances_per_complete_step_then_promotes_or_times_out() -> None:
+    ramp = Ramp(CFG, now_s=0.0)
+    control = outcomes("control", 2000)
+    assert ramp.observe(control + outcomes("canary", 199), HEALTHY, 10.0).action == "wait" and ramp.step == 0
+    assert ramp.observe(control + outcomes("canary", 200), HEALTHY, 20.0).action == "advance"
+    assert (ramp.step, ramp.weight) == (1, 0.25)
+    # the new step counts only canary outcomes it collected itself
+    assert ramp.observe(control + outcomes("canary", 399), HEALTHY, 30.0).action == "wait" and ramp.step == 1
+    assert ramp.observe(control + outcomes("canary", 400), HEALTHY, 40.0).action == "advance"
+    assert (ramp.step, ramp.weight) == (2, 0.5)
+    # last step complete, equal arms: no promotion, waiting until max_step_s after the step began (40 s)
+    assert ramp.observe(control + outcomes("canary", 600), HEALTHY, 639.0).action == "wait"
+    assert ramp.observe(control + outcomes("canary", 600), HEALTHY, 640.0).action == "inconclusive"
+    assert [lk.step for lk in ramp.looks] == [0, 0, 1, 1, 2, 2] and ramp.step == 2
+
+    winner = Ramp(CFG, now_s=0.0)
+    for n in (200, 400):
+        assert winner.observe(control + outcomes("canary", n, accepts_per=5), HEALTHY, n / 10).action == "advance"
+    assert winner.observe(control + outcomes("canary", 600, accepts_per=5), HEALTHY, 60.0).action == "promote"
