@@ -163,7 +163,12 @@ class Gateway:
         try:
             resp, ep = await self.call_engine(fmt.path, routed.served_name, self.engine_body(req, routed, extra))
         except NoReplica as e:
+            self.metrics.errors.labels(req.model, routed.arm.name).inc()
             raise GatewayError(503, str(e)) from None
+        except GatewayError as e:
+            if e.status >= 500:  # the arm failed the user (canary guardrail); 4xx are the client's doing
+                self.metrics.errors.labels(req.model, routed.arm.name).inc()
+            raise
         rid = self.signer.issue(req.model, client_id, routed.t0_ms)
         record = self.new_record(req, routed, client_id, rid, ep, prompt_text)
         if req.stream:

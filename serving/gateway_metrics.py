@@ -17,6 +17,8 @@ class GatewayMetrics:
         self.completions = Counter("gateway_completions", "Completions logged", ["model", "arm"], registry=r)
         self.latency = Histogram("gateway_latency_ms", "Receive to last byte, logged completions", ["model", "arm"],
                                  buckets=LATENCY_BUCKETS_MS, registry=r)
+        self.errors = Counter("gateway_completion_errors", "Completions routed to an arm that failed (5xx)", ["model", "arm"],
+                              registry=r)
         self.failovers = Counter("gateway_upstream_failovers", "Replica failures before the first byte", ["model"], registry=r)
         self.feedback = Counter("gateway_feedback", "Feedback events by outcome", ["outcome"], registry=r)
         self.rate_limited = Counter("gateway_rate_limited", "Requests refused by the rate limiter", ["client"], registry=r)

@@ -74,6 +74,23 @@ def cmd_train(settings: TidalSettings, args) -> None:
     print(f"{args.model}: candidate v{version}")
 
 
+def cmd_promote(settings: TidalSettings, args) -> None:
+    _platform(settings).up_servers()
+    from flows.promote import promote  # after up_servers: Prefect reads its API URL on import
+
+    print(f"{args.model}: {promote(model=args.model, candidate=args.candidate, require_gate=not args.no_gate)}")
+
+
+def cmd_rollback(settings: TidalSettings, args) -> None:
+    from tasks.promote import rollback_now
+    from tidal.registry import Registry
+
+    platform = _platform(settings)
+    out = rollback_now(Registry(settings.mlflow.tracking_uri), platform.routes_client(), platform.fleet_client(),
+                       args.model, to=args.to, by=args.by, reason=args.reason)
+    print(json.dumps(out, indent=2))
+
+
 def cmd_fleet(settings: TidalSettings, args) -> None:
     client = _platform(settings).fleet_client()
     if args.fleet_cmd == "scale":
@@ -147,6 +164,17 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("model")
     tr.add_argument("--dataset", default=None, help="dataset id (default: the latest collected one)")
     tr.set_defaults(func=cmd_train)
+    pr = sub.add_parser("promote", help="deploy + verify the candidate, ramp a canary, promote or roll back automatically")
+    pr.add_argument("model")
+    pr.add_argument("--candidate", default="@candidate", help="version or alias to release (default: @candidate)")
+    pr.add_argument("--no-gate", action="store_true", help="release a version that has no passing offline-gate result")
+    pr.set_defaults(func=cmd_promote)
+    rb = sub.add_parser("rollback", help="instant rollback: traffic and aliases back in one atomic route change")
+    rb.add_argument("model")
+    rb.add_argument("--to", default=None, help="version to serve (default: the control arm of a running canary, else @previous)")
+    rb.add_argument("--by", default="cli", help="who rolls back (recorded)")
+    rb.add_argument("--reason", default="", help="why (recorded)")
+    rb.set_defaults(func=cmd_rollback)
     fl = sub.add_parser("fleet", help="operate the fleet").add_subparsers(dest="fleet_cmd", required=True)
     sc = fl.add_parser("scale")
     sc.add_argument("model")

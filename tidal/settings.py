@@ -15,6 +15,7 @@ from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 from data_contracts.collect_settings import CollectSettings
+from serving.canary_policy import CanaryConfig
 from serving.logsink import LogSinkSettings
 from tidal.section import Section
 from serving.routes import RouteLimits
@@ -145,6 +146,7 @@ class TidalSettings(BaseSettings):
     bootstrap: BootstrapSettings = Field(default_factory=BootstrapSettings)
     collect: CollectSettings = Field(default_factory=CollectSettings, description="Collection flow: contracts, reward rules, watermark timing.")
     train: TrainSettings = Field(default_factory=TrainSettings, description="Training plane: PPO, checkpoints, offline gate.")
+    canary: CanaryConfig = Field(default_factory=CanaryConfig, description="Release plane: canary ramp, sequential test, guardrails.")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):

@@ -1,0 +1,80 @@
+"""Per-request outcomes of a canary, read from the gateway's stored logs: what each arm's users got.
+
+A completion served since the canary started becomes an Outcome once it is resolved: its feedback
+arrived (reward from the model's reward rule), nothing was shown (reward `empty`), or it waited
+longer than `feedback_wait_s` without a verdict (event 'none', reward `ignored`). Younger
+unresolved completions are left for a later look, so both arms are measured the same way.
+Only rows of the two versions under test, in their own arm, count.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from data_contracts.rewards import RewardRule
+from data_contracts.scope import floor_hour, parse_key
+from serving.canary_policy import Outcome
+from tidal.store import ObjectStore
+
+
+class LogReader:
+    """The model's log objects since a time, read once each: objects are immutable (their keys derive from
+    segment ids; a re-upload rewrites the same rows), so each look only reads what is new."""
+
+    def __init__(self, store: ObjectStore, model: str, since_ms: int):
+        self.store, self.model, self.since_ms = store, model, since_ms
+        self._tables: dict[str, dict[str, pa.Table]] = {"completions": {}, "feedback": {}}
+
+    def table(self, kind: str, columns: list[str]) -> pa.Table | None:
+        seen, start = self._tables[kind], floor_hour(self.since_ms)
+        with tempfile.TemporaryDirectory() as tmp:
+            for key in self.store.list(f"logs/{kind}/model={self.model}/"):
+                part = parse_key(key, self.model)
+                if key in seen or part is None or part.hour_ms < start:
+                    continue
+                local = Path(tmp) / "part.parquet"
+                self.store.get_file(key, local)
+                t = pq.read_table(local, columns=columns)
+                seen[key] = t.filter(pa.compute.greater_equal(t["time_ms"], self.since_ms))
+        return pa.concat_tables(list(seen.values())) if seen else None
+
+
+def read_outcomes(logs: LogReader, versions: dict[str, int], rule: RewardRule, feedback_wait_s: float,
+                  now_ms: int) -> list[Outcome]:
+    """Resolved outcomes of requests to `versions` ({"control": v, "canary": w}) served since the reader's start."""
+    done = logs.table("completions", ["request_id", "time_ms", "version", "arm", "completion_text", "latency_ms"])
+    if done is None or done.num_rows == 0:
+        return []
+    fb = logs.table("feedback", ["request_id", "time_ms", "event", "accepted_chars"])
+    verdicts: dict[str, tuple[str, int | None]] = {}
+    if fb is not None:
+        order = np.argsort(np.asarray(fb["time_ms"]), kind="stable")  # the first verdict counts (the gateway refuses repeats)
+        rids, events, chars = fb["request_id"].to_pylist(), fb["event"].to_pylist(), fb["accepted_chars"].to_pylist()
+        for i in order:
+            verdicts.setdefault(rids[i], (events[i], chars[i]))
+    wait_ms = int(feedback_wait_s * 1000)
+    rows, picked = done.to_pylist(), []
+    for r in rows:
+        if versions.get(r["arm"]) != r["version"]:
+            continue
+        verdict = verdicts.get(r["request_id"])
+        if verdict is None and r["completion_text"] and now_ms - r["time_ms"] < wait_ms:
+            continue  # a verdict may still come
+        picked.append((r, verdict or ("none", None)))
+    if not picked:
+        return []
+    events = np.array([v[0] for _, v in picked], dtype=object)
+    chars = np.array([np.nan if v[1] is None else v[1] for _, v in picked], dtype=np.float64)
+    lengths = np.array([len(r["completion_text"]) for r, _ in picked])
+    rewards = rule.rewards(events, chars, lengths)
+    kept = np.where(events == "accepted", np.where(np.isnan(chars), lengths, chars),
+                    np.where(events == "partial", np.nan_to_num(chars), 0.0))
+    kept = np.clip(kept, 0, lengths)
+    return [Outcome(arm=r["arm"], reward=float(rw), accepted=float(ev == "accepted"), accepted_chars=float(k),
+                    latency_ms=float(r["latency_ms"]), time_ms=int(r["time_ms"]))
+            for (r, _), rw, ev, k in zip(picked, rewards, events, kept)]

@@ -1,0 +1,50 @@
+"""Promote flow: deploy and verify the candidate, ramp a canary under an always-valid sequential test,
+then promote it or roll it back, automatically.
+
+    candidate  →  deploy (model's strategy) + served-weight probe  →  canary 5% → 25% → 50%
+               →  promote (aliases, 100% route, old champion unloaded after a grace period)
+               |  roll back (canary weight 0 at once, unloaded, failing check tagged)
+               |  inconclusive (roll back, or a human decides through a Prefect pause)
+"""
+
+from __future__ import annotations
+
+from prefect import flow, get_run_logger
+from prefect.flow_runs import pause_flow_run
+
+from tasks.promote import (deploy_and_verify, promote_candidate, resolve_release, roll_back_candidate, run_canary,
+                           unload_after_grace)
+from tasks.promote_approval import Approval, approval_description
+from tidal.platform import Platform
+from tidal.registry import Registry
+from tidal.settings import load_settings
+from tidal.store import open_store
+
+
+@flow(name="promote", log_prints=True)
+def promote(model: str = "tab", candidate: str = "@candidate", require_gate: bool = True) -> str:
+    """Returns the outcome: 'promoted' or 'rolled_back'."""
+    settings = load_settings()
+    settings.model(model)  # unknown model → clear error
+    cfg, platform = settings.canary, Platform(settings)
+    registry, store = Registry(settings.mlflow.tracking_uri), open_store(settings)
+    fleet, routes = platform.fleet_client(), platform.routes_client()
+    gateway_url = f"http://{settings.gateway.host}:{settings.gateway.port}"
+
+    release = resolve_release(registry, model, candidate, require_gate, settings.model(model).update_strategy)
+    deploy_and_verify(fleet, registry, release)
+    look = run_canary(release, cfg, routes, fleet, registry, store, settings.collect.rule_for(model), gateway_url)
+    if look.action == "inconclusive" and cfg.on_inconclusive == "ask":
+        answer = pause_flow_run(wait_for_input=Approval.with_initial_data(
+            description=approval_description(release, look), decision="rollback"), timeout=int(cfg.approval_timeout_s))
+        registry.set_tags(model, release.candidate.version, answer.audit_tags())
+        look.action, look.reason = ("promote" if answer.decision == "promote" else "rollback"), answer.summary()
+    if look.action == "promote":
+        promote_candidate(release, look, routes, registry)
+        print(f"{model}: v{release.candidate.version} promoted ({look.reason}); "
+              f"v{release.champion.version} stays loaded {cfg.unload_grace_s:.0f} s for instant rollback")
+        get_run_logger().info(unload_after_grace(fleet, release, cfg.unload_grace_s))
+        return "promoted"
+    roll_back_candidate(release, look, routes, fleet, registry)
+    print(f"{model}: v{release.candidate.version} rolled back: {look.reason}")
+    return "rolled_back"

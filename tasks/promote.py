@@ -1,0 +1,255 @@
+"""Prefect tasks of the promote flow (composed by flows/promote.py), and the instant rollback.
+
+Every transition is written to the candidate's MLflow version as a `tidal.release.*` tag (deployed,
+verified, step N, promoted / rolled back / approved) and the ramp's step table becomes a Prefect
+artifact, so the audit trail survives the flow run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+
+import httpx
+from prefect import get_run_logger, task
+from prefect.artifacts import create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from data_contracts.outcomes import LogReader, read_outcomes
+from data_contracts.rewards import RewardRule
+from serving.canary_policy import ArmHealth, CanaryConfig, Look, Ramp
+from serving.client import FleetClient, RoutesClient
+from tidal.registry import Registry, VersionInfo
+from tidal.store import ObjectStore
+
+
+class ReleaseError(RuntimeError):
+    """The release cannot go on; the message says why and what to do."""
+
+
+@dataclass
+class Release:
+    model: str
+    champion: VersionInfo
+    candidate: VersionInfo
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def audit(registry: Registry, info: VersionInfo, event: str, **details) -> None:
+    """One transition as a version tag `tidal.release.<event>`: JSON with the time and the details."""
+    registry.set_tags(info.model, info.version, {f"tidal.release.{event}": json.dumps({"at_ms": now_ms(), **details})})
+
+
+@task(cache_policy=NO_CACHE)
+def resolve_release(registry: Registry, model: str, candidate: str, require_gate: bool, strategy: str) -> Release:
+    if strategy == "restart":
+        raise ReleaseError(f"{model} uses the 'restart' strategy, which serves one version per model: a canary needs "
+                           "champion and candidate side by side. Use update_strategy 'lora' for canary releases "
+                           f"(or `tidal fleet deploy {model} VERSION` to replace the version outright)")
+    champion = registry.by_alias(model, "champion")
+    if champion is None:
+        raise ReleaseError(f"{model} has no champion: run `tidal bootstrap {model}` first")
+    cand = registry.resolve(model, candidate)
+    if cand.version == champion.version:
+        raise ReleaseError(f"{model} v{cand.version} is already the champion; nothing to release")
+    if require_gate and cand.tags.get("tidal.gate.passed") != "true":
+        raise ReleaseError(f"{model} v{cand.version} has not passed the offline gate "
+                           f"({cand.tags.get('tidal.gate.reason', 'no gate result')}); train it with `tidal train`")
+    return Release(model, champion, cand)
+
+
+@task(cache_policy=NO_CACHE)
+def deploy_and_verify(fleet: FleetClient, registry: Registry, release: Release) -> dict:
+    """Load the candidate with the model's update strategy; the fleet runs the served-weight probe on every
+    replica and refuses (unloading it again) on a mismatch, so no traffic reaches unverified weights."""
+    cand = release.candidate
+    audit(registry, cand, "deployed", strategy="fleet")
+    try:
+        out = fleet.deploy(release.model, cand.version)
+    except Exception as e:
+        audit(registry, cand, "rolled_back", by="promote", reason=f"deploy or served-weight verification failed: {e}")
+        raise ReleaseError(f"{cand.served_name} could not be deployed and verified: {e}") from e
+    audit(registry, cand, "verified", probes=len(out.get("probes", [])) if isinstance(out, dict) else None)
+    return out
+
+
+_SAMPLE = re.compile(r'^(gateway_completion(?:s|_errors)_total)\{(.*)\}\s+([0-9.eE+-]+)$')
+
+
+def arm_counters(gateway_url: str, model: str) -> dict[str, ArmHealth]:
+    """Requests and errors per arm since the gateway started, from its Prometheus metrics."""
+    return parse_arm_counters(httpx.get(gateway_url + "/metrics", timeout=10).text, model)
+
+
+def parse_arm_counters(text: str, model: str) -> dict[str, ArmHealth]:
+    counts: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if not m:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+        if labels.get("model") != model:
+            continue
+        arm = counts.setdefault(labels.get("arm", ""), {"ok": 0.0, "err": 0.0})
+        arm["ok" if m.group(1) == "gateway_completions_total" else "err"] += float(m.group(3))
+    return {a: ArmHealth(requests=int(c["ok"] + c["err"]), errors=int(c["err"])) for a, c in counts.items()}
+
+
+def _since(now: dict[str, ArmHealth], base: dict[str, ArmHealth]) -> dict[str, ArmHealth]:
+    out = {}
+    for arm, h in now.items():
+        b = base.get(arm, ArmHealth())
+        if h.requests < b.requests:  # the gateway restarted: its counters began again
+            b = ArmHealth()
+        out[arm] = ArmHealth(h.requests - b.requests, h.errors - b.errors)
+    return out
+
+
+def verified_everywhere(fleet: FleetClient, model: str, cand: VersionInfo) -> bool:
+    """Every ready replica serves the candidate (a replica only lists a version after its probe passed)."""
+    ready = [r for r in fleet.replicas(model) if r["state"] == "ready"]
+    return bool(ready) and all(cand.served_name in r["served"] for r in ready)
+
+
+def route_when_served(routes: RoutesClient, model: str, version: int, weight: float, reason: str,
+                      timeout_s: float = 60.0) -> None:
+    """Set the canary weight once the gateway lists the verified version (it polls the fleet every
+    gateway.fleet_poll_s, so right after a deploy it may not know the version yet: 409)."""
+    from serving.client import AdminError
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            routes.canary(model, version, weight, by="promote", reason=reason)
+            return
+        except AdminError as e:
+            if e.status != 409 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def _canary_route(routes: RoutesClient, model: str) -> dict | None:
+    arms = routes.show()["routes"].get(model, {}).get("arms", [])
+    return next((a for a in arms if a["name"] == "canary"), None)
+
+
+@task(cache_policy=NO_CACHE)
+def run_canary(release: Release, cfg: CanaryConfig, routes: RoutesClient, fleet: FleetClient, registry: Registry,
+               store: ObjectStore, rule: RewardRule, gateway_url: str) -> Look:
+    """Walk the ramp until it promotes, rolls back or is inconclusive; one look every poll_s."""
+    log = get_run_logger()
+    model, cand, champ = release.model, release.candidate, release.champion
+    versions = {"control": champ.version, "canary": cand.version}
+    start_ms, base = now_ms(), arm_counters(gateway_url, model)
+    ramp, logs = Ramp(cfg, time.monotonic()), LogReader(store, model, start_ms)
+    route_when_served(routes, model, cand.version, ramp.weight, f"canary step 1 at {ramp.weight:.0%}")
+    audit(registry, cand, "step_1", weight=ramp.weight)
+    while True:
+        time.sleep(cfg.poll_s)
+        live = _canary_route(routes, model)
+        if live is None or live["version"] != cand.version:
+            return Look("rollback", "canary removed from the routes by an operator (tidal rollback)", ramp.step,
+                        ramp.weight, figures={})
+        outcomes = read_outcomes(logs, versions, rule, cfg.feedback_wait_s, now_ms())
+        step = ramp.step
+        result = ramp.observe(outcomes, _since(arm_counters(gateway_url, model), base), time.monotonic(),
+                              probe_ok=verified_everywhere(fleet, model, cand))
+        log.info("step %d (%.0f%%): %s: %s", step + 1, ramp.cfg.steps[step] * 100, result.action, result.reason)
+        if result.action == "advance":
+            routes.canary(model, cand.version, ramp.weight, by="promote", reason=f"canary step {ramp.step + 1}: {result.reason}")
+            audit(registry, cand, f"step_{ramp.step + 1}", weight=ramp.weight, after=result.row())
+        elif result.action != "wait":
+            publish_step_table(release, ramp)
+            return result
+
+
+def publish_step_table(release: Release, ramp: Ramp) -> None:
+    rows = [lk.row() for lk in ramp.looks if lk.action != "wait"] or [lk.row() for lk in ramp.looks[-1:]]
+    create_table_artifact(key=f"{release.model.replace('_', '-')}-canary", table=rows,
+                          description=f"Canary of {release.candidate.served_name} against {release.champion.served_name}")
+
+
+@task(cache_policy=NO_CACHE)
+def promote_candidate(release: Release, look: Look, routes: RoutesClient, registry: Registry) -> None:
+    """Champion alias → candidate, previous → the old champion, all traffic to the candidate, in that order
+    of safety: the route change is the one atomic step users see."""
+    model, cand, champ = release.model, release.candidate, release.champion
+    routes.set(model, [{"name": "control", "version": cand.version, "weight": 1.0}], by="promote", reason=look.reason)
+    registry.set_alias(model, "previous", champ.version)
+    registry.set_alias(model, "champion", cand.version)
+    audit(registry, cand, "promoted", reason=look.reason, replaced=champ.version, figures=look.row())
+
+
+@task(cache_policy=NO_CACHE)
+def unload_after_grace(fleet: FleetClient, release: Release, grace_s: float) -> str:
+    """Stop serving the old champion once the grace period (instant rollback window) is over."""
+    time.sleep(grace_s)
+    try:
+        fleet.undeploy(release.model, release.champion.version)
+        return f"unloaded {release.champion.served_name}"
+    except Exception as e:  # noqa: BLE001  the base of a lora model cannot be unloaded: it keeps serving adapters
+        return f"kept {release.champion.served_name}: {e}"
+
+
+@task(cache_policy=NO_CACHE)
+def roll_back_candidate(release: Release, look: Look, routes: RoutesClient, fleet: FleetClient, registry: Registry) -> None:
+    """Canary weight → 0 at once (one atomic route change), then unload it and record why."""
+    model, cand = release.model, release.candidate
+    if _canary_route(routes, model) is not None:
+        routes.rollback(model, by="promote", reason=look.reason)
+    audit(registry, cand, "rolled_back", by="promote", reason=look.reason, figures=look.row())
+    registry.set_tags(model, cand.version, {"tidal.release.failed_check": look.reason})
+    try:
+        fleet.undeploy(model, cand.version)
+    except Exception as e:  # noqa: BLE001  traffic is already off it; an unload failure is reported, not fatal
+        get_run_logger().warning("could not unload %s: %s", cand.served_name, e)
+
+
+def rollback_now(registry: Registry, routes: RoutesClient, fleet: FleetClient, model: str, to: str | None = None,
+                 by: str = "cli", reason: str = "") -> dict:
+    """Instant rollback at any time: traffic to the target in one atomic route change, then the aliases.
+
+    Target: `to`; else the control version while a canary runs; else the `previous` alias (the champion
+    a promotion replaced). A target no replica serves any more is deployed (and verified) first.
+    """
+    from serving.client import AdminError
+
+    t0 = time.monotonic()
+    current = routes.show()["routes"].get(model) or {}
+    arms = {a["name"]: a for a in current.get("arms", [])}
+    aliases = registry.aliases(model)
+    control = arms["control"]["version"] if "control" in arms else aliases.get("champion")
+    if to is not None:
+        target = registry.resolve(model, to).version
+    elif "canary" in arms:
+        target = control
+    elif "previous" in aliases:
+        target = aliases["previous"]
+    else:
+        raise ReleaseError(f"{model}: nothing to roll back to (no canary running, no 'previous' version); pass --to VERSION")
+    why = reason or "manual rollback"
+    if "canary" in arms and target == control:
+        routes.rollback(model, by=by, reason=why)
+    else:
+        arm = [{"name": "control", "version": target, "weight": 1.0}]
+        try:
+            routes.set(model, arm, by=by, reason=why)
+        except AdminError as e:
+            if e.status != 409:
+                raise
+            fleet.deploy(model, target)  # not loaded any more: load and verify it, then switch
+            routes.set(model, arm, by=by, reason=why)
+    seconds = time.monotonic() - t0
+    left = sorted({v for v in (arms.get("canary", {}).get("version"), control) if v is not None and v != target})
+    for version in left:
+        audit(registry, registry.get(model, version), "manual_rollback", by=by, reason=why, to=target)
+    champion = aliases.get("champion")
+    if champion is not None and champion != target:
+        registry.set_alias(model, "previous", champion)
+        registry.set_alias(model, "champion", target)
+    return {"model": model, "serving": target, "rolled_back": left, "route_change_s": round(seconds, 3), "by": by, "reason": why}
