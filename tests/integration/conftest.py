@@ -25,7 +25,12 @@ def settings(tmp_path_factory) -> TidalSettings:
     train = {"ppo": {"learning_rate": 2e-3, "critic_learning_rate": 1e-2, "batch_size": 32, "minibatch_size": 8,
                      "passes": 4, "epochs": 2},
              "checkpoint_every": 2, "retry_delay_s": 0.0, "gate": {"eval_bytes": 20_000}}
-    path = write_config(root, models, train=train)
+    # Canary sized for a test: quick looks (feedback arrives within a second here), a first step long enough to
+    # judge the degraded candidate of test_promote (~70 canary outcomes at a few requests/s on two cores), and
+    # the mSPRT mixture tuned to that large effect.
+    canary = {"min_samples": 150, "poll_s": 2.0, "feedback_wait_s": 5.0, "max_step_s": 900.0, "unload_grace_s": 0.0,
+              "mixture_sd": 0.5}
+    path = write_config(root, models, train=train, canary=canary)
     with pytest.MonkeyPatch.context() as mp:
         for key in [k for k in os.environ if k.startswith("TIDAL_")]:
             mp.delenv(key)

@@ -1,0 +1,254 @@
+"""The promote flow on the real platform: real vLLM replicas, the gateway, simulated Tab users who keep
+suggestions that stay on the line they are typing. A degraded candidate (an adapter pushing the
+model towards line breaks) is rolled back at the first step with about 5% of users exposed; an
+operator's `tidal rollback` ends a ramp at once; an inconclusive ramp asks a human; the audit trail
+shows each."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tidal.registry import publish
+from training import corpus
+
+pytestmark = pytest.mark.slow
+
+
+def cursor_prompts(settings, n: int, seed: int) -> list[tuple[str, str]]:
+    """(code before the cursor, rest of its line) at random mid-line positions of held-out stdlib files."""
+    root = corpus.stdlib_root()
+    _, heldout = corpus.split_files(corpus.source_files(root), root, settings.bootstrap.heldout_fraction)
+    texts = corpus.read_texts(heldout[:100])
+    rng, out = random.Random(seed), []
+    while len(out) < n:
+        text = texts[rng.randrange(len(texts))]
+        cut = rng.randrange(1, len(text))
+        end = text.find("\n", cut)
+        intended = text[cut : end if end != -1 else len(text)]
+        if intended.strip() and not text[cut - 1].isspace():
+            out.append((text[max(0, cut - 300) : cut], intended))
+    return out
+
+
+class Users(threading.Thread):
+    """Tab users at random cursor positions of held-out code: they accept a suggestion that stays on the
+    current line and reject one that runs over it. (The sandbox's 25-second base model rarely predicts
+    the exact rest of a line, so exact-match users would give too few accepts to compare arms in a test.)
+    Runs until stopped; counts requests per arm and errors."""
+
+    def __init__(self, gateway: str, key: str, prompts: list[tuple[str, str]], users: int = 400):
+        super().__init__(daemon=True)
+        self.gateway, self.key, self.prompts, self.users = gateway, key, prompts, users
+        self.stop, self.errors, self.by_arm = threading.Event(), [], {}
+
+    def one(self, i: int) -> None:
+        prompt, _ = self.prompts[i % len(self.prompts)]
+        h = {"Authorization": f"Bearer {self.key}"}
+        try:
+            r = httpx.post(self.gateway + "/v1/completions", headers=h, timeout=60, json={
+                "model": "tab", "prompt": prompt, "max_tokens": 6, "temperature": 1.0, "user": f"user-{i % self.users}"})
+            r.raise_for_status()
+            a = r.json()
+            text, arm = a["choices"][0]["text"], a["tidal"]["arm"]
+            self.by_arm[arm] = self.by_arm.get(arm, 0) + 1
+            if text:
+                event = "rejected" if "\n" in text else "accepted"
+                httpx.post(self.gateway + "/v1/feedback", headers=h, timeout=30,
+                           json={"request_id": a["id"], "event": event}).raise_for_status()
+        except Exception as e:  # noqa: BLE001  counted and asserted on
+            self.errors.append(repr(e))
+
+    def run(self) -> None:
+        i = 0
+        with ThreadPoolExecutor(4) as pool:
+            while not self.stop.is_set():
+                list(pool.map(self.one, range(i, i + 16)))
+                i += 16
+
+
+def newline_adapter(base_dir, out, strength: float = 40.0):
+    """A rank-1 LoRA on the last MLP's down projection that adds the newline token's embedding direction to
+    the residual stream in proportion to the layer's mean activation: the model breaks lines far more often
+    (measured through the fleet: accepted single-line suggestions 70% -> 49% at strength 40)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from training.policy import load_policy, load_tokenizer
+    from training.probe import compute_probe, save_probe
+    from training.variants import probe_prompts_of
+
+    model, tok = load_policy(base_dir), load_tokenizer(base_dir)
+    down = model.model.layers[-1].mlp.down_proj
+    acts = []
+    hook = down.register_forward_hook(lambda m, i, o: acts.append(i[0].detach().flatten(0, 1)))  # (T, I)
+    code = corpus.read_texts([corpus.stdlib_root() / "bisect.py"])[0]
+    with torch.no_grad():
+        model(input_ids=torch.tensor([tok.encode(code, add_special_tokens=False)[:256]]))
+    hook.remove()
+    mean = torch.cat(acts).mean(0)  # (I,) typical input of down_proj
+    peft = get_peft_model(model, LoraConfig(r=1, lora_alpha=1, target_modules=["down_proj"]))  # B = 0 elsewhere
+    lora = peft.base_model.model.model.layers[-1].mlp.down_proj
+    newline = model.get_input_embeddings().weight[tok.encode("\n", add_special_tokens=False)[0]].detach()  # (H,)
+    with torch.no_grad():
+        lora.lora_A["default"].weight.copy_((mean / mean.norm()).unsqueeze(0))  # (1, I)
+        lora.lora_B["default"].weight.copy_((strength * newline / newline.norm()).unsqueeze(1))  # (H, 1)
+    peft.save_pretrained(str(out))
+    save_probe(compute_probe(load_policy(out, base_path=base_dir), tok, probe_prompts_of(base_dir)), out)
+    return out
+
+
+def zero_adapter(base_dir, out):
+    """A LoRA adapter with B = 0: serves exactly the base's outputs (an A/A candidate), with its own probe."""
+    from peft import get_peft_model
+
+    from training.policy import load_policy, load_tokenizer
+    from training.ppo_config import PPOConfig
+    from training.probe import compute_probe, save_probe
+    from training.variants import probe_prompts_of
+
+    get_peft_model(load_policy(base_dir), PPOConfig().lora_config()).save_pretrained(str(out))
+    save_probe(compute_probe(load_policy(out, base_path=base_dir), load_tokenizer(base_dir), probe_prompts_of(base_dir)), out)
+    return out
+
+
+def tags(registry, version: int) -> dict:
+    return registry.get("tab", version).tags
+
+
+@pytest.fixture(scope="module")
+def base_dir(registry, checkpoints):
+    return checkpoints.local_dir(registry.get("tab", 1))
+
+
+@pytest.fixture()
+def users(settings, gateway, keys, platform):
+    routes = platform.routes_client()
+    current = routes.show()["routes"].get("tab", {}).get("arms", [])
+    if any(a["name"] == "canary" for a in current):  # a canary left by another test
+        routes.rollback("tab", by="test", reason="clean start")
+    u = Users(gateway, keys["alice"], cursor_prompts(settings, 300, seed=11))
+    u.start()
+    yield u
+    u.stop.set()
+    u.join(timeout=120)
+
+
+class Promote:
+    """`tidal promote` in a subprocess, its output in a file (a pipe nobody reads would block it)."""
+
+    def __init__(self, version: int, log, env: dict | None = None):
+        self.log = log
+        with open(log, "w") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "tidal.cli", "promote", "tab", "--candidate", str(version),
+                                          "--no-gate"], stdout=out, stderr=subprocess.STDOUT, env=env or dict(os.environ))
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def finish(self, timeout: float) -> tuple[int, str]:
+        rc = self.proc.wait(timeout=timeout)
+        return rc, self.log.read_text()
+
+
+@pytest.mark.timeout(1800)  # ~70 canary outcomes at 5% of a few requests/s, plus the platform when run alone
+def test_degraded_candidate_is_rolled_back_at_the_first_step(settings, registry, checkpoints, base_dir, users, tmp_path):
+    bad = newline_adapter(base_dir, tmp_path / "degraded")
+    info = publish(registry, checkpoints.store, "tab", bad, "lora", 1, {"tidal.origin": "test: degraded"})
+    rc, out = Promote(info.version, tmp_path / "promote.log").finish(timeout=840)
+    assert rc == 0 and "rolled back" in out, out[-3000:]
+    t = tags(registry, info.version)
+    assert {"tidal.release.deployed", "tidal.release.verified", "tidal.release.step_1", "tidal.release.rolled_back"} <= set(t)
+    assert "tidal.release.step_2" not in t  # never went past 5%
+    rolled = json.loads(t["tidal.release.rolled_back"])
+    print("degraded canary:", rolled["reason"], rolled["figures"])
+    assert rolled["by"] == "promote" and rolled["figures"]["step"] == 1 and "fell" in rolled["reason"]
+    exposed = rolled["figures"]["n_canary"] / (rolled["figures"]["n_canary"] + rolled["figures"]["n_control"])
+    assert exposed <= 0.08, exposed  # 5% of users, up to the noise of 400 users' hashes
+    assert users.errors == []
+    # routes: the canary is gone, the champion serves everyone
+    routes = json.loads(subprocess.run([sys.executable, "-m", "tidal.cli", "route", "show"], capture_output=True, text=True,
+                                       check=True, env=dict(os.environ)).stdout)["routes"]["tab"]["arms"]
+    assert [(a["name"], a["version"], a["weight"]) for a in routes] == [("control", 1, 1.0)]
+    assert registry.aliases("tab")["champion"] == 1
+
+
+def test_operator_rollback_ends_a_ramp_at_once(settings, registry, checkpoints, base_dir, users, tmp_path):
+    same = zero_adapter(base_dir, tmp_path / "neutral")  # the champion's own outputs: no decision soon
+    info = publish(registry, checkpoints.store, "tab", same, "lora", 1, {"tidal.origin": "test: neutral"})
+    promote = Promote(info.version, tmp_path / "promote.log")
+    deadline = time.monotonic() + 600
+    while "tidal.release.step_1" not in tags(registry, info.version):
+        assert promote.running() and time.monotonic() < deadline, promote.log.read_text()[-3000:]
+        time.sleep(1)
+    time.sleep(5)  # the canary serves for a moment
+    rb = subprocess.run([sys.executable, "-m", "tidal.cli", "rollback", "tab", "--by", "oncall", "--reason", "pager says no"],
+                        capture_output=True, text=True, env=dict(os.environ), check=False)
+    assert rb.returncode == 0, rb.stdout + rb.stderr
+    result = json.loads(rb.stdout)
+    assert result["serving"] == 1 and result["rolled_back"] == [info.version] and result["route_change_s"] < 5
+    rc, out = promote.finish(timeout=300)
+    assert rc == 0 and "rolled back" in out and "operator" in out, out[-3000:]
+    t = tags(registry, info.version)
+    manual, ended = json.loads(t["tidal.release.manual_rollback"]), json.loads(t["tidal.release.rolled_back"])
+    assert (manual["by"], manual["reason"], manual["to"]) == ("oncall", "pager says no", 1)
+    assert ended["reason"].startswith("canary removed from the routes by an operator")
+    assert "tidal.release.promoted" not in t
+    assert users.errors == []
+
+
+def paused_promote_run(api: str, timeout: float = 600) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runs = httpx.post(f"{api}/flow_runs/filter", timeout=30, json={
+            "flow_runs": {"state": {"type": {"any_": ["PAUSED"]}}}, "flows": {"name": {"any_": ["promote"]}}}).json()
+        if runs:
+            return runs[0]
+        time.sleep(2)
+    raise AssertionError("no paused promote run")
+
+
+def test_inconclusive_ramp_asks_a_human_and_a_typed_answer_promotes(settings, registry, checkpoints, base_dir, users,
+                                                                    tmp_path, platform):
+    same = zero_adapter(base_dir, tmp_path / "aa")
+    info = publish(registry, checkpoints.store, "tab", same, "lora", 1, {"tidal.origin": "test: A/A"})
+    env = {**os.environ, "TIDAL_CANARY__STEPS": "[0.5]", "TIDAL_CANARY__MAX_STEP_S": "20",
+           "TIDAL_CANARY__ON_INCONCLUSIVE": "ask", "TIDAL_CANARY__MIN_SAMPLES": "1000000"}
+    promote = Promote(info.version, tmp_path / "promote.log", env=env)
+    api = settings.prefect.api_url
+    run = paused_promote_run(api)
+    resume = f"{api}/flow_runs/{run['id']}/resume"
+    bad = httpx.post(resume, timeout=30, json={"run_input": {"decision": "maybe", "approver": "", "reason": "?"}}).json()
+    assert bad["status"] == "REJECT" and "Reason" in bad["details"]["reason"]
+    assert httpx.get(f"{api}/flow_runs/{run['id']}", timeout=30).json()["state"]["type"] == "PAUSED"
+    good = httpx.post(resume, timeout=30, json={"run_input": {"decision": "promote", "approver": "alice",
+                                                              "reason": "A/A by construction"}}).json()
+    assert good["status"] == "ACCEPT", good
+    rc, out = promote.finish(timeout=300)
+    assert rc == 0 and "promoted" in out, out[-3000:]
+    t = tags(registry, info.version)
+    approved = json.loads(t["tidal.release.approved"])
+    assert (approved["decision"], approved["approver"]) == ("promote", "alice") and "tidal.release.promoted" in t
+    aliases = registry.aliases("tab")
+    assert (aliases["champion"], aliases["previous"]) == (info.version, 1)
+    arms = platform.routes_client().show()["routes"]["tab"]["arms"]
+    assert [(a["name"], a["version"], a["weight"]) for a in arms] == [("control", info.version, 1.0)]
+
+    # instant rollback after a promotion: back to the previous champion, which is still loaded
+    rb = subprocess.run([sys.executable, "-m", "tidal.cli", "rollback", "tab", "--reason", "undo"], capture_output=True,
+                        text=True, env=dict(os.environ), check=False)
+    assert rb.returncode == 0, rb.stdout + rb.stderr
+    result = json.loads(rb.stdout)
+    assert result["serving"] == 1 and result["route_change_s"] < 5
+    assert registry.aliases("tab")["champion"] == 1
+    assert [(a["version"], a["weight"]) for a in platform.routes_client().show()["routes"]["tab"]["arms"]] == [(1, 1.0)]
+    assert users.errors == []

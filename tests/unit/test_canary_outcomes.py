@@ -1,0 +1,74 @@
+"""Canary outcomes from stored logs, and per-arm counters from the gateway's metrics text."""
+
+from __future__ import annotations
+
+import pytest
+
+from data_contracts.outcomes import LogReader, read_outcomes
+from data_contracts.rewards import RewardRule
+from serving.canary_policy import ArmHealth
+from tasks.promote import _since, parse_arm_counters
+from tests.unit.test_contracts_data import HOUR, T0, completion, feedback, put_rows
+from tidal.store import LocalStore
+
+VERSIONS = {"control": 1, "canary": 3}
+
+
+@pytest.fixture()
+def store(tmp_path) -> LocalStore:
+    return LocalStore(tmp_path / "store")
+
+
+def test_resolved_requests_of_the_two_versions_become_outcomes(store) -> None:
+    start = T0 + 10_000
+    old = completion(T0, 0)  # before the canary started
+    acc = completion(start + 1, 1, arm="canary", version=3, text="abcdef")
+    part = completion(start + 2, 2, text="abcdef")
+    rej = completion(start + 3, 3, arm="canary", version=3)
+    empty = completion(start + 4, 4, text="")  # nothing shown: resolved at once
+    silent = completion(start + 5, 5)  # no verdict, old enough: 'none'
+    pending = completion(start + 60_000, 6)  # no verdict yet, too young: left for a later look
+    stale_arm = completion(start + 7, 7, arm="canary", version=2)  # an earlier canary's version
+    put_rows(store, "completions", [old, acc, part, rej, empty, silent, pending, stale_arm])
+    put_rows(store, "feedback", [feedback(acc), feedback(part, "partial", chars=3), feedback(rej, "rejected")])
+    rule = RewardRule()
+    logs = LogReader(store, "tab", start)
+    got = read_outcomes(logs, VERSIONS, rule, feedback_wait_s=30, now_ms=start + 61_000)
+    by_time = {o.time_ms: o for o in got}
+    assert sorted(by_time) == [start + t for t in (1, 2, 3, 4, 5)]
+    assert by_time[start + 1].arm == "canary" and by_time[start + 1].accepted == 1.0 and by_time[start + 1].accepted_chars == 6
+    assert by_time[start + 1].reward == pytest.approx(0.75)
+    assert by_time[start + 2].reward == pytest.approx(0.75 * 3 / 6) and by_time[start + 2].accepted_chars == 3
+    assert by_time[start + 3].reward == pytest.approx(-0.25) and by_time[start + 3].accepted == 0.0
+    assert by_time[start + 4].reward == 0.0 and by_time[start + 5].reward == rule.ignored
+    assert all(o.latency_ms == 12.5 for o in got)
+    # a later look reads only new objects and sees the verdict that arrived since
+    put_rows(store, "feedback", [feedback(silent, "accepted")])
+    again = {o.time_ms: o for o in read_outcomes(logs, VERSIONS, rule, feedback_wait_s=30, now_ms=start + 62_000)}
+    assert again[start + 5].accepted == 1.0 and len(logs._tables["completions"]) == 1
+
+
+def test_logs_from_an_hour_before_the_start_are_not_read(store) -> None:
+    put_rows(store, "completions", [completion(T0 - 2 * HOUR, 0)])
+    assert read_outcomes(LogReader(store, "tab", T0), VERSIONS, RewardRule(), 0, T0 + HOUR) == []
+
+
+METRICS = """# HELP gateway_completions_total Completions logged
+gateway_completions_total{arm="control",model="tab"} 950.0
+gateway_completions_total{arm="canary",model="tab"} 48.0
+gateway_completions_total{arm="control",model="other"} 7.0
+gateway_completion_errors_total{arm="canary",model="tab"} 2.0
+gateway_completions_created{arm="control",model="tab"} 1.7e9
+"""
+
+
+def test_arm_counters_from_prometheus_text() -> None:
+    got = parse_arm_counters(METRICS, "tab")
+    assert got == {"control": ArmHealth(950, 0), "canary": ArmHealth(50, 2)}
+
+
+def test_counters_since_the_canary_started_survive_a_gateway_restart() -> None:
+    base = {"control": ArmHealth(900, 0), "canary": ArmHealth(40, 1)}
+    assert _since({"control": ArmHealth(950, 0), "canary": ArmHealth(50, 2)}, base) == {
+        "control": ArmHealth(50, 0), "canary": ArmHealth(10, 1)}
+    assert _since({"control": ArmHealth(5, 0)}, base) == {"control": ArmHealth(5, 0)}  # counters began again
