@@ -21,10 +21,12 @@ def settings(tmp_path_factory) -> TidalSettings:
     root = tmp_path_factory.mktemp("tidal")
     models = [{"name": "tab", "replicas": 2, "update_strategy": "lora"},
               {"name": "tabfull", "replicas": 1, "update_strategy": "restart"}]
-    # Training sized for a test: a short, aggressive run that checkpoints often (so it can be killed mid-run).
-    train = {"ppo": {"learning_rate": 2e-3, "critic_learning_rate": 1e-2, "batch_size": 32, "minibatch_size": 8,
-                     "passes": 4, "epochs": 2},
-             "checkpoint_every": 2, "retry_delay_s": 0.0, "gate": {"eval_bytes": 20_000}}
+    # Training sized for a test: a short run that checkpoints often (so it can be killed mid-run), a KL penalty
+    # strong enough to keep the 25-second base's code modelling within the gate, whose bits/byte tolerance is
+    # widened for this fragile base (a run at lr 2e-3, kl_coef 0.05 cost it 0.28 bits/byte).
+    train = {"ppo": {"learning_rate": 1.5e-3, "critic_learning_rate": 1e-2, "batch_size": 32, "minibatch_size": 8,
+                     "passes": 4, "epochs": 2, "kl_coef": 0.2},
+             "checkpoint_every": 2, "retry_delay_s": 0.0, "gate": {"eval_bytes": 20_000, "bpb_tolerance": 0.2}}
     # Canary sized for a test: quick looks (feedback arrives within a second here), a first step long enough to
     # judge the degraded candidate of test_promote (~70 canary outcomes at a few requests/s on two cores), and
     # the mSPRT mixture tuned to that large effect.
