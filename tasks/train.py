@@ -24,7 +24,7 @@ from tasks.bootstrap import code_revision
 from tidal.procs import tail
 from tidal.registry import Registry, VersionInfo, publish
 from tidal.settings import PROJECT_ROOT, TidalSettings
-from tidal.store import ObjectStore, download_dir
+from tidal.store import ObjectStore, download_dir, get_json
 from training.job_spec import (
     EXIT_BAD_INPUT,
     EXIT_DIVERGED,
@@ -157,7 +157,7 @@ def _retry_only_crashes(task, task_run, state) -> bool:
 def run_trainer(plan: TrainPlan, store: ObjectStore) -> TrainResult:
     """The PPO job, in its own process; each retry resumes from the run's last checkpoint."""
     _job(plan, "train")
-    result = TrainResult.model_validate(_get_json(store, f"{plan.spec.prefix}/result.json"))
+    result = TrainResult.model_validate(get_json(store, f"{plan.spec.prefix}/result.json"))
     get_run_logger().info("%s: %d iterations on %d rows (resumed after %s), %.0f tokens/s", plan.spec.run_key,
                           result.iterations, result.train_rows, result.resumed_from, result.tokens_per_s)
     return result
@@ -166,15 +166,7 @@ def run_trainer(plan: TrainPlan, store: ObjectStore) -> TrainResult:
 @task(cache_policy=NO_CACHE, retry_condition_fn=_retry_only_crashes)
 def run_offline_gate(plan: TrainPlan, store: ObjectStore) -> GateReport:
     _job(plan, "gate")
-    return GateReport.model_validate(_get_json(store, f"{plan.spec.prefix}/gate.json"))
-
-
-def _get_json(store: ObjectStore, key: str) -> dict:
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        store.get_file(key, Path(tmp) / "obj.json")
-        return json.loads((Path(tmp) / "obj.json").read_text())
+    return GateReport.model_validate(get_json(store, f"{plan.spec.prefix}/gate.json"))
 
 
 @task(cache_policy=NO_CACHE)

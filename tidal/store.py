@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlparse
@@ -136,3 +138,17 @@ def download_dir(store: ObjectStore, prefix: str, local: Path) -> Path:
         store.get_file(key, local / key[len(prefix.rstrip("/")) + 1 :])
     done.touch()
     return local
+
+
+def put_json(store: ObjectStore, key: str, data: dict) -> None:
+    """Write `data` as one JSON object (whole: LocalStore renames into place, an S3 put is atomic)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "obj.json"
+        path.write_text(json.dumps(data, indent=2, sort_keys=True))
+        store.put_file(path, key)
+
+
+def get_json(store: ObjectStore, key: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        store.get_file(key, Path(tmp) / "obj.json")
+        return json.loads((Path(tmp) / "obj.json").read_text())

@@ -12,7 +12,6 @@ training); anything else is a crash worth retrying.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -22,24 +21,11 @@ import torch
 
 from tidal.registry import CheckpointCache, Registry, VersionInfo
 from tidal.settings import load_settings
-from tidal.store import ObjectStore, download_dir, open_store, upload_dir
+from tidal.store import ObjectStore, download_dir, open_store, put_json, upload_dir
 from training.job_spec import EXIT_BAD_INPUT, EXIT_DIVERGED, TrainJob, TrainResult
 from training.reward_data import DatasetError, load_dataset, split
 
 STATE_DIR = "state"
-
-
-def _put_json(store: ObjectStore, key: str, data: dict) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "obj.json"
-        path.write_text(json.dumps(data, indent=2, sort_keys=True))
-        store.put_file(path, key)
-
-
-def _get_json(store: ObjectStore, key: str) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        store.get_file(key, Path(tmp) / "obj.json")
-        return json.loads((Path(tmp) / "obj.json").read_text())
 
 
 def save_state(store: ObjectStore, prefix: str, iteration: int, state: dict) -> str:
@@ -137,7 +123,7 @@ def train(spec: TrainJob) -> None:
         train_rows=len(picked.kept), heldout_rows=len(heldout), dropped=dropped, final=final,
         tokens_per_s=sum(h["charts/tokens_per_s"] for h in history) / max(len(history), 1),
         kind=candidate_kind(cfg))
-    _put_json(store, f"{spec.prefix}/result.json", result.model_dump())  # last: the run is complete
+    put_json(store, f"{spec.prefix}/result.json", result.model_dump())  # last: the run is complete
 
 
 SHOWN = {"ppo/policy_loss", "ppo/value_loss", "ppo/approx_kl", "ppo/clipfrac", "ppo/is_weight_mean", "ppo/reward_mean",
@@ -172,7 +158,7 @@ def gate(spec: TrainJob) -> None:
     now = int(time.time() * 1000)
     MlflowClient(spec.tracking_uri).log_batch(
         spec.mlflow_run_id, metrics=[Metric(f"gate/{k}", v, now, 0) for k, v in report.figures.items()])
-    _put_json(store, f"{spec.prefix}/gate.json", report.model_dump())
+    put_json(store, f"{spec.prefix}/gate.json", report.model_dump())
     print(("gate passed" if report.passed else f"gate FAILED: {report.reason}"), flush=True)
 
 

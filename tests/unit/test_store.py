@@ -280,3 +280,11 @@ def test_open_store_builds_s3_store_from_settings(monkeypatch: pytest.MonkeyPatc
     assert (store.bucket, store.prefix, store.url) == (BUCKET, "from-settings", f"s3://{BUCKET}/from-settings")
     store.put_file(make_file(tmp_path / "f", "x"), "k")
     assert store.exists("k")
+
+
+def test_json_objects_round_trip(tmp_path) -> None:
+    from tidal.store import LocalStore, get_json, put_json
+
+    store = LocalStore(tmp_path / "s")
+    put_json(store, "training/run/result.json", {"iterations": 3, "final": {"ppo/approx_kl": 0.01}})
+    assert get_json(store, "training/run/result.json") == {"iterations": 3, "final": {"ppo/approx_kl": 0.01}}
