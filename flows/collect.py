@@ -19,17 +19,35 @@ from prefect import flow, get_run_logger
 from data_contracts.dataset import dataset_id
 from data_contracts.pipeline import contract_params
 from data_contracts.suites import CONTRACT_VERSION
-from tasks.collect import (advance_watermark, assign_rewards, build_samples, dedupe, drop_stale, find_new_partitions, join_feedback,
-                           load_encoder, load_logs, log_to_mlflow, publish_data_docs, publish_reports, quarantine_failures,
-                           read_versions, validate_logs, write_dataset_version)
+from tasks import events
+from tasks.collect import (
+    advance_watermark,
+    assign_rewards,
+    build_samples,
+    dedupe,
+    drop_stale,
+    find_new_partitions,
+    join_feedback,
+    load_encoder,
+    load_logs,
+    log_to_mlflow,
+    publish_data_docs,
+    publish_reports,
+    quarantine_failures,
+    read_versions,
+    validate_logs,
+    write_dataset_version,
+)
+from tasks.events import Driver
 from tidal.registry import Registry
 from tidal.settings import load_settings
 from tidal.store import open_store
 
 
 @flow(name="collect", log_prints=True)
-def collect(model: str = "tab", include_open_hour: bool = False) -> str:
-    """Returns the id of the dataset written, or of the last one when nothing new was stored."""
+def collect(model: str = "tab", include_open_hour: bool = False, driver: Driver = "standalone") -> str:
+    """Returns the id of the dataset written, or of the last one when nothing new was stored. A new dataset
+    emits `tidal.dataset.ready` (which starts `train-<model>` for standalone runs)."""
     settings = load_settings()
     settings.model(model)  # unknown model → clear error
     cfg, store, registry = settings.collect, open_store(settings), Registry(settings.mlflow.tracking_uri)
@@ -57,7 +75,8 @@ def collect(model: str = "tab", include_open_hour: bool = False) -> str:
     manifest, watermark = write_dataset_version(store, plan, work, samples, rule, cfg, versions, quarantine, ds_id, as_of_ms)
     run_id = log_to_mlflow(settings.mlflow.tracking_uri, manifest, samples)
     publish_reports(manifest, docs_uri, run_id, store)
-    advance_watermark(store, watermark)  # last: only after the dataset is written and logged
+    advance_watermark(store, watermark)  # only after the dataset is written and logged
+    events.dataset_ready(model, ds_id, int(manifest["rows"]), driver)
 
     total = manifest["counts"]["total"]
     print(f"{model}: dataset {ds_id}: {manifest['rows']} samples; rows in {total['in']} = kept {total['kept']} + "

@@ -1,8 +1,12 @@
 """Scheduled flows: `python -m flows.deployments` registers the deployments with the Prefect server and
 runs them when due (a Prefect runner: the local counterpart of a worker on a work pool).
 
-Per configured model: `collect-<model>` on its cron schedule, and `train-<model>` on demand (from the UI,
-`prefect deployment run train/train-<model>`, or the flywheel).
+Per configured model (`flywheel.loop` picks which schedule and triggers are active):
+  collect-<model>   on its cron schedule ('chained')
+  train-<model>     on each `tidal.dataset.ready` event of a standalone collect ('chained'), or on demand
+  promote-<model>   on each `tidal.candidate.registered` event of a standalone train ('chained'), or on demand
+  flywheel-<model>  whole cycles on its cron schedule ('flywheel'), or on demand
+On demand: the UI, `prefect deployment run <flow>/<deployment>`, or the `tidal` commands.
 """
 
 from __future__ import annotations
@@ -13,18 +17,38 @@ from tidal.settings import TidalSettings, load_settings
 
 
 def deployments(settings: TidalSettings) -> list:
-    from flows.collect import (
-        collect,  # Prefect reads its API URL on import: after the environment is set
-    )
-    from flows.train import train
+    from prefect.events import DeploymentEventTrigger
+    from prefect.schedules import Cron
 
-    c = settings.collect
+    from flows.collect import collect  # Prefect reads its API URL on import: after the environment is set
+    from flows.flywheel import flywheel
+    from flows.promote import promote
+    from flows.train import train
+    from tasks.events import CANDIDATE_REGISTERED, DATASET_READY
+
+    chained, cycles = settings.flywheel.loop == "chained", settings.flywheel.loop == "flywheel"
     out = []
     for m in settings.models:
-        out.append(collect.to_deployment(name=f"collect-{m.name}", cron=c.schedule_cron, parameters={"model": m.name},
-                                         description=f"Validate {m.name}'s new logs into a reward dataset.", tags=["tidal", m.name]))
-        out.append(train.to_deployment(name=f"train-{m.name}", parameters={"model": m.name}, tags=["tidal", m.name],
-                                       description=f"PPO from {m.name}'s champion on its latest dataset; gated candidate."))
+        name, tags = m.name, ["tidal", m.name]
+        # Standalone runs chain by events; runs inside the flywheel carry driver=flywheel and trigger nothing.
+        on = {"tidal.model": name, "tidal.driver": "standalone"}
+        out += [
+            collect.to_deployment(name=f"collect-{name}", schedules=[Cron(settings.collect.schedule_cron, timezone="UTC", active=chained)], tags=tags,
+                                  parameters={"model": name}, description=f"Validate {name}'s new logs into a reward dataset."),
+            train.to_deployment(name=f"train-{name}", parameters={"model": name}, tags=tags, concurrency_limit=1,
+                                description=f"PPO from {name}'s champion on a dataset; gated candidate.",
+                                triggers=[DeploymentEventTrigger(
+                                    name=f"{name}: dataset ready", expect={DATASET_READY}, match=on, enabled=chained,
+                                    parameters={"model": name, "dataset_id": "{{ event.payload.dataset_id }}"})]),
+            promote.to_deployment(name=f"promote-{name}", parameters={"model": name}, tags=tags, concurrency_limit=1,
+                                  description=f"Canary A/B of {name}'s candidate; promote or roll back.",
+                                  triggers=[DeploymentEventTrigger(
+                                      name=f"{name}: candidate registered", expect={CANDIDATE_REGISTERED}, match=on,
+                                      enabled=chained, parameters={"model": name, "candidate": "{{ event.payload.version }}"})]),
+            flywheel.to_deployment(name=f"flywheel-{name}", schedules=[Cron(settings.flywheel.schedule_cron, timezone="UTC", active=cycles)],
+                                   parameters={"model": name}, tags=tags, concurrency_limit=1,
+                                   description=f"One whole cycle for {name}: collect → train → promote."),
+        ]
     return out
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger
 
+from tasks import events
+from tasks.events import Driver
 from tasks.train import (
     GateFailed,
     find_registered,
@@ -30,8 +32,9 @@ from tidal.store import open_store
 
 
 @flow(name="train", log_prints=True)
-def train(model: str = "tab", dataset_id: str | None = None) -> int:
-    """Returns the candidate's version."""
+def train(model: str = "tab", dataset_id: str | None = None, driver: Driver = "standalone") -> int:
+    """Returns the candidate's version; emits `tidal.candidate.registered` (which starts `promote-<model>`
+    for standalone runs)."""
     settings = load_settings()
     settings.model(model)  # unknown model → clear error
     cfg, store, registry = settings.train, open_store(settings), Registry(settings.mlflow.tracking_uri)
@@ -50,5 +53,6 @@ def train(model: str = "tab", dataset_id: str | None = None) -> int:
     if info.tags.get("tidal.gate.passed") != "true":
         raise GateFailed(f"{model} v{info.version} failed the offline gate: {info.tags.get('tidal.gate.reason', 'unknown')}")
     promote_to_candidate(registry, info)
+    events.candidate_registered(model, info.version, manifest["dataset_id"], driver)
     print(f"{model} v{info.version} trained from v{champion.version} on {manifest['dataset_id']}: gate passed, alias 'candidate'")
     return info.version

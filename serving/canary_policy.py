@@ -158,6 +158,9 @@ def look(cfg: CanaryConfig, step: int, outcomes: list[Outcome], step_canary_n: i
     if step_elapsed_s >= cfg.max_step_s:
         return out("inconclusive", f"no decision within {cfg.max_step_s:.0f} s at {weight:.0%} "
                                    f"({step_canary_n} canary outcomes this step, {cfg.primary} p={primary.p_value:.4f})")
+    if step_canary_n >= cfg.min_samples:  # the last step, complete, without a significant improvement yet
+        return out("wait", f"{cfg.primary} not significantly better yet after {step_canary_n} canary outcomes at {weight:.0%} "
+                           f"(delta in [{primary.low:.4f}, {primary.high:.4f}], p={primary.p_value:.4f})")
     return out("wait", f"{step_canary_n}/{cfg.min_samples} canary outcomes at {weight:.0%}")
 
 

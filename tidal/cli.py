@@ -114,15 +114,15 @@ def cmd_route(settings: TidalSettings, args) -> None:
 
 
 def cmd_demo(settings: TidalSettings, args) -> None:
-    cmd_up(settings, argparse.Namespace(no_fleet=False))
-    g = settings.gateway
-    key_hint = "$(cat " + str(settings.data_path / "secrets" / "client_key_local") + ")" if not g.clients else "<your client key>"
-    model = settings.models[0].name
-    print("\nTry a completion through the gateway (token ids and log-probs are logged for training):\n"
-          f"  curl -s http://{g.host}:{g.port}/v1/completions -H \"Authorization: Bearer {key_hint}\" \\\n"
-          f"    -H 'Content-Type: application/json' -d '{{\"model\": \"{model}\", \"prompt\": \"def fib(n):\\n    \", "
-          f"\"max_tokens\": 16, \"logprobs\": 1}}'\n"
-          "Stop everything with: .venv/bin/tidal down")
+    from tidal.demo import cmd_demo as run
+
+    run(settings, args)
+
+
+def cmd_eval(settings: TidalSettings, args) -> None:
+    from tidal.demo import cmd_eval as run
+
+    run(settings, args)
 
 
 def print_status(status: dict) -> None:
@@ -197,7 +197,17 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_argument("--by", default="cli", help="who (kept in the route history)")
         parser.add_argument("--reason", default="", help="why (kept in the route history)")
         parser.set_defaults(func=cmd_route)
-    sub.add_parser("demo", help="the main job: bring the platform up and serve the champion").set_defaults(func=cmd_demo)
+    de = sub.add_parser("demo", help="the main job: platform up, simulated users, flywheel cycles, held-out report")
+    de.add_argument("--cycles", type=int, default=None, help="flywheel cycles (default: demo.cycles, 3)")
+    de.add_argument("--model", default=None, help="model to run (default: the first configured)")
+    de.set_defaults(func=cmd_demo)
+    ev = sub.add_parser("eval", help="replay held-out simulated users against versions; metrics with 95% CIs")
+    ev.add_argument("model")
+    ev.add_argument("--versions", required=True, help="comma-separated versions, e.g. 1,4")
+    ev.add_argument("--requests", type=int, default=600, help="held-out requests per version")
+    ev.add_argument("--seed", type=int, default=8, help="seed of the held-out sample (same sites for every version)")
+    ev.add_argument("--json", action="store_true")
+    ev.set_defaults(func=cmd_eval)
     return p
 
 

@@ -79,7 +79,7 @@ class Platform:
         """Where child processes read the settings this process resolved (written by `ensure`)."""
         return self.run_dir / "settings.yaml"
 
-    def _write_settings_file(self) -> None:
+    def write_settings_file(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         data = self.settings.model_dump(mode="json")
         data["data_dir"] = str(self.settings.data_path)
@@ -97,7 +97,7 @@ class Platform:
             wait_http(svc.ready_url, svc.ready_timeout_s, svc.name, log=info.log)
             return info
         require_port(svc.host, svc.port, svc.name, svc.port_setting)
-        self._write_settings_file()
+        self.write_settings_file()
         for d in svc.dirs:
             d.mkdir(parents=True, exist_ok=True)
         proc, info = spawn(svc.name, svc.cmd, self.log_dir / f"{svc.name}.log", env=svc.env, cwd=self.settings.data_path)

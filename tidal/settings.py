@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from data_contracts.collect_settings import CollectSettings
 from serving.canary_policy import CanaryConfig
 from serving.logsink import LogSinkSettings
+from tidal.loop_settings import DemoSettings, FlywheelSettings
 from tidal.section import Section
 from serving.routes import RouteLimits
 from training.policy import PolicyConfig
@@ -147,6 +148,8 @@ class TidalSettings(BaseSettings):
     collect: CollectSettings = Field(default_factory=CollectSettings, description="Collection flow: contracts, reward rules, watermark timing.")
     train: TrainSettings = Field(default_factory=TrainSettings, description="Training plane: PPO, checkpoints, offline gate.")
     canary: CanaryConfig = Field(default_factory=CanaryConfig, description="Release plane: canary ramp, sequential test, guardrails.")
+    flywheel: FlywheelSettings = Field(default_factory=FlywheelSettings, description="How the deployed loop is scheduled.")
+    demo: DemoSettings = Field(default_factory=DemoSettings, description="What `tidal demo` runs: cycles, simulated users, its canary and training.")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):

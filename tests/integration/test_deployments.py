@@ -1,4 +1,4 @@
-"""Deployed flows: the runner registers an hourly collect and an on-demand train deployment per model."""
+"""Deployed flows: per model, collect on its schedule, train and promote chained by events, the flywheel on demand."""
 
 from __future__ import annotations
 
@@ -21,6 +21,15 @@ def test_collect_is_deployed_on_its_schedule(platform, settings):
         assert crons == [settings.collect.schedule_cron]
         flow = httpx.get(f"{api}/flows/{d['flow_id']}", timeout=30).json()
         assert flow["name"] == "collect"
-        t = by_name[f"train-{m.name}"]  # on demand: no schedule
-        assert t["parameters"] == {"model": m.name} and not [s for s in t["schedules"] if s.get("active", True)]
+        fly = by_name[f"flywheel-{m.name}"]  # the whole cycle: on demand ('chained' loop by default)
+        assert [(s["schedule"]["cron"], s["active"]) for s in fly["schedules"]] == [(settings.flywheel.schedule_cron, False)]
+        for stage, event in (("train", "tidal.dataset.ready"), ("promote", "tidal.candidate.registered")):
+            t = by_name[f"{stage}-{m.name}"]  # started by the previous stage's event, or on demand
+            assert t["parameters"] == {"model": m.name} and not [s for s in t["schedules"] if s.get("active", True)]
+            assert t["concurrency_limit"] == 1 or t.get("global_concurrency_limit", {}).get("limit") == 1
+            automations = httpx.get(f"{api}/automations/related-to/prefect.deployment.{t['id']}", timeout=30)
+            triggers = [a["trigger"] for a in automations.json()] if automations.is_success else []
+            match = [{k: v if isinstance(v, list) else [v] for k, v in tr["match"].items()} for tr in triggers]
+            assert [tr["expect"] for tr in triggers] == [[event]], automations.text
+            assert match == [{"tidal.model": [m.name], "tidal.driver": ["standalone"]}], automations.text
     assert httpx.get(f"http://{settings.prefect.host}:{settings.prefect.runner_port}/health", timeout=10).is_success

@@ -252,3 +252,28 @@ def test_inconclusive_ramp_asks_a_human_and_a_typed_answer_promotes(settings, re
     assert registry.aliases("tab")["champion"] == 1
     assert [(a["version"], a["weight"]) for a in platform.routes_client().show()["routes"]["tab"]["arms"]] == [(1, 1.0)]
     assert users.errors == []
+
+
+@pytest.mark.timeout(1500)
+def test_better_candidate_is_promoted_through_every_step(settings, registry, checkpoints, base_dir, users, tmp_path, platform):
+    # The newline adapter reversed: the model breaks lines less often, so these users accept more.
+    better = newline_adapter(base_dir, tmp_path / "single-line", strength=-40.0)
+    info = publish(registry, checkpoints.store, "tab", better, "lora", 1, {"tidal.origin": "test: better"})
+    env = {**os.environ, "TIDAL_CANARY__STEPS": "[0.1, 0.3, 0.5]", "TIDAL_CANARY__MIN_SAMPLES": "60",
+           "TIDAL_CANARY__MAX_STEP_S": "600"}
+    rc, out = Promote(info.version, tmp_path / "promote.log", env=env).finish(timeout=1200)
+    assert rc == 0 and "promoted" in out, out[-3000:]
+    t = tags(registry, info.version)
+    assert {"tidal.release.step_1", "tidal.release.step_2", "tidal.release.step_3", "tidal.release.promoted"} <= set(t)
+    promoted = json.loads(t["tidal.release.promoted"])
+    print("better canary:", promoted["reason"], promoted["figures"])
+    assert "rose" in promoted["reason"]
+    aliases = registry.aliases("tab")
+    assert (aliases["champion"], aliases["previous"]) == (info.version, 1)
+    arms = platform.routes_client().show()["routes"]["tab"]["arms"]
+    assert [(a["name"], a["version"], a["weight"]) for a in arms] == [("control", info.version, 1.0)]
+    assert users.errors == []
+    # back to version 1 for the tests that follow
+    rb = subprocess.run([sys.executable, "-m", "tidal.cli", "rollback", "tab", "--to", "1", "--reason", "test cleanup"],
+                        capture_output=True, text=True, env=dict(os.environ), check=False)
+    assert rb.returncode == 0 and registry.aliases("tab")["champion"] == 1, rb.stdout + rb.stderr

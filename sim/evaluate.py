@@ -1,0 +1,103 @@
+"""Held-out evaluation: replay one fixed sample of Tab requests (eval files, never pretrained or trained
+on) against given versions, straight to the replicas serving them — eval traffic never reaches the
+gateway's logs, so it never becomes training data.
+
+Every version sees the same sites, users and per-request sampling seeds. Figures come with 95%
+confidence intervals (normal approximation; accept rate is a ratio of means, its interval by the delta
+method). Beside each version: the simple baseline the design notes ask for, the same completions cut to
+the k characters (best k by accepted characters per request) — a version only counts as learned if it
+beats that too.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from data_contracts.rewards import RewardRule
+from sim.tab_sites import TabSite, cursor_sites, site_files
+from sim.users import SimUsersConfig, population, verdict
+
+TRUNCATIONS = (2, 3, 4, 6, 8, 12)
+Z95 = 1.959964
+
+
+@dataclass(frozen=True)
+class Estimate:
+    mean: float
+    low: float
+    high: float
+
+    def __str__(self) -> str:
+        return f"{self.mean:.3f} [{self.low:.3f}, {self.high:.3f}]"
+
+
+def mean_ci(values: list[float]) -> Estimate:
+    n = len(values)
+    m = sum(values) / n
+    sd = math.sqrt(sum((v - m) ** 2 for v in values) / max(1, n - 1))
+    return Estimate(m, m - Z95 * sd / math.sqrt(n), m + Z95 * sd / math.sqrt(n))
+
+
+def ratio_ci(num: list[float], den: list[float]) -> Estimate:
+    """sum(num)/sum(den) with a delta-method interval (accepts per suggestion shown)."""
+    n, sd_ = len(num), sum(den)
+    if sd_ == 0:
+        return Estimate(math.nan, math.nan, math.nan)
+    r = sum(num) / sd_
+    mean_den = sd_ / n
+    resid = [(a - r * b) for a, b in zip(num, den)]
+    se = math.sqrt(sum(x * x for x in resid) / max(1, n - 1) / n) / mean_den
+    return Estimate(r, r - Z95 * se, r + Z95 * se)
+
+
+@dataclass(frozen=True)
+class EvalCase:
+    site: TabSite
+    min_chars: int  # the user's minimum accepted length
+    seed: int  # sampling seed of this request (the same for every version)
+
+
+def eval_cases(cfg: SimUsersConfig, heldout_fraction: float, n: int, seed: int) -> list[EvalCase]:
+    root, files = site_files("eval", heldout_fraction, cfg.eval_fraction, cfg.code_dir)
+    sites = cursor_sites(root, files, n, seed, cfg.context_bytes)
+    users, rng = population(cfg.model_copy(update={"seed": seed})), random.Random(f"eval/{seed}")
+    return [EvalCase(s, users[rng.randrange(len(users))].min_chars, rng.randrange(2**31)) for s in sites]
+
+
+def score(cases: list[EvalCase], texts: list[str], rule: RewardRule) -> dict[str, Estimate]:
+    """Users' verdicts on `texts` (one per case) → the flywheel's metrics with intervals."""
+    shown, acc, kept, rew = [], [], [], []
+    for case, text in zip(cases, texts):
+        event, k = verdict(text, case.site.intended, case.min_chars)
+        shown.append(float(bool(text)))
+        acc.append(float(event == "accepted"))
+        kept.append(float(k if event in ("accepted", "partial") else 0))
+        rew.append(rule.reward(event or "none", k if event == "partial" else None, text))
+    return {"suggestion_rate": mean_ci(shown), "accept_rate": ratio_ci(acc, shown),
+            "reward_per_request": mean_ci(rew), "accepted_chars_per_request": mean_ci(kept)}
+
+
+def best_truncation(cases: list[EvalCase], texts: list[str], rule: RewardRule) -> tuple[int, dict[str, Estimate]]:
+    """The baseline: completions cut to k characters, k chosen for the most accepted characters per request."""
+    scored = {k: score(cases, [t[:k] for t in texts], rule) for k in TRUNCATIONS}
+    k = max(scored, key=lambda k: scored[k]["accepted_chars_per_request"].mean)
+    return k, scored[k]
+
+
+def complete_all(base_url: str, served_name: str, cases: list[EvalCase], max_tokens: int, temperature: float,
+                 concurrency: int = 4) -> list[str]:
+    """Each case's completion from one replica (OpenAI SDK against vLLM's server, seeded per request)."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base_url.rstrip("/") + "/v1", api_key="unused", max_retries=2, timeout=120)
+
+    def one(case: EvalCase) -> str:
+        r = client.completions.create(model=served_name, prompt=case.site.prompt, max_tokens=max_tokens,
+                                      temperature=temperature, seed=case.seed)
+        return r.choices[0].text
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(one, cases))

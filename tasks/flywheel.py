@@ -1,0 +1,125 @@
+"""Prefect tasks of the flywheel flow (composed by flows/flywheel.py): what one cycle did and how users
+fared under each version, read back from the platform's own records (dataset, registry tags)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from prefect import task
+from prefect.artifacts import create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from tidal.registry import Registry
+from tidal.store import ObjectStore, get_json, put_json
+from training.reward_data import load_dataset
+
+METRICS = ("requests", "suggestion_rate", "accept_rate", "reward_per_request", "accepted_chars_per_request")
+
+
+@dataclass
+class CycleReport:
+    """One flywheel cycle: the data it learned from, the candidate, and what the release plane decided."""
+
+    model: str
+    cycle: int
+    champion_before: int
+    dataset_id: str
+    rows: int
+    candidate: int | None = None
+    decision: str = ""  # promoted | rolled_back | gate_failed | train_failed | release_failed | no_new_data
+    reason: str = ""
+    champion_after: int = 0
+    served: dict[int, dict[str, float]] = field(default_factory=dict)  # version → METRICS over the dataset's rows
+
+    def row(self) -> dict:
+        champ = self.served.get(self.champion_before, {})
+        return {"cycle": self.cycle, "champion": f"v{self.champion_before}",
+                "candidate": f"v{self.candidate}" if self.candidate else "-", "dataset": self.dataset_id, "rows": self.rows,
+                **{k: round(champ.get(k, float("nan")), 4) for k in METRICS[1:]},
+                "decision": self.decision, "reason": self.reason[:200], "champion_after": f"v{self.champion_after}"}
+
+
+def served_metrics(samples) -> dict[int, dict[str, float]]:
+    """Per behaviour version: requests, share with a suggestion shown, accepts per suggestion, reward and
+    characters kept per request. Kept characters follow the reward rule's reading of a verdict: an
+    accept without a count kept the whole suggestion."""
+    out: dict[int, dict[str, float]] = {}
+    for v in sorted({s.version for s in samples}):
+        rows = [s for s in samples if s.version == v]
+        shown = [s for s in rows if s.completion_text]
+        kept = [min(len(s.completion_text), s.accepted_chars if s.accepted_chars is not None else len(s.completion_text))
+                if s.event in ("accepted", "partial") else 0 for s in rows]
+        out[v] = {"requests": float(len(rows)), "suggestion_rate": len(shown) / len(rows),
+                  "accept_rate": sum(s.event == "accepted" for s in shown) / max(1, len(shown)),
+                  "reward_per_request": sum(s.reward for s in rows) / len(rows),
+                  "accepted_chars_per_request": sum(kept) / len(rows)}
+    return out
+
+
+@task(cache_policy=NO_CACHE)
+def open_cycle(registry: Registry, store: ObjectStore, model: str, cycle: int, dataset_id: str) -> CycleReport:
+    """The cycle's starting point, with how users fared under each version in its dataset;
+    `no_new_data` when the champion already learned from this dataset."""
+    champion = registry.by_alias(model, "champion")
+    ds = load_dataset(store, model, dataset_id)
+    report = CycleReport(model, cycle, champion.version, dataset_id, len(ds.samples), served=served_metrics(ds.samples),
+                         champion_after=champion.version)
+    trained = registry.find_by_tag(model, "tidal.dataset_id", dataset_id)
+    if trained is not None and trained.tags.get("tidal.parent_version") == str(champion.version):
+        report.decision, report.candidate = "no_new_data", trained.version
+        report.reason = f"v{champion.version} already trained on {dataset_id} (v{trained.version}); waiting for new logs"
+    return report
+
+
+@task(cache_policy=NO_CACHE)
+def close_cycle(registry: Registry, report: CycleReport, decision: str, reason: str = "") -> CycleReport:
+    """Records the decision and the champion after it; a release's reason comes from the candidate's audit tags."""
+    report.decision = decision
+    if not reason and report.candidate is not None:
+        audit = registry.get(report.model, report.candidate).tags.get(f"tidal.release.{decision}")
+        reason = json.loads(audit).get("reason", "") if audit else ""
+    report.reason = reason
+    report.champion_after = registry.by_alias(report.model, "champion").version
+    return report
+
+
+@task(cache_policy=NO_CACHE)
+def close_failed_training(registry: Registry, report: CycleReport, message: str) -> CycleReport:
+    """A train subflow that did not complete: `gate_failed` (the candidate is registered with the failing
+    checks) or `train_failed` (no candidate; the message says why)."""
+    registered = registry.find_by_tag(report.model, "tidal.dataset_id", report.dataset_id)
+    if registered is not None and registered.tags.get("tidal.parent_version") == str(report.champion_before):
+        report.candidate = registered.version
+    gate_failed = report.candidate is not None and registered.tags.get("tidal.gate.passed") == "false"
+    return close_cycle.fn(registry, report, "gate_failed" if gate_failed else "train_failed", message or "no message")
+
+
+@task(cache_policy=NO_CACHE)
+def publish_cycles(model: str, reports: list[CycleReport]) -> None:
+    create_table_artifact(key=f"{model}-flywheel", table=[r.row() for r in reports],
+                          description=f"{model}: flywheel cycles (metrics: the champion's served traffic in each cycle's dataset)")
+
+
+def as_dicts(reports: list[CycleReport]) -> list[dict]:
+    return [asdict(r) for r in reports]
+
+
+def cycle_key(model: str, cycle: int) -> str:
+    return f"state/flywheel/model={model}/cycle-{cycle:05d}.json"
+
+
+@task(cache_policy=NO_CACHE)
+def record_cycle(store: ObjectStore, report: CycleReport) -> None:
+    """The cycle's report, kept in the object store: the loop's history, whoever ran the cycle."""
+    put_json(store, cycle_key(report.model, report.cycle), asdict(report))
+
+
+def load_cycles(store: ObjectStore, model: str) -> list[dict]:
+    """Every recorded cycle of the model, in order (version keys back to ints)."""
+    out = []
+    for key in store.list(f"state/flywheel/model={model}/"):
+        r = get_json(store, key)
+        r["served"] = {int(v): m for v, m in r["served"].items()}
+        out.append(r)
+    return sorted(out, key=lambda r: r["cycle"])

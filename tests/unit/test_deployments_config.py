@@ -1,0 +1,48 @@
+"""The deployments each loop mode registers: which schedules and event triggers are active."""
+
+from __future__ import annotations
+
+import pytest
+
+from flows.deployments import deployments
+from tidal.settings import load_settings
+
+
+@pytest.fixture()
+def settings_for(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    for k in [k for k in __import__("os").environ if k.startswith("TIDAL_")]:
+        monkeypatch.delenv(k)
+
+    def make(loop: str):
+        return load_settings(flywheel={"loop": loop}, models=[{"name": "tab"}, {"name": "chat"}])
+
+    return make
+
+
+def by_name(settings) -> dict:
+    return {d.name: d for d in deployments(settings)}
+
+
+@pytest.mark.parametrize("loop, collect_on, triggers_on, flywheel_on", [
+    ("chained", True, True, False), ("flywheel", False, False, True), ("manual", False, False, False)])
+def test_loop_mode_decides_what_runs_by_itself(settings_for, loop, collect_on, triggers_on, flywheel_on):
+    s = settings_for(loop)
+    d = by_name(s)
+    assert set(d) == {f"{stage}-{m}" for stage in ("collect", "train", "promote", "flywheel") for m in ("tab", "chat")}
+    for m in ("tab", "chat"):
+        assert [sc.active for sc in d[f"collect-{m}"].schedules] == [collect_on]
+        assert [sc.active for sc in d[f"flywheel-{m}"].schedules] == [flywheel_on]
+        assert d[f"flywheel-{m}"].schedules[0].schedule.cron == s.flywheel.schedule_cron
+        for stage, event, param in (("train", "tidal.dataset.ready", "dataset_id"), ("promote", "tidal.candidate.registered", "candidate")):
+            [t] = d[f"{stage}-{m}"].triggers
+            assert t.expect == {event} and t.enabled is triggers_on
+            assert {k: list(v.root if hasattr(v, "root") else v) for k, v in t.match.items()} == {
+                "tidal.model": [m], "tidal.driver": ["standalone"]}
+            assert t.parameters["model"] == m and "event.payload" in t.parameters[param]
+            assert not d[f"{stage}-{m}"].schedules
+
+
+def test_an_unknown_loop_mode_is_refused(settings_for):
+    with pytest.raises(Exception, match="loop"):
+        settings_for("sometimes")

@@ -1,0 +1,45 @@
+"""Flywheel reporting: per-version figures from a dataset's rows, the cycle table, the demo's settings profile."""
+
+from __future__ import annotations
+
+import pytest
+
+from data_contracts.samples import RewardSample
+from tasks.flywheel import CycleReport, served_metrics
+from tidal.demo import cycle_table, demo_profile
+from tidal.settings import load_settings
+
+
+def sample(version: int, text: str, event: str, reward: float, chars: int | None = None) -> RewardSample:
+    return RewardSample(request_id=f"r{version}{text}{event}", model="tab", version=version, arm="control", user_hash="u",
+                        prompt_token_ids=[1], completion_token_ids=[2], behaviour_logprobs=[-0.1], completion_text=text,
+                        event=event, accepted_chars=chars, reward=reward, reward_rule="cursor-tab@1", completion_time_ms=0)
+
+
+def test_served_metrics_per_version():
+    rows = [sample(1, "abc", "accepted", 0.75), sample(1, "abcdef", "partial", 0.4, 4), sample(1, "", "none", 0.0),
+            sample(1, "zz", "rejected", -0.25), sample(2, "x", "rejected", -0.25)]
+    m = served_metrics(rows)
+    assert m[1] == pytest.approx({"requests": 4, "suggestion_rate": 0.75, "accept_rate": 1 / 3,
+                                  "reward_per_request": 0.9 / 4, "accepted_chars_per_request": 7 / 4})
+    assert m[2]["accept_rate"] == 0 and m[2]["suggestion_rate"] == 1
+
+
+def test_cycle_table_says_what_was_decided_and_why():
+    r = CycleReport("tab", 2, 3, "ds-1", 800, candidate=4, decision="rolled_back", reason="reward fell", champion_after=3,
+                    served={3: {"requests": 800, "suggestion_rate": 0.9, "accept_rate": 0.1, "reward_per_request": -0.1,
+                                "accepted_chars_per_request": 0.5}})
+    from dataclasses import asdict
+
+    table = cycle_table([asdict(r)])
+    assert "rolled_back v4 → champion v3" in table and "why: reward fell" in table and "0.900" in table
+    assert r.row()["decision"] == "rolled_back" and r.row()["suggestion_rate"] == 0.9
+
+
+def test_demo_profile_replaces_canary_and_training_and_stops_schedules(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    for k in [k for k in __import__("os").environ if k.startswith("TIDAL_")]:
+        monkeypatch.delenv(k)
+    s = demo_profile(load_settings())
+    assert s.canary == s.demo.canary and s.train == s.demo.train and s.flywheel.loop == "manual"
+    assert s.canary.steps == [0.25, 0.5]

@@ -1,0 +1,45 @@
+"""Settings of the loop as a whole: how the flywheel is scheduled, and what `tidal demo` runs."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from serving.canary_policy import CanaryConfig
+from sim.users import SimUsersConfig
+from tidal.section import Section
+from training.ppo_config import PPOConfig
+from training.train_settings import GateConfig, TrainSettings
+
+
+class FlywheelSettings(Section):
+    loop: Literal["chained", "flywheel", "manual"] = Field("chained", description=(
+        "How the deployed loop runs. 'chained': collect on its cron schedule, train started by each new dataset, "
+        "promote by each registered candidate (Prefect event triggers). 'flywheel': whole cycles on `schedule_cron` "
+        "(collect's schedule and the triggers are off). 'manual': no schedule or trigger is active (`tidal demo` drives "
+        "the cycles itself). Every deployment exists in each mode, for runs on demand."))
+    schedule_cron: str = Field("0 */2 * * *", description="When the flywheel deployment runs a cycle in 'flywheel' mode (UTC).")
+
+
+def _demo_canary() -> CanaryConfig:
+    # Simulated traffic is a few requests/s on a laptop: larger, shorter steps than production's 5% → 25% → 50%,
+    # and verdicts that arrive within seconds.
+    return CanaryConfig(steps=[0.25, 0.5], min_samples=150, max_step_s=240.0, feedback_wait_s=5.0, poll_s=3.0,
+                        unload_grace_s=10.0, mixture_sd=0.3)
+
+
+def _demo_train() -> TrainSettings:
+    # One short PPO run per cycle on a laptop's share of two cores (the fleet keeps serving meanwhile).
+    return TrainSettings(ppo=PPOConfig(learning_rate=1e-3, critic_learning_rate=1e-2, batch_size=32, minibatch_size=8,
+                                       epochs=2, passes=2, max_iterations=30, kl_coef=0.1),
+                         gate=GateConfig(eval_bytes=20_000, bpb_tolerance=0.1), checkpoint_every=10)
+
+
+class DemoSettings(Section):
+    cycles: int = Field(3, ge=1, description="Flywheel cycles `tidal demo` runs (continuing from the current champion).")
+    requests_per_cycle: int = Field(1200, ge=50, description="New simulated requests served before each cycle collects its logs.")
+    eval_requests: int = Field(600, ge=20, description="Held-out requests `tidal eval` replays per version at the end.")
+    users: SimUsersConfig = Field(default_factory=SimUsersConfig, description="The simulated users sending traffic.")
+    canary: CanaryConfig = Field(default_factory=_demo_canary, description="Canary settings of the demo's cycles (replace `canary`).")
+    train: TrainSettings = Field(default_factory=_demo_train, description="Training settings of the demo's cycles (replace `train`).")
