@@ -88,7 +88,7 @@ def best_truncation(cases: list[EvalCase], texts: list[str], rule: RewardRule) -
 
 
 def complete_all(base_url: str, served_name: str, cases: list[EvalCase], max_tokens: int, temperature: float,
-                 concurrency: int = 4) -> list[str]:
+                 stop: list[str], concurrency: int = 4) -> list[str]:
     """Each case's completion from one replica (OpenAI SDK against vLLM's server, seeded per request)."""
     from openai import OpenAI
 
@@ -96,7 +96,7 @@ def complete_all(base_url: str, served_name: str, cases: list[EvalCase], max_tok
 
     def one(case: EvalCase) -> str:
         r = client.completions.create(model=served_name, prompt=case.site.prompt, max_tokens=max_tokens,
-                                      temperature=temperature, seed=case.seed)
+                                      temperature=temperature, stop=stop or None, seed=case.seed)
         return r.choices[0].text
 
     with ThreadPoolExecutor(concurrency) as pool:

@@ -36,6 +36,10 @@ class SimUsersConfig(Section):
     concurrency: int = Field(4, ge=1, description="Requests in flight at once.")
     max_tokens: int = Field(16, ge=1, description="Completion budget a Tab request asks for.")
     temperature: float = Field(1.0, ge=0, le=2, description="Sampling temperature of Tab requests (PPO needs on-policy samples).")
+    stop: list[str] = Field(default_factory=lambda: ["\n"], description=(
+        "Stop strings of Tab requests: single-line suggestions by default, as editors ask for them. The policy "
+        "ends a suggestion by sampling a line break (a frequent token, so PPO explores where to stop); one "
+        "sampled first means nothing is shown."))
     min_chars: tuple[int, int] = Field((3, 6), description="Range of the per-user minimum accepted length (chars), inclusive.")
     think_s: tuple[float, float] = Field((0.0, 0.5), description="Range of a user's pause before each request (typing speed).")
     feedback_delay_s: tuple[float, float] = Field((0.2, 2.0), description="Range of a user's delay between suggestion and verdict.")
@@ -138,7 +142,8 @@ class SimTraffic(threading.Thread):
             time.sleep(user.think_s)
         try:
             r = self.client.completions.create(model=self.model, prompt=site.prompt, max_tokens=self.cfg.max_tokens,
-                                               temperature=self.cfg.temperature, user=user.user_id,
+                                               temperature=self.cfg.temperature, stop=self.cfg.stop or None,
+                                               user=user.user_id,
                                                seed=rng.randrange(2**31))
         except Exception as e:  # noqa: BLE001  a served error is counted, the users keep typing
             self.tally.error(f"completion: {e!r}"[:300])

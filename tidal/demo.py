@@ -63,7 +63,7 @@ def evaluate_versions(settings: TidalSettings, platform, model: str, versions: l
             fleet.deploy(model, v)
             url, loaded_here = replica_serving(fleet, model, v), True
         try:
-            texts = complete_all(url, info.served_name, cases, cfg.max_tokens, cfg.temperature, cfg.concurrency)
+            texts = complete_all(url, info.served_name, cases, cfg.max_tokens, cfg.temperature, cfg.stop, cfg.concurrency)
         finally:
             if loaded_here and registry.aliases(model).get("champion") != v:
                 fleet.undeploy(model, v)
