@@ -110,12 +110,14 @@ def plot_versions(rows: list[dict], path: Path) -> Path:
 
     fig, axes = plt.subplots(1, len(METRIC_NAMES), figsize=(4 * len(METRIC_NAMES), 3.4))
     for ax, m in zip(axes, METRIC_NAMES):
-        xs = [r["label"] for r in rows]
-        means = [r[m].mean for r in rows]
-        err = [[r[m].mean - r[m].low for r in rows], [r[m].high - r[m].mean for r in rows]]
-        ax.errorbar(xs, means, yerr=err, fmt="o-", capsize=4)
+        for kind, style in (("version", "o-"), ("baseline", "x")):
+            pts = [(i, r) for i, r in enumerate(rows) if r["kind"] == kind]
+            if pts:
+                ax.errorbar([i for i, _ in pts], [r[m].mean for _, r in pts], capsize=4, fmt=style, label=kind,
+                            yerr=[[r[m].mean - r[m].low for _, r in pts], [r[m].high - r[m].mean for _, r in pts]])
+        ax.set_xticks(range(len(rows)), [r["label"] for r in rows], rotation=30)
         ax.set_title(m.replace("_", " "))
-        ax.tick_params(axis="x", rotation=30)
+    axes[0].legend(fontsize="small")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -173,7 +175,7 @@ def run_cycle(model: str, n: int) -> None:
     run = run_deployment(name=f"flywheel/flywheel-{model}", timeout=0,
                          parameters={"model": model, "cycles": 1, "include_open_hour": True})
     names: dict = {}
-    with get_client(sync_client=True) as client, tqdm(desc=f"cycle {n}", bar_format="{desc}: {postfix} [{elapsed}]") as bar:
+    with get_client(sync_client=True) as client, tqdm(desc=f"cycle {n}", bar_format="{desc} [{elapsed}]") as bar:
         try:
             while not (state := client.read_flow_run(run.id).state).is_final():
                 children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
@@ -182,7 +184,7 @@ def run_cycle(model: str, n: int) -> None:
                 for c in sorted(children, key=lambda c: c.created):
                     names.setdefault(c.flow_id, client.read_flow(c.flow_id).name)
                     stages.append(f"{names[c.flow_id]} {c.state.name.lower() if c.state else '?'}")
-                bar.set_postfix_str(" → ".join(stages) or state.name.lower())
+                bar.set_description_str(f"cycle {n}: " + (" → ".join(stages) or state.name.lower()))
                 time.sleep(2.0)
         except KeyboardInterrupt:
             client.set_flow_run_state(run.id, Cancelling(), force=True)
@@ -239,25 +241,29 @@ def cmd_demo(settings: TidalSettings, args) -> None:
     finally:
         traffic.stop.set()
         traffic.join(timeout=120)
+    reports = load_cycles(store, model)[first - 1 :]
     final = registry.aliases(model)["champion"]
-    versions = sorted({1, final})
+    # Version 1, the final champion, and the last candidate (what training did, promoted or not).
+    last = [r["candidate"] for r in reports if r["candidate"] and r["decision"] != "train_failed"][-1:]
+    versions = sorted({1, final, *last})
     result = evaluate_versions(settings, platform, model, versions, demo.eval_requests, demo.users.seed + 1)
     print_eval(model, result, demo.eval_requests)
-    report_demo(settings, model, load_cycles(store, model)[first - 1 :], result, versions, time.monotonic() - started, traffic)
+    report_demo(settings, model, reports, result, versions, final, time.monotonic() - started, traffic)
 
 
-def report_demo(settings: TidalSettings, model: str, reports: list[dict], result: dict, versions: list[int],
+def report_demo(settings: TidalSettings, model: str, reports: list[dict], result: dict, versions: list[int], final: int,
                 elapsed_s: float, traffic) -> None:
     import mlflow
     from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
     rows = []
     for v in versions:
-        rows.append({"label": f"v{v}", **result[v]["metrics"]})
-        rows.append({"label": f"v{v} cut@{result[v]['baseline_k']}", **result[v]["baseline"]})
+        rows.append({"label": f"v{v}", "kind": "version", **result[v]["metrics"]})
+    for v in versions:
+        rows.append({"label": f"v{v} cut@{result[v]['baseline_k']}", "kind": "baseline", **result[v]["baseline"]})
     png = plot_versions(rows, settings.data_path / "demo" / f"{model}-flywheel.png")
     (settings.data_path / "demo" / f"{model}-cycles.json").write_text(json.dumps(reports, indent=2, default=str))
-    first, last = result[versions[0]]["metrics"], result[versions[-1]]["metrics"]
+    first, last = result[1]["metrics"], result[final]["metrics"]
     claim = {f"{m}_change": (last[m].mean / first[m].mean - 1) if first[m].mean else float("nan") for m in METRIC_NAMES}
     mlflow.set_tracking_uri(settings.mlflow.tracking_uri)
     mlflow.set_experiment(f"{model}/demo")
@@ -277,11 +283,15 @@ def report_demo(settings: TidalSettings, model: str, reports: list[dict], result
     create_link_artifact(key=f"{model}-demo-plot", link=run_url, link_text=f"{model}: flywheel metrics by version (PNG in MLflow)")
     create_markdown_artifact(key=f"{model}-demo", description="tidal demo", markdown=(
         f"# {model}: demo, {len(reports)} cycles in {elapsed_s / 60:.1f} min\n\n```\n{cycle_table(reports)}\n```\n\n"
-        f"Held-out accept rate v{versions[0]} → v{versions[-1]}: {first['accept_rate']} → {last['accept_rate']}\n\n"
+        f"Held-out accept rate v1 → v{final} (final champion): {first['accept_rate']} → {last['accept_rate']}\n\n"
         f"[plot and figures in MLflow]({run_url})\n"))
-    print(f"\nlearning claim (held-out users, v{versions[0]} → v{versions[-1]}): "
-          + ", ".join(f"{m} {claim[f'{m}_change']:+.0%}" for m in METRIC_NAMES)
-          + "\n  (Cursor reported +28% accept rate with 21% fewer suggestions)")
+    if final == 1:
+        print("\nlearning claim: none — no candidate was promoted, the champion is still v1 (see each cycle's 'why' above; "
+              "the last candidate's held-out figures are in the table)")
+    else:
+        print(f"\nlearning claim (held-out users, v1 → v{final}): "
+              + ", ".join(f"{m} {claim[f'{m}_change']:+.0%}" for m in METRIC_NAMES)
+              + "\n  (Cursor reported +28% accept rate with 21% fewer suggestions)")
     print(f"\ndemo done in {elapsed_s / 60:.1f} min; {traffic.sent} simulated requests; plot: {png}\n"
           f"  Prefect UI: http://{settings.prefect.host}:{settings.prefect.port}  (flows, deployments, artifacts)\n"
           f"  MLflow UI:  {settings.mlflow.tracking_uri}  (experiment {model}/demo; registry: model {model})\n"

@@ -43,3 +43,13 @@ def test_demo_profile_replaces_canary_and_training_and_stops_schedules(monkeypat
     s = demo_profile(load_settings())
     assert s.canary == s.demo.canary and s.train == s.demo.train and s.flywheel.loop == "manual"
     assert s.canary.steps == [0.25, 0.5]
+
+
+def test_plot_has_a_panel_per_metric(tmp_path):
+    from sim.evaluate import Estimate
+    from tidal.demo import METRIC_NAMES, plot_versions
+
+    rows = [{"label": label, "kind": kind, **{m: Estimate(x, x - 0.01, x + 0.01) for m in METRIC_NAMES}}
+            for label, kind, x in (("v1", "version", 0.1), ("v4", "version", 0.2), ("v1 cut@3", "baseline", 0.15))]
+    png = plot_versions(rows, tmp_path / "out" / "plot.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
