@@ -43,10 +43,13 @@ make_env() {
 setup() {
   local plat eng flavor
   plat=$(make_env platform "$(digest "$ROOT/requirements/platform.txt")" "$ROOT/requirements/platform.txt" "")
-  # The project itself is an editable install, re-pointed when the checkout moves.
-  if [ "$(cat "$plat/.tidal-root" 2>/dev/null)" != "$ROOT" ] || ! "$plat/bin/python" -c 'import tidal' 2>/dev/null; then
+  # The project itself is an editable install, redone when the checkout moves or pyproject.toml changes
+  # (its package list decides what the install exposes).
+  local stamp
+  stamp="$ROOT $(digest "$ROOT/pyproject.toml")"
+  if [ "$(cat "$plat/.tidal-root" 2>/dev/null)" != "$stamp" ] || ! "$plat/bin/python" -c 'import tidal' 2>/dev/null; then
     "$plat/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e "$ROOT" >&2
-    echo "$ROOT" > "$plat/.tidal-root"
+    echo "$stamp" > "$plat/.tidal-root"
   fi
   flavor=$(engine_flavor)
   eng=$(make_env "engine-$flavor" "$(digest "$ROOT/requirements/engine-$flavor.txt")" "$ROOT/requirements/engine-$flavor.txt" \
