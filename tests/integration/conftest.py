@@ -32,7 +32,9 @@ def settings(tmp_path_factory) -> TidalSettings:
     # the mSPRT mixture tuned to that large effect.
     canary = {"min_samples": 150, "poll_s": 2.0, "feedback_wait_s": 5.0, "max_step_s": 900.0, "unload_grace_s": 0.0,
               "mixture_sd": 0.5}
-    path = write_config(root, models, train=train, canary=canary)
+    # The tests drive every stage themselves: with the default 'chained' loop, a test's collect would start a
+    # train run of the deployed train-tab through its event trigger, beside the test's own.
+    path = write_config(root, models, train=train, canary=canary, flywheel={"loop": "manual"})
     with pytest.MonkeyPatch.context() as mp:
         for key in [k for k in os.environ if k.startswith("TIDAL_")]:
             mp.delenv(key)

@@ -8,7 +8,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def test_collect_is_deployed_on_its_schedule(platform, settings):
+def test_deployments_are_registered_per_model(platform, settings):
     info = platform.up_flows()
     assert platform.running("flows").pid == info.pid
     api = settings.prefect.api_url
@@ -18,11 +18,13 @@ def test_collect_is_deployed_on_its_schedule(platform, settings):
         d = by_name[f"collect-{m.name}"]
         assert d["parameters"] == {"model": m.name}
         crons = [s["schedule"]["cron"] for s in d["schedules"] if s.get("active", True)]
-        assert crons == [settings.collect.schedule_cron]
+        assert [s["schedule"]["cron"] for s in d["schedules"]] == [settings.collect.schedule_cron]
+        assert crons == ([settings.collect.schedule_cron] if settings.flywheel.loop == "chained" else [])
         flow = httpx.get(f"{api}/flows/{d['flow_id']}", timeout=30).json()
         assert flow["name"] == "collect"
         fly = by_name[f"flywheel-{m.name}"]  # the whole cycle: on demand ('chained' loop by default)
-        assert [(s["schedule"]["cron"], s["active"]) for s in fly["schedules"]] == [(settings.flywheel.schedule_cron, False)]
+        assert [(s["schedule"]["cron"], s["active"]) for s in fly["schedules"]] == [
+            (settings.flywheel.schedule_cron, settings.flywheel.loop == "flywheel")]
         for stage, event in (("train", "tidal.dataset.ready"), ("promote", "tidal.candidate.registered")):
             t = by_name[f"{stage}-{m.name}"]  # started by the previous stage's event, or on demand
             assert t["parameters"] == {"model": m.name} and not [s for s in t["schedules"] if s.get("active", True)]
@@ -32,4 +34,6 @@ def test_collect_is_deployed_on_its_schedule(platform, settings):
             match = [{k: v if isinstance(v, list) else [v] for k, v in tr["match"].items()} for tr in triggers]
             assert [tr["expect"] for tr in triggers] == [[event]], automations.text
             assert match == [{"tidal.model": [m.name], "tidal.driver": ["standalone"]}], automations.text
+            # the session runs loop 'manual' (tests drive the stages): triggers registered, not enabled
+            assert [a["enabled"] for a in automations.json()] == [settings.flywheel.loop == "chained"]
     assert httpx.get(f"http://{settings.prefect.host}:{settings.prefect.runner_port}/health", timeout=10).is_success
