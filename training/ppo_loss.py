@@ -69,16 +69,22 @@ def kl_penalized_rewards(
     logp_ref: torch.Tensor,
     mask: torch.Tensor,
     kl_coef: float,
+    is_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Per-token rewards (B, T): -kl_coef * (logp_old - logp_ref) on every real token, plus the
+    """Per-token rewards (B, T): -kl_coef * w * (logp_old - logp_ref) on every real token, plus the
     terminal reward (B,) on each sequence's last real token.
 
-    logp_old - logp_ref is the single-sample estimate of KL(pi_old || pi_ref) at that token; as a
-    reward it pulls the policy back towards the reference (the champion), as in Ziegler et al. 2019
-    and Ouyang et al. 2022. A row with no real token gets no reward at all (nothing to credit).
+    (logp_old - logp_ref) is the single-sample estimate of KL(pi_old || pi_ref) at a token drawn from
+    pi_old; as a reward it pulls the policy back towards the reference (the champion), as in Ziegler
+    et al. 2019 and Ouyang et al. 2022. Logged tokens were drawn from the behaviour policy mu, so
+    each estimate is weighted by w ~ pi_old / mu (`is_weight`, (B, T); None: on-policy, w = 1).
+    Unweighted, on tokens mu ~ pi_ref sampled, the term averages -KL(pi_ref || pi_old) <= 0: a bonus
+    that grows with completion length, which measurably taught the policy to suggest more and stop
+    less. A row with no real token gets no reward at all (nothing to credit).
     """
     m = mask.to(torch.float32)
-    rewards = -kl_coef * (logp_old.float() - logp_ref.float()) * m  # (B, T)
+    w = m if is_weight is None else is_weight.float() * m  # (B, T)
+    rewards = -kl_coef * w * (logp_old.float() - logp_ref.float())  # (B, T)
     lengths = _lengths(mask)  # (B,)
     rows = torch.nonzero(lengths > 0).squeeze(-1)  # rows that have a last token
     rewards[rows, lengths[rows] - 1] += terminal_reward.float()[rows]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -83,7 +83,7 @@ class PPOTrainer:
         self.model, self.cfg, self.pad_token_id = model, cfg, pad_token_id
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.Adam(model.param_groups(cfg.learning_rate, cfg.critic_learning_rate))
-        self.ref_logprobs: list[torch.Tensor] = []  # per training row: (T_i,) log pi_ref of its tokens
+        self.ref_logprobs: dict[int, torch.Tensor] = {}  # training row -> (T_i,) log pi_ref of its tokens
 
     # --- the reference: the policy as it was before any update -----------------------------------
     @torch.no_grad()
@@ -99,9 +99,13 @@ class PPOTrainer:
             out += [logp[j, :n].clone() for j, n in enumerate(lengths)]
         return out
 
-    def compute_reference(self, samples: Sequence[RewardSample]) -> None:
-        """Fix pi_ref: the policy as it is now, before any update (the champion the run starts from)."""
-        self.ref_logprobs = self.token_logprobs(samples)
+    def compute_reference(self, samples: Sequence[RewardSample], rows: Iterable[int] | None = None) -> None:
+        """Fix pi_ref: the policy as it is now, before any update (the champion the run starts from).
+
+        Only `rows` (default: all) get a reference: a run capped by max_iterations touches a fraction of a
+        large dataset, and this forward pass over every row would otherwise cost more than the training."""
+        rows = sorted(set(range(len(samples)) if rows is None else rows))
+        self.ref_logprobs = dict(zip(rows, self.token_logprobs([samples[r] for r in rows])))
 
     def _ref_batch(self, rows: Sequence[int], T: int) -> torch.Tensor:
         out = torch.zeros((len(rows), T))  # (B, T), 0 on padding
@@ -122,7 +126,7 @@ class PPOTrainer:
         logp_ref = self._ref_batch(rows, mask.shape[1])  # (B, T)
         # (B, T) behaviour log-probs mu from the serving engine, as logged
         w = truncated_is_weight(logp_old, batch.behaviour_logprobs, mask, cfg.is_truncation, cfg.is_level)
-        rewards = kl_penalized_rewards(batch.rewards, logp_old, logp_ref, mask, cfg.kl_coef)
+        rewards = kl_penalized_rewards(batch.rewards, logp_old, logp_ref, mask, cfg.kl_coef, is_weight=w)
         advantages, returns = gae(rewards, values_old, mask, cfg.gamma, cfg.gae_lambda)
         if cfg.whiten_advantages:
             advantages = masked_whiten(advantages, mask)
@@ -226,5 +230,5 @@ class PPOTrainer:
             for n, t in state["trainable"].items():
                 params[n].copy_(t)
         self.optimizer.load_state_dict(state["optimizer"])
-        self.ref_logprobs = list(state["ref_logprobs"])
+        self.ref_logprobs = dict(state["ref_logprobs"])
         torch.set_rng_state(state["torch_rng"])

@@ -212,6 +212,23 @@ def test_kl_penalized_rewards_put_the_terminal_reward_on_the_last_real_token() -
         kl_penalized_rewards(torch.zeros(1), torch.zeros(1, 3), torch.zeros(1, 3), torch.tensor([[0, 1, 1]]), 0.1)
 
 
+def test_weighted_kl_penalty_on_behaviour_samples_is_a_penalty_not_a_length_bonus() -> None:
+    # One state, three actions. Tokens were sampled from mu = pi_ref; the policy has since moved.
+    ref = torch.tensor([0.6, 0.3, 0.1])
+    pi = torch.tensor([0.2, 0.5, 0.3])
+    logp_old, logp_ref = pi.log().view(3, 1), ref.log().view(3, 1)  # (B=3 actions, T=1)
+    mask = torch.ones(3, 1)
+    w = truncated_is_weight(logp_old, logp_ref, mask, C=10.0)  # pi / mu, untruncated here
+    weighted = kl_penalized_rewards(torch.zeros(3), logp_old, logp_ref, mask, kl_coef=1.0, is_weight=w)
+    plain = kl_penalized_rewards(torch.zeros(3), logp_old, logp_ref, mask, kl_coef=1.0)
+    kl_pi_ref = float((pi * (pi / ref).log()).sum())
+    # Expected per-token reward under mu: the weighted estimate is exactly -KL(pi || ref) ...
+    assert float((ref * weighted.view(3)).sum()) == pytest.approx(-kl_pi_ref, rel=1e-5)
+    # ... while the unweighted one is +KL(ref || pi) > 0: a reward for every extra token.
+    kl_ref_pi = float((ref * (ref / pi).log()).sum())
+    assert kl_ref_pi > 0 and float((ref * plain.view(3)).sum()) == pytest.approx(kl_ref_pi, rel=1e-5)
+
+
 def test_gae_matches_a_hand_computed_example() -> None:
     gamma, lam = 0.9, 0.8
     rewards = torch.tensor([[-0.1, 0.0, 1.0]])
