@@ -97,7 +97,7 @@ def train(spec: TrainJob) -> None:
         start = state["iteration"] + 1
         print(f"{spec.run_key}: resuming after iteration {state['iteration']} of {len(plan)}")
     else:
-        trainer.compute_reference(picked.kept)
+        trainer.compute_reference(picked.kept, rows=(r for batch in plan for r in batch))
         start = 0
 
     from mlflow.entities import Metric

@@ -62,20 +62,22 @@ def test_ppo_raises_logprob_of_rewarded_tokens_on_heldout_rows(champion_dir, sam
     assert any(h["ppo/approx_kl"] > 0 for h in history)
 
 
-def test_resume_from_state_reaches_the_same_weights(champion_dir, samples) -> None:
-    c = cfg(passes=2)
-    rows = samples[:96]
+def test_resume_from_state_reaches_the_same_weights(champion_dir, samples, tmp_path) -> None:
+    c = cfg(passes=2, max_iterations=3)
+    rows = samples[:128]
     plan = iteration_plan(len(rows), c)
+    used = {r for batch in plan for r in batch}
     straight = make_trainer(champion_dir, c)
-    straight.compute_reference(rows)
+    straight.compute_reference(rows, rows=used)
     straight.train(rows, plan)
 
     first = make_trainer(champion_dir, c)
-    first.compute_reference(rows)
+    first.compute_reference(rows, rows=(r for batch in plan for r in batch))  # only what the plan touches
+    assert set(first.ref_logprobs) == used and len(used) < len(rows)
     first.train(rows, plan[:2])  # "killed" after iteration 2
-    state = first.state_dict()
+    torch.save(first.state_dict(), tmp_path / "state.pt")  # as the job stores it
     resumed = make_trainer(champion_dir, c)  # a new process: fresh model, then the saved state
-    resumed.load_state_dict(state)
+    resumed.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=True))
     resumed.train(rows, plan, start=2)
     a = dict(straight.model.named_parameters())
     for name, p in resumed.model.named_parameters():
