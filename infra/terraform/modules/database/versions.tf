@@ -1,0 +1,14 @@
+terraform {
+  required_version = ">= 1.9.0"
+
+  required_providers {
+    aws = {
+      source  = "hashicorp/aws"
+      version = ">= 6.28"
+    }
+    random = {
+      source  = "hashicorp/random"
+      version = ">= 3.7"
+    }
+  }
+}
