@@ -8,7 +8,9 @@ Event-time accounting, so that every stored record is counted by exactly one run
   this becomes true for. Those whose completion is in the run's range and that came within
   feedback_timeout_s are joined (or are orphans); the others are `late_feedback`.
 * A scheduled run takes hours that ended feedback_timeout_s + upload_grace_s ago, so each completion's
-  verdict window is over and uploaded; `include_open_hour` takes everything stored so far instead.
+  verdict window is over and uploaded; `include_open_hour` takes everything up to upload_grace_s ago
+  instead (tests, manual runs, the demo): a record younger than that may still be on its way from a
+  gateway's write-ahead log, and once the range passed its time it would never be owned by any run.
 * Records from the future (past the clock skew) are owned at once, so they are quarantined when first
   seen; the watermark keeps their ids until the range passes them, so they are not counted again.
 * A row without a time, or a file that does not match its schema, is owned by the run that completes
@@ -89,8 +91,8 @@ class Range:
 
 def next_range(wm: Watermark, as_of_ms: int, include_open_hour: bool, timeout_s: float, grace_s: float, skew_s: float) -> Range:
     timeout_ms, grace_ms = int(timeout_s * 1000), int(grace_s * 1000)
-    if include_open_hour:
-        c_new = f_new = as_of_ms + 1
+    if include_open_hour:  # everything that had time to reach the store
+        c_new = f_new = as_of_ms - grace_ms + 1
     else:  # hours whose verdict window closed and whose records had time to reach the store
         c_new, f_new = floor_hour(as_of_ms - timeout_ms - grace_ms), as_of_ms - grace_ms
     return Range(wm.completions_through_ms, max(c_new, wm.completions_through_ms), wm.feedback_through_ms,

@@ -58,6 +58,8 @@ def write_config(root: Path, models: list[dict], base_port: int | None = None, p
         "admin_token": "sandbox-admin-token",
         "models": models,
         "bootstrap": {"pretrain": {"max_seconds": pretrain_seconds, "eval_bytes": 50_000}, "probe_prompts": 3},
+        # records reach the store within segment age + upload interval (1.5 s) of their completion
+        "collect": {"upload_grace_s": 2.0},
         **extra,
     }
     path = root / "tidal.yaml"

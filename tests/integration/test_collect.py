@@ -61,6 +61,7 @@ def test_collect_turns_gateway_traffic_into_a_reconciled_dataset(settings, gatew
             sent[a["id"]] = v
     logged = {r["request_id"]: r for r in wait_stored(store, "completions", set(answers)) if r["request_id"] in answers}
     wait_stored(store, "feedback", set(sent))
+    time.sleep(cfg.upload_grace_s)  # an open-hour run takes what is older than that
     assert read_watermark(store, "tab") is None  # the first collection of this session
 
     ds_id = collect(model="tab", include_open_hour=True)

@@ -113,12 +113,17 @@ def test_open_hour_runs_take_only_what_is_new(tmp_path):
     assert first.new and first.manifest["counts"]["completions"]["in"] == 3
     second_batch = traffic(store, T0 + 11 * MIN, 2, 2)
     put_logs(store, "feedback", [feedback(first_batch[1], "accepted", after_ms=6 * MIN)])  # after the first run
-    second = collect(store, T0 + 12 * MIN, include_open_hour=True)
+    second = collect(store, T0 + 13 * MIN, include_open_hour=True)
     assert second.new and second.dataset_id != first.dataset_id
     assert second.manifest["counts"]["completions"]["in"] == 2
     assert second.manifest["counts"]["feedback"]["filtered_by_reason"] == {"late_feedback": 1}
     assert set(second.samples["request_id"].to_pylist()) == {c["request_id"] for c in second_batch}
-    assert collect(store, T0 + 12 * MIN, include_open_hour=True).new is False
+    assert collect(store, T0 + 13 * MIN, include_open_hour=True).new is False
+    # a record younger than upload_grace_s (60 s) may still be in a gateway's log: the next run takes it
+    [young] = traffic(store, T0 + 13 * MIN + 30_000, 1, 1)
+    assert collect(store, T0 + 13 * MIN + 40_000, include_open_hour=True).new is False
+    third = collect(store, T0 + 15 * MIN, include_open_hour=True)
+    assert set(third.samples["request_id"].to_pylist()) == {young["request_id"]}
     # the scheduled run after the hour closes has nothing left to take
     assert collect(store, T0 + 2 * HOUR).new is False
 
