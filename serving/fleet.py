@@ -26,6 +26,7 @@ class ModelGroup:
                  serving: int):
         self.settings, self.base, self.adapters, self.strategy = settings, base, adapters, strategy
         self.serving = serving  # the serve-alias version at start: the gateway's default control arm
+        self.surge: dict[int, VersionInfo] = {}  # `restart`: versions on extra replicas beside the base (a canary)
         self.replicas: list[Replica] = []
         self.desired = 0
         self.next_index = 0
@@ -37,9 +38,13 @@ class ModelGroup:
     def live_replicas(self) -> list[Replica]:
         return [r for r in self.replicas if not r.exited()]
 
+    def base_replicas(self) -> list[Replica]:
+        """Replicas running the group's base (what `desired` counts; surge replicas come on top)."""
+        return [r for r in self.replicas if r.base.version == self.base.version]
+
     def status(self) -> dict:
         return {"strategy": self.strategy.name, "base_version": self.base.version, "serving_version": self.serving,
-                "adapters": sorted(self.adapters), "desired_replicas": self.desired,
+                "adapters": sorted(self.adapters), "surge_versions": sorted(self.surge), "desired_replicas": self.desired,
                 "replicas": [r.status() for r in self.replicas]}
 
 
@@ -96,15 +101,15 @@ class Fleet:
         group = self.group(model)
         with group.lock:
             group.desired = replicas
-            current = len(group.replicas)
+            current = len(group.base_replicas())
             if replicas > current:
                 with ThreadPoolExecutor(max_workers=replicas - current) as pool:
                     futures = [pool.submit(self.boot_replica, group, group.base, group.adapters) for _ in range(replicas - current)]
                 errors = [f.exception() for f in futures if f.exception() is not None]
                 if errors:
-                    group.desired = len(group.replicas)
+                    group.desired = len(group.base_replicas())
                     raise errors[0]
-            for r in sorted(group.replicas, key=lambda r: r.index, reverse=True)[: max(0, current - replicas)]:
+            for r in sorted(group.base_replicas(), key=lambda r: r.index, reverse=True)[: max(0, current - replicas)]:
                 self.retire_replica(group, r)
             return list(group.replicas)
 
@@ -205,7 +210,8 @@ class Fleet:
             if r not in group.replicas:
                 return
             r.restarts += 1
-            r.base, r.adapters = group.base, dict(group.adapters)  # come back serving what the group serves now
+            if r.base.version not in group.surge:  # a surge replica comes back on its own version while deployed
+                r.base, r.adapters = group.base, dict(group.adapters)  # the others: what the group serves now
             try:
                 boot(r, self.settings, self.checkpoints, enable_lora=group.strategy.name == "lora")
                 log.info("replica %s restarted (%d restarts)", r.name, r.restarts)

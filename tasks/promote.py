@@ -34,6 +34,7 @@ class Release:
     model: str
     champion: VersionInfo
     candidate: VersionInfo
+    strategy: str  # the model's update strategy: how the candidate is served beside the champion
 
 
 def now_ms() -> int:
@@ -47,10 +48,6 @@ def audit(registry: Registry, info: VersionInfo, event: str, **details) -> None:
 
 @task(cache_policy=NO_CACHE)
 def resolve_release(registry: Registry, model: str, candidate: str, require_gate: bool, strategy: str) -> Release:
-    if strategy == "restart":
-        raise ReleaseError(f"{model} uses the 'restart' strategy, which serves one version per model: a canary needs "
-                           "champion and candidate side by side. Use update_strategy 'lora' for canary releases "
-                           f"(or `tidal fleet deploy {model} VERSION` to replace the version outright)")
     champion = registry.by_alias(model, "champion")
     if champion is None:
         raise ReleaseError(f"{model} has no champion: run `tidal bootstrap {model}` first")
@@ -60,7 +57,7 @@ def resolve_release(registry: Registry, model: str, candidate: str, require_gate
     if require_gate and cand.tags.get("tidal.gate.passed") != "true":
         raise ReleaseError(f"{model} v{cand.version} has not passed the offline gate "
                            f"({cand.tags.get('tidal.gate.reason', 'no gate result')}); train it with `tidal train`")
-    return Release(model, champion, cand)
+    return Release(model, champion, cand, strategy)
 
 
 @task(cache_policy=NO_CACHE)
@@ -110,10 +107,12 @@ def _since(now: dict[str, ArmHealth], base: dict[str, ArmHealth]) -> dict[str, A
     return out
 
 
-def verified_everywhere(fleet: FleetClient, model: str, cand: VersionInfo) -> bool:
-    """Every ready replica serves the candidate (a replica only lists a version after its probe passed)."""
+def candidate_verified(fleet: FleetClient, model: str, cand: VersionInfo, strategy: str) -> bool:
+    """The candidate is served by verified weights (a replica lists a version only after its probe passed):
+    `lora` loads it on every ready replica; `restart` runs it on surge replicas beside the champion's."""
     ready = [r for r in fleet.replicas(model) if r["state"] == "ready"]
-    return bool(ready) and all(cand.served_name in r["served"] for r in ready)
+    serving = [r for r in ready if cand.served_name in r["served"]]
+    return bool(serving) and (strategy == "restart" or len(serving) == len(ready))
 
 
 def route_when_served(routes: RoutesClient, model: str, version: int, weight: float, reason: str,
@@ -158,7 +157,7 @@ def run_canary(release: Release, cfg: CanaryConfig, routes: RoutesClient, fleet:
         outcomes = read_outcomes(logs, versions, rule, cfg.feedback_wait_s, now_ms())
         step = ramp.step
         result = ramp.observe(outcomes, _since(arm_counters(gateway_url, model), base), time.monotonic(),
-                              probe_ok=verified_everywhere(fleet, model, cand))
+                              probe_ok=candidate_verified(fleet, model, cand, release.strategy))
         log.info("step %d (%.0f%%): %s: %s", step + 1, ramp.cfg.steps[step] * 100, result.action, result.reason)
         if result.action == "advance":
             routes.canary(model, cand.version, ramp.weight, by="promote", reason=f"canary step {ramp.step + 1}: {result.reason}")

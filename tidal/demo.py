@@ -45,7 +45,8 @@ def replica_serving(fleet, model: str, version: int) -> str | None:
 
 def evaluate_versions(settings: TidalSettings, platform, model: str, versions: list[int], n: int, seed: int) -> dict:
     """{version: {"metrics": {name: Estimate}, "baseline_k": k, "baseline": {name: Estimate}}} on held-out users.
-    Versions not loaded are deployed for the replay and unloaded after (lora models only)."""
+    Versions not loaded are deployed for the replay and unloaded after (lora: an adapter; restart: a surge
+    replica)."""
     from sim.evaluate import best_truncation, complete_all, eval_cases, score
     from tidal.registry import Registry
 
@@ -56,10 +57,7 @@ def evaluate_versions(settings: TidalSettings, platform, model: str, versions: l
     for v in versions:
         info = registry.get(model, v)
         url, loaded_here = replica_serving(fleet, model, v), False
-        if url is None:
-            if settings.model(model).update_strategy != "lora":
-                raise ValueError(f"{info.served_name} is not served and {model} uses "
-                                 f"'{settings.model(model).update_strategy}': evaluate the served version, or use a lora model")
+        if url is None:  # lora: the adapter is loaded; restart: a surge replica boots on it
             fleet.deploy(model, v)
             url, loaded_here = replica_serving(fleet, model, v), True
         try:

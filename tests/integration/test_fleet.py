@@ -130,18 +130,49 @@ def test_probe_rejects_wrong_weights(fleet, registry, checkpoints, champion, tmp
     assert replica["served"] == {"tab@v1": 1}
 
 
-def test_restart_strategy_rolls_replicas_onto_a_full_version(fleet, registry, checkpoints, champion, tmp_path):
+def test_restart_strategy_serves_a_canary_on_a_surge_replica_then_rolls_onto_it(fleet, registry, checkpoints, champion,
+                                                                                 tmp_path):
+    def by_version() -> dict[int, list[dict]]:
+        out: dict[int, list[dict]] = {}
+        for r in fleet.replicas("tabfull"):
+            (version,) = r["served"].values()
+            out.setdefault(version, []).append(r)
+        return out
+
     (old,) = fleet.replicas("tabfull")
     base_dir = checkpoints.local_dir(registry.get("tabfull", 1))
     variant = noisy_copy(base_dir, tmp_path / "full", seed=4)
     v = publish(registry, checkpoints.store, "tabfull", variant, "full", None, {"tidal.parent_version": "1"})
+    name = f"tabfull@v{v.version}"
+
+    # deploy: a surge replica on the candidate beside the champion's, which keeps serving
     out = fleet.deploy("tabfull", v.version)
     assert any("probe pass" in p for p in out["probes"])
+    now = by_version()
+    assert [r["name"] for r in now[1]] == [old["name"]] and len(now[v.version]) == 1
+    (surge,) = now[v.version]
+    assert served_models(surge["url"]) == {name} and complete(surge["url"], name)["text"]
+    assert fleet.status()["models"]["tabfull"]["surge_versions"] == [v.version]
+
+    # undeploy the candidate (a rollback): its replica stops, the champion's is untouched
+    fleet.undeploy("tabfull", v.version)
+    assert [r["name"] for r in fleet.replicas("tabfull")] == [old["name"]]
+    assert wait_for(lambda: not psutil.pid_exists(surge["pid"]), 30, "the surge engine to exit")
+
+    # deploy again, then retire the champion (a promotion): the surge replica takes over, capacity kept
+    fleet.deploy("tabfull", v.version)
+    fleet.undeploy("tabfull", 1)
     (new,) = fleet.replicas("tabfull")
-    assert new["served"] == {f"tabfull@v{v.version}": v.version} and new["name"] != old["name"]
-    assert served_models(new["url"]) == {f"tabfull@v{v.version}"}
-    assert complete(new["url"], f"tabfull@v{v.version}")["text"]
+    assert new["served"] == {name: v.version} and new["name"] != old["name"]
+    assert complete(new["url"], name)["text"]
     assert wait_for(lambda: not psutil.pid_exists(old["pid"]), 30, "the old engine to exit")
+    status = fleet.status()["models"]["tabfull"]
+    assert (status["base_version"], status["surge_versions"]) == (v.version, [])
+
+    # and back onto v1, the champion the later tests expect
+    fleet.deploy("tabfull", 1)
+    fleet.undeploy("tabfull", v.version)
+    assert [r["served"] for r in fleet.replicas("tabfull")] == [{"tabfull@v1": 1}]
 
 
 @pytest.mark.parametrize("model, version, status, words", [
