@@ -115,6 +115,11 @@ class EngineClient:
     def post(self, path: str, json: dict | None = None) -> httpx.Response:
         return self._ok(self.http.post(path, json=json))
 
+    def sample(self, model: str, prompt_token_ids: list[int], max_tokens: int, temperature: float = 1.0) -> str:
+        """A sampled completion, as traffic asks for them (warm-up)."""
+        body = {"model": model, "prompt": prompt_token_ids, "max_tokens": max_tokens, "temperature": temperature}
+        return self._ok(self.http.post("/v1/completions", json=body)).json()["choices"][0]["text"]
+
     def _ok(self, r: httpx.Response) -> httpx.Response:
         if not r.is_success:
             raise EngineError(f"{r.request.method} {self.url}{r.request.url.path} -> {r.status_code}: {r.text[:300]}")

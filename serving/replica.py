@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -13,6 +14,7 @@ from serving.probe import ProbeReport, verify
 from tidal.procs import ProcInfo, stop_group
 from tidal.registry import CheckpointCache, VersionInfo
 from tidal.settings import TidalSettings
+from training.probe import load_probe
 
 State = Literal["starting", "ready", "unhealthy", "crashed", "draining", "stopped", "failed"]
 
@@ -84,11 +86,31 @@ def boot(replica: Replica, settings: TidalSettings, checkpoints: CheckpointCache
                 path = checkpoints.local_dir(info)
                 client.load_lora(info.served_name, path)
                 replica.probes.append(verify(client, info.served_name, path, atol, replica.name))
+        warm_up(replica, base_dir, settings.fleet.warmup_bursts)
     except BaseException:
         kill(replica)
         replica.state = "failed"
         raise
     replica.state, replica.health_failures, replica.last_error = "ready", 0, ""
+
+
+def warm_up(replica: Replica, base_dir, bursts: list[int], max_tokens: int = 16) -> None:
+    """Sampled completions in concurrent bursts (sizes `bursts`) on the probe's prompts, cut to varied
+    lengths, so the engine has seen batch and sequence shapes like traffic's before it gets any."""
+    prompts = [item.prompt_token_ids for item in load_probe(base_dir).items]
+    if not prompts or not bursts:
+        return
+
+    def one(i: int) -> None:
+        ids = prompts[i % len(prompts)]
+        with EngineClient(replica.url) as client:
+            client.sample(replica.base.served_name, ids[: max(1, len(ids) - i % 7)], max_tokens)
+
+    n = 0
+    with ThreadPoolExecutor(max(bursts)) as pool:
+        for size in bursts:
+            list(pool.map(one, range(n, n + size)))
+            n += size
 
 
 def kill(replica: Replica, timeout: float = 10.0) -> None:

@@ -92,6 +92,10 @@ class FleetSettings(Section):
     restart_backoff_s: float = Field(2.0, ge=0, description="First restart delay; doubles per consecutive crash.")
     restart_backoff_max_s: float = Field(60.0, ge=0, description="Cap of the restart delay.")
     probe_atol: float = Field(2e-3, gt=0, description="Largest |served - trainer| token log-prob accepted by the probe.")
+    warmup_bursts: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 8], description=(
+        "Concurrent sampled completions a replica answers, burst by burst, after its probe and before it joins "
+        "rotation: a fresh engine's first requests are several times slower (measured on CPU: ~1 s against "
+        "50 ms once warm), which users, and a canary's latency guardrail, would otherwise take. [] = none."))
 
 
 class ModelSettings(Section):
