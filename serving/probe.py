@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from serving.engine import EngineClient
-from training.probe import ProbeSet, load_probe
+from serving.engine import EngineClient, EngineError
+from training.probe import ProbeItem, ProbeSet, load_probe
+
+
+NON_FINITE_JSON = "Out of range float values are not JSON compliant"  # vLLM's answer when a log-prob is NaN/inf
 
 
 class ProbeFailed(RuntimeError):
@@ -26,21 +30,42 @@ class ProbeReport:
     def summary(self) -> str:
         verdict = "pass" if self.ok else "FAIL"
         return (f"probe {verdict} for {self.served_name} on {self.replica}: max |Δ logprob| = {self.max_abs_diff:.2e}, "
-                f"{self.token_mismatches} of {self.items} prompts produced other tokens")
+                f"{self.token_mismatches} of {self.items} prompts produced other tokens or non-finite log-probs")
+
+
+def compare_item(i: int, item: ProbeItem, ids: list[int], logprobs: list[float]) -> tuple[float, bool, list[str]]:
+    """One probe prompt: (max |Δ log-prob| while the token streams agree, whether it failed on tokens or
+    non-finite values, details). A NaN or inf log-prob fails outright: NaN weights give NaN on both sides,
+    and a NaN difference must never read as "no difference"."""
+    failed, max_diff, details = False, 0.0, []
+    if ids != item.completion_token_ids:
+        failed = True
+        details.append(f"prompt {i}: served tokens {ids} != trainer tokens {item.completion_token_ids}")
+    for t, (a, b) in enumerate(zip(logprobs, item.logprobs)):
+        if ids[: t + 1] != item.completion_token_ids[: t + 1]:
+            break
+        if not (math.isfinite(a) and math.isfinite(b)):
+            failed = True
+            details.append(f"prompt {i}, token {t}: non-finite log-prob (served {a}, checkpoint {b}): broken (NaN/inf) weights")
+            break
+        max_diff = max(max_diff, abs(a - b))
+    return max_diff, failed, details
 
 
 def run_probe(engine: EngineClient, served_name: str, probe: ProbeSet, atol: float, replica: str = "") -> ProbeReport:
     max_diff, mismatches, details = 0.0, 0, []
     for i, item in enumerate(probe.items):
-        ids, logprobs = engine.complete(served_name, item.prompt_token_ids, len(item.completion_token_ids))
-        if ids != item.completion_token_ids:
+        try:
+            ids, logprobs = engine.complete(served_name, item.prompt_token_ids, len(item.completion_token_ids))
+        except EngineError as e:
+            if NON_FINITE_JSON not in str(e):
+                raise
             mismatches += 1
-            details.append(f"prompt {i}: served tokens {ids} != trainer tokens {item.completion_token_ids}")
-        # Compare log-probs position by position while the token streams agree.
-        for t, (a, b) in enumerate(zip(logprobs, item.logprobs)):
-            if ids[: t + 1] != item.completion_token_ids[: t + 1]:
-                break
-            max_diff = max(max_diff, abs(a - b))
+            details.append(f"prompt {i}: non-finite log-probs served (the engine could not encode them as JSON): "
+                           "broken (NaN/inf) weights")
+            continue
+        diff, failed, why = compare_item(i, item, ids, logprobs)
+        max_diff, mismatches, details = max(max_diff, diff), mismatches + failed, details + why
     ok = mismatches == 0 and max_diff <= atol
     if max_diff > atol:
         details.append(f"max |Δ logprob| {max_diff:.3e} > tolerance {atol:.1e}")

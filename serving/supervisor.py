@@ -20,7 +20,7 @@ from serving.fleet import Fleet
 from serving.probe import ProbeFailed
 from serving.weight_sync import StrategyUnavailable
 from tidal.procs import NotReady, PortInUse
-from tidal.registry import CheckpointCache, Registry, RegistryError
+from tidal.registry import CheckpointCache, CheckpointCorrupt, Registry, RegistryError
 from tidal.settings import SettingsError, TidalSettings, load_settings
 from tidal.store import open_store
 from tidal.tokens import admin_token
@@ -30,7 +30,7 @@ log = logging.getLogger("tidal.supervisor")
 # exception type → HTTP status; the message is the detail.
 ERRORS: dict[type[Exception], int] = {RegistryError: 404, SettingsError: 400, StrategyUnavailable: 400, ValueError: 400,
                                       ProbeFailed: 409, NotReady: 503, PortInUse: 503, EngineError: 502,
-                                      FileNotFoundError: 404, EngineEnvironmentMissing: 500}
+                                      FileNotFoundError: 404, EngineEnvironmentMissing: 500, CheckpointCorrupt: 409}
 
 
 class ScaleRequest(BaseModel):

@@ -7,6 +7,7 @@ the aliases `champion` / `candidate` / `previous`.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -21,6 +22,46 @@ Kind = Literal["full", "lora"]
 
 class RegistryError(LookupError):
     """Unknown model, version or alias; the message says what exists."""
+
+
+class CheckpointCorrupt(ValueError):
+    """A checkpoint's files differ from the digest registered with its version (truncated, edited, swapped)."""
+
+
+DIGEST_TAG = "tidal.checkpoint.digest"
+
+
+def checkpoint_files(path: Path) -> dict[str, str]:
+    """{relative path: sha256 of its bytes} of a checkpoint directory (dotfiles are cache markers, not weights)."""
+    out = {}
+    for f in sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")):
+        h = hashlib.sha256()
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        out[f.relative_to(path).as_posix()] = h.hexdigest()
+    return out
+
+
+def checkpoint_digest(files: dict[str, str]) -> str:
+    """One digest of the whole directory: every file's name and content."""
+    return "sha256:" + hashlib.sha256("".join(f"{k}\t{v}\n" for k, v in sorted(files.items())).encode()).hexdigest()
+
+
+def verify_checkpoint(info: VersionInfo, path: Path) -> None:
+    """Raise CheckpointCorrupt unless the files at `path` are the ones registered with `info`.
+
+    Versions registered before digests were recorded carry no digest tag and are not checked."""
+    want = info.tags.get(DIGEST_TAG)
+    if want is None:
+        return
+    files = checkpoint_files(path)
+    got = checkpoint_digest(files)
+    if got != want:
+        raise CheckpointCorrupt(
+            f"checkpoint of {info.served_name} at {path} does not match the digest registered with it ({want[:19]}… "
+            f"registered, {got[:19]}… found over {len(files)} files: {sorted(files)[:6]}): a file was truncated, edited "
+            "or replaced; restore it from the object store's versioned copy or publish the checkpoint again")
 
 
 def checkpoint_key(model: str, version: int) -> str:
@@ -129,7 +170,8 @@ class Registry:
 
 
 class CheckpointCache:
-    """Local directories of checkpoints: the store's own files when it is local, else a download cache."""
+    """Local directories of checkpoints: the store's own files when it is local, else a download cache.
+    Every directory handed out matches its version's registered digest (CheckpointCorrupt otherwise)."""
 
     def __init__(self, store: ObjectStore, cache_dir: Path):
         self.store, self.cache_dir = store, cache_dir
@@ -139,8 +181,10 @@ class CheckpointCache:
             path = self.store.root / info.key
             if not (path / "probe.json").is_file():
                 raise FileNotFoundError(f"checkpoint of {info.served_name} missing or incomplete at {path} (no probe.json)")
-            return path
-        return download_dir(self.store, info.key, self.cache_dir / info.key)
+        else:
+            path = download_dir(self.store, info.key, self.cache_dir / info.key)
+        verify_checkpoint(info, path)
+        return path
 
 
 def publish(registry: Registry, store: ObjectStore, model: str, local_dir: Path, kind: Kind, base_version: int | None,
@@ -153,7 +197,9 @@ def publish(registry: Registry, store: ObjectStore, model: str, local_dir: Path,
 
     if not (local_dir / "probe.json").is_file():
         raise FileNotFoundError(f"{local_dir} has no probe.json: every version needs its served-weight probe")
+    digest = checkpoint_digest(checkpoint_files(local_dir))  # of what is uploaded: loaders check it (verify_checkpoint)
     version = registry.next_version(model)
     key = checkpoint_key(model, version)
     upload_dir(store, local_dir, key)
-    return registry.register(model, version, kind, base_version or version, registry_source(store, key), tags, run_id)
+    return registry.register(model, version, kind, base_version or version, registry_source(store, key),
+                             {**tags, DIGEST_TAG: digest}, run_id)

@@ -8,11 +8,12 @@ loaded the wrong or corrupted weights.
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 PROBE_FILE = "probe.json"
@@ -26,6 +27,14 @@ class ProbeItem(BaseModel):
     logprobs: list[float] = Field(
         description="float32 log_softmax of the raw logits at each completion token."
     )
+
+    @field_validator("logprobs", mode="before")
+    @classmethod
+    def _finite(cls, v):
+        # JSON stores NaN as null: either way, the weights that computed this probe are broken.
+        if isinstance(v, list) and any(x is None or (isinstance(x, float) and not math.isfinite(x)) for x in v):
+            raise ValueError("non-finite log-probs: the weights that computed this probe hold NaN/inf")
+        return v
 
 
 class ProbeSet(BaseModel):

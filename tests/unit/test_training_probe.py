@@ -94,3 +94,20 @@ def test_probe_save_load_round_trip(model, tok, tmp_path: Path) -> None:
     loaded = load_probe(tmp_path / "v7")
     assert isinstance(loaded, ProbeSet) and loaded == probe
     assert loaded.items[0].logprobs == probe.items[0].logprobs  # floats survive JSON exactly
+
+
+def test_nan_weights_fail_the_served_weight_comparison(model, tok) -> None:
+    from serving.probe import compare_item
+
+    [item] = compute_probe(model, tok, ["def f("], max_new_tokens=3).items
+    assert compare_item(0, item, item.completion_token_ids, item.logprobs)[:2] == (0.0, False)  # the same weights
+    broken = model.__class__(model.config)  # same architecture, every weight NaN
+    with torch.no_grad():
+        for p in broken.parameters():
+            p.fill_(math.nan)
+    # such weights cannot even make a probe (NaN would be stored as null, then fail to load obscurely) ...
+    with pytest.raises(ValueError, match="non-finite log-probs.*NaN/inf"):
+        compute_probe(broken, tok, ["def f("], max_new_tokens=3)
+    # ... and served behind a finite probe (a stale probe.json beside them), the comparison fails
+    diff, failed, details = compare_item(0, item, item.completion_token_ids, [math.nan] * 3)
+    assert failed and diff == 0.0 and "non-finite" in details[0] and "NaN" in details[0]
