@@ -1,4 +1,5 @@
-"""Suite-wide: telemetry off, and `gpu` tests skipped where no CUDA device is visible."""
+"""Suite-wide: telemetry off, `gpu` tests skipped where no CUDA device is visible, and the one real
+platform per session (tests/platform_fixtures.py) shared by the integration and chaos tests."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 os.environ.setdefault("DO_NOT_TRACK", "true")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+pytest_plugins = ["tests.platform_fixtures"]  # session fixtures, started only when a test asks for them
 
 
 def _cuda_visible() -> bool:

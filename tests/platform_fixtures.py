@@ -1,4 +1,5 @@
-"""One real platform per test session: Prefect and MLflow servers, the bootstrap flow, a vLLM fleet.
+"""One real platform per test session (integration and chaos tests): Prefect and MLflow servers, the
+bootstrap flow, a vLLM fleet, the gateway.
 
 Everything binds to 127.0.0.1 on free ports and lives in a temporary data directory; the session's
 last step is `tidal down`, and teardown checks nothing is left running.

@@ -1,0 +1,96 @@
+"""Chaos: broken candidates are refused before any traffic reaches them, with the reason recorded.
+
+Each candidate goes through `tidal promote` on the running platform (real fleet, gateway, registry):
+NaN weights, a checkpoint file truncated after publishing, a file swapped for another (digest mismatch),
+and an adapter of another architecture. Every release must fail at deploy/verify, tag the version
+`tidal.release.rolled_back` with why, and leave the route table untouched: no route change ever names it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tidal.registry import publish
+
+pytestmark = pytest.mark.slow
+
+
+def adapter(base_dir, out, *, nan: bool = False, wider: bool = False):
+    """A LoRA adapter on the base with its probe; `nan` fills it with NaN, `wider` builds it for a policy 32
+    wider (another architecture: its tensors cannot apply to the served base)."""
+    import torch
+    from peft import get_peft_model
+
+    from training.policy import PolicyConfig, build_policy, load_policy, load_tokenizer
+    from training.ppo_config import PPOConfig
+    from training.probe import compute_probe, save_probe
+    from training.variants import probe_prompts_of
+
+    tok = load_tokenizer(base_dir)
+    base = load_policy(base_dir)
+    if wider:
+        hidden = base.config.hidden_size + 32
+        cfg = PolicyConfig(hidden_size=hidden, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=2 * hidden,
+                           max_position_embeddings=512)
+        base = build_policy(cfg, tok, seed=0)
+    peft = get_peft_model(base, PPOConfig().lora_config())
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_" in name:
+                p.fill_(math.nan if nan else 0.01)
+    peft.save_pretrained(str(out))
+    if nan:  # NaN weights cannot make a probe: a stale one (the base's) sits beside them
+        probe_model = load_policy(base_dir)
+    else:  # from the weights it was built for
+        probe_model = peft if wider else load_policy(out, base_path=base_dir)
+    save_probe(compute_probe(probe_model, tok, probe_prompts_of(base_dir)), out)
+    return out
+
+
+def promote(version: int) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tidal.cli", "promote", "tab", "--candidate", str(version), "--no-gate"],
+                          capture_output=True, text=True, env=dict(os.environ), timeout=600, check=False)
+
+
+@pytest.mark.parametrize("kind", ["nan_weights", "truncated_file", "digest_mismatch", "wrong_architecture"])
+def test_broken_candidate_is_refused_before_any_traffic(kind, settings, registry, checkpoints, gateway, platform, tmp_path):
+    base_dir = checkpoints.local_dir(registry.get("tab", 1))
+    if kind == "nan_weights":
+        src = adapter(base_dir, tmp_path / "nan", nan=True)
+    elif kind == "wrong_architecture":
+        src = adapter(base_dir, tmp_path / "wide", wider=True)
+    else:
+        src = adapter(base_dir, tmp_path / "ok")
+    info = publish(registry, checkpoints.store, "tab", src, "lora", 1, {"tidal.origin": f"chaos: {kind}"})
+    stored = checkpoints.store.root / info.key / "adapter_model.safetensors"
+    if kind == "truncated_file":
+        stored.write_bytes(stored.read_bytes()[: stored.stat().st_size // 2])
+    elif kind == "digest_mismatch":  # a well-formed file, but not the one registered (a swapped upload)
+        data = bytearray(stored.read_bytes())
+        data[-1] ^= 0x01
+        stored.write_bytes(bytes(data))
+    routes_before = platform.routes_client().show()
+
+    out = promote(info.version)
+
+    assert out.returncode != 0, out.stdout[-2000:]
+    tags = registry.get("tab", info.version).tags
+    assert "tidal.release.verified" not in tags
+    reason = json.loads(tags["tidal.release.rolled_back"])["reason"]
+    print(f"{kind}: {reason[:300]}")
+    assert reason.startswith("deploy or served-weight verification failed")
+    if kind in ("truncated_file", "digest_mismatch"):  # caught before an engine ever sees the files
+        assert "does not match the digest registered with it" in reason, reason
+    if kind == "nan_weights":
+        assert "non-finite log-prob" in reason, reason
+    routes_after = platform.routes_client().show()
+    assert routes_after["routes"].get("tab") == routes_before["routes"].get("tab")
+    assert not any(a["version"] == info.version for h in routes_after["history"] if h["model"] == "tab" for a in h["arms"])
+    served = {name for r in platform.fleet_client().replicas("tab") for name in r["served"]}
+    assert info.served_name not in served  # nothing of it stays loaded anywhere
