@@ -1,0 +1,121 @@
+"""Offline learning check: PPO on logged flywheel datasets, scored on held-out simulated users.
+
+Answers "does this training configuration learn anything from these logs?" in minutes, without the
+fleet: the trainer's own code (PPOTrainer, select_samples, the dataset split) on stored reward
+datasets, then the policy samples completions for a fixed held-out sample of Tab sites (eval files,
+never trained on) and the simulated users' verdicts give the flywheel's metrics with 95% intervals.
+Completions come from the HF model (sampling at the settings' temperature, cut at the first line
+break), not from vLLM: compare rows of one run, not with `tidal eval` figures.
+
+Rewards are recomputed with the given reward rule, so rules can be compared on the same logs.
+
+Usage (a data directory left by `tidal demo`):
+  .venv/bin/python bench/offline_ppo.py --data-dir .tidal --checkpoint .tidal/store/checkpoints/model=tab/version=1 \
+      --iterations 60 --eval-at 20,40 --ppo '{"kl_coef": 0.05}' --rule '{"accept_scale_by_chars": true}'
+Prints one JSON line per evaluation (`"at": iteration`, 0 = the checkpoint itself), the last one final.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def completions(model, tok, cases, max_tokens: int, temperature: float, batch: int = 50) -> list[str]:
+    """One sampled completion per case, cut at the first line break (the users' stop string)."""
+    model.eval()
+    torch.manual_seed(0)
+    out = []
+    with torch.no_grad():
+        for i in range(0, len(cases), batch):
+            enc = tok([c.site.prompt for c in cases[i : i + batch]], return_tensors="pt", padding=True)
+            gen = model.generate(**enc, max_new_tokens=max_tokens, do_sample=True, temperature=temperature, top_k=0,
+                                 top_p=1.0, pad_token_id=tok.pad_token_id)
+            out += [tok.decode(row, skip_special_tokens=True).split("\n")[0] for row in gen[:, enc.input_ids.shape[1]:]]
+    return out
+
+
+def evaluate(model, tok, cases, rule, users) -> dict:
+    from sim.evaluate import score
+
+    t0 = time.perf_counter()
+    s = score(cases, completions(model, tok, cases, users.max_tokens, users.temperature), rule)
+    return {**{k: round(e.mean, 4) for k, e in s.items()},
+            **{f"{k}_ci": [round(e.low, 4), round(e.high, 4)] for k, e in s.items()},
+            "eval_s": round(time.perf_counter() - t0, 1)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data-dir", type=Path, required=True, help="Tidal data directory holding the datasets")
+    p.add_argument("--checkpoint", type=Path, required=True, help="full checkpoint directory the logs were served from")
+    p.add_argument("--version", type=int, default=1, help="its registry version (behaviour-version filter)")
+    p.add_argument("--model", default="tab")
+    p.add_argument("--datasets", default="", help="comma-separated dataset ids (default: all of the model's)")
+    p.add_argument("--iterations", type=int, default=60)
+    p.add_argument("--eval-at", default="", help="comma-separated iterations to evaluate at besides the last")
+    p.add_argument("--eval-requests", type=int, default=2000)
+    p.add_argument("--ppo", default="{}", help="JSON overrides of the demo's PPO settings")
+    p.add_argument("--rule", default="{}", help="JSON overrides of the reward rule (rewards are recomputed)")
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    os.environ["TIDAL_DATA_DIR"] = str(args.data_dir)
+
+    from data_contracts.rewards import RewardRule
+    from sim.evaluate import eval_cases
+    from tidal.settings import load_settings
+    from tidal.store import open_store
+    from training.candidate import build_trainable
+    from training.policy import load_policy, load_tokenizer
+    from training.ppo_trainer import PPOTrainer, iteration_plan
+    from training.reward_data import load_dataset, split
+    from training.rollout import select_samples
+
+    torch.set_num_threads(args.threads)
+    settings = load_settings()
+    store, users = open_store(settings), settings.demo.users
+    rule = settings.collect.rule_for(args.model).model_copy(update=json.loads(args.rule))
+    RewardRule.model_validate(rule.model_dump())
+    cfg = settings.demo.train.ppo.model_copy(update={**json.loads(args.ppo), "max_iterations": args.iterations})
+    tok = load_tokenizer(args.checkpoint)
+    tok.padding_side = "left"  # generation pads prompts on the left
+    cases = eval_cases(users, settings.bootstrap.heldout_fraction, args.eval_requests, seed=11)
+
+    ids = [d for d in args.datasets.split(",") if d] or sorted(
+        {k.split("/")[2] for k in store.list(f"datasets/model={args.model}/")})
+    rows = [s for d in ids for s in load_dataset(store, args.model, d).samples]
+    rewards = rule.rewards(np.array([r.event for r in rows], dtype=object),
+                           np.array([np.nan if r.accepted_chars is None else r.accepted_chars for r in rows], dtype=float),
+                           np.array([len(r.completion_text) for r in rows]))
+    rows = [r.model_copy(update={"reward": float(v), "reward_rule": rule.id}) for r, v in zip(rows, rewards)]
+    train_rows, _ = split(rows, settings.train.heldout_fraction)
+    picked = select_samples(train_rows, args.version, cfg.max_stale_versions).kept
+    head = {"datasets": ids, "rows": len(rows), "train_rows": len(picked), "rule": rule.model_dump(mode="json"),
+            "ppo": cfg.model_dump(mode="json", include={"learning_rate", "kl_coef", "batch_size", "epochs", "max_iterations"})}
+    print(json.dumps({"at": 0, **head, **evaluate(load_policy(args.checkpoint), tok, cases, rule, users)}), flush=True)
+
+    trainer = PPOTrainer(build_trainable(args.checkpoint, args.checkpoint, cfg), cfg, tok.pad_token_id)
+    plan = iteration_plan(len(picked), cfg)
+    trainer.compute_reference(picked, rows=(r for batch in plan for r in batch))
+    looks = {int(x) for x in args.eval_at.split(",") if x} | {len(plan)}
+
+    def after(it: int, metrics: dict[str, float]) -> None:
+        if it + 1 in looks:
+            kl = {k.split("/")[1]: round(v, 4) for k, v in metrics.items() if k in ("ppo/kl_ref", "ppo/approx_kl")}
+            print(json.dumps({"at": it + 1, **kl, **evaluate(trainer.model.policy, tok, cases, rule, users)}), flush=True)
+            trainer.model.train()
+
+    trainer.train(picked, plan, 0, after)
+
+
+if __name__ == "__main__":
+    main()
