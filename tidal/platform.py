@@ -57,7 +57,7 @@ class Platform:
             "mlflow": Service(
                 "mlflow", [py, "-m", "mlflow", "server", "--host", s.mlflow.host, "--port", str(s.mlflow.port),
                            "--workers", str(s.mlflow.workers), "--backend-store-uri", f"sqlite:///{data / 'mlflow' / 'mlflow.db'}",
-                           "--artifacts-destination", f"{s.store_url}/mlflow-artifacts"],
+                           "--artifacts-destination", f"{s.store.routes.get('mlflow-artifacts', s.store_url).rstrip('/')}/mlflow-artifacts"],
                 s.mlflow.host, s.mlflow.port, "mlflow.port", f"{s.mlflow.tracking_uri}/health", s.mlflow.ready_timeout_s,
                 s.mlflow.tracking_uri, mlflow_env, [data / "mlflow"]),
             "fleet": Service(

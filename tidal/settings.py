@@ -33,8 +33,22 @@ class SettingsError(ValueError):
     """A bad setting, with the fix in its message."""
 
 
+STORE_AREAS = ("logs", "quarantine", "datasets", "checkpoints", "training", "state", "reports", "mlflow-artifacts")
+
+
 class StoreSettings(Section):
     url: str = Field("", description="Object store root: '' = <data_dir>/store on local disk, or s3://bucket/prefix.")
+    routes: dict[str, str] = Field(default_factory=dict, description=(
+        "Top-level areas kept in stores of their own, e.g. {logs: s3://acme-tidal-logs, checkpoints: "
+        "s3://acme-tidal-checkpoints}: one bucket (and IAM grant) per kind of data. Keys keep their area prefix "
+        f"there. Areas: {', '.join(STORE_AREAS)}; the rest stays under `url`."))
+
+    @model_validator(mode="after")
+    def _known_areas(self):
+        unknown = sorted(set(self.routes) - set(STORE_AREAS))
+        if unknown:
+            raise ValueError(f"store.routes: unknown areas {unknown}; expected some of {list(STORE_AREAS)}")
+        return self
     s3_endpoint_url: str | None = Field(None, description="S3-compatible endpoint (MinIO, moto); None = AWS S3.")
     s3_region: str = Field("us-east-1", description="Region for the S3 client.")
 

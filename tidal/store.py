@@ -104,16 +104,60 @@ class S3Store:
         return f"s3://{self.bucket}/{self._key(key)}"
 
 
+class RoutedStore:
+    """Keys of some top-level areas (`logs/...`, `checkpoints/...`) live in stores of their own, with the
+    same keys there: one bucket, and one IAM grant, per kind of data (store.routes)."""
+
+    def __init__(self, default: ObjectStore, routes: dict[str, ObjectStore]):
+        self.default, self.routes = default, routes
+        self.url = default.url
+
+    def _for(self, key: str) -> ObjectStore:
+        return self.routes.get(key.split("/", 1)[0], self.default)
+
+    def put_file(self, local: Path, key: str) -> None:
+        self._for(key).put_file(local, key)
+
+    def get_file(self, key: str, local: Path) -> None:
+        self._for(key).get_file(key, local)
+
+    def exists(self, key: str) -> bool:
+        return self._for(key).exists(key)
+
+    def list(self, prefix: str) -> list[str]:
+        if "/" in prefix:  # within one area
+            return self._for(prefix).list(prefix)
+        # a prefix of area names: every store that may hold such keys, each listing only its own areas
+        found = {k for k in self.default.list(prefix) if k.split("/", 1)[0] not in self.routes}
+        for area, store in self.routes.items():
+            if area.startswith(prefix) or prefix.startswith(area):
+                found |= {k for k in store.list(prefix) if k.split("/", 1)[0] == area}
+        return sorted(found)
+
+    def uri(self, key: str) -> str:
+        return self._for(key).uri(key)
+
+
 def open_store(settings: TidalSettings) -> ObjectStore:
-    url = settings.store_url
+    default = open_url(settings.store_url, settings, "store.url")
+    if not settings.store.routes:
+        return default
+    return RoutedStore(default, {area: open_url(url, settings, f"store.routes.{area}")
+                                 for area, url in settings.store.routes.items()})
+
+
+def open_url(url: str, settings: TidalSettings, setting: str) -> ObjectStore:
+    """One store root, named in errors by the `setting` it came from: file:///dir, a directory, or s3://bucket/prefix."""
+    if "://" not in url:  # a plain directory
+        url = Path(url).expanduser().resolve().as_uri()
     parsed = urlparse(url)
     if parsed.scheme == "file":
         return LocalStore(Path(url2pathname(parsed.path)))
     if parsed.scheme == "s3":
         if not parsed.netloc:
-            raise ValueError(f"store.url {url!r} names no bucket; expected s3://bucket/prefix")
+            raise ValueError(f"{setting} {url!r} names no bucket; expected s3://bucket/prefix")
         return S3Store(parsed.netloc, parsed.path, settings.store.s3_endpoint_url, settings.store.s3_region)
-    raise ValueError(f"store.url {url!r}: expected '' (local disk), file:///dir or s3://bucket/prefix")
+    raise ValueError(f"{setting} {url!r}: expected '' (local disk), file:///dir or s3://bucket/prefix")
 
 
 def upload_dir(store: ObjectStore, local: Path, prefix: str) -> list[str]:

@@ -288,3 +288,38 @@ def test_json_objects_round_trip(tmp_path) -> None:
     store = LocalStore(tmp_path / "s")
     put_json(store, "training/run/result.json", {"iterations": 3, "final": {"ppo/approx_kl": 0.01}})
     assert get_json(store, "training/run/result.json") == {"iterations": 3, "final": {"ppo/approx_kl": 0.01}}
+
+
+def test_routed_store_keeps_each_area_in_its_own_store(tmp_path) -> None:
+    from tidal.store import RoutedStore
+
+    default, logs, ckpt = (LocalStore(tmp_path / n) for n in ("default", "logs", "ckpt"))
+    store = RoutedStore(default, {"logs": logs, "checkpoints": ckpt})
+    for key in ("logs/completions/model=tab/a.parquet", "checkpoints/model=tab/version=1/probe.json",
+                "datasets/model=tab/ds-1/manifest.json", "state/watermarks/tab.json"):
+        store.put_file(make_file(tmp_path / "src" / key, key), key)
+    assert logs.list("") == ["logs/completions/model=tab/a.parquet"]  # same keys, area prefix kept
+    assert ckpt.list("") == ["checkpoints/model=tab/version=1/probe.json"]
+    assert default.list("") == ["datasets/model=tab/ds-1/manifest.json", "state/watermarks/tab.json"]
+    assert store.list("logs/") == logs.list("logs/") and store.list("datasets/") == default.list("datasets/")
+    assert store.list("") == sorted(logs.list("") + ckpt.list("") + default.list(""))
+    assert store.exists("checkpoints/model=tab/version=1/probe.json") and not store.exists("logs/nope")
+    store.get_file("logs/completions/model=tab/a.parquet", tmp_path / "back")
+    assert (tmp_path / "back").read_text() == "logs/completions/model=tab/a.parquet"
+    assert store.uri("checkpoints/x") == ckpt.uri("checkpoints/x")
+
+
+def test_store_routes_come_from_settings_and_unknown_areas_are_refused(monkeypatch, tmp_path) -> None:
+    from tidal.store import RoutedStore
+
+    monkeypatch.setenv("TIDAL_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("TIDAL_STORE__ROUTES", f'{{"logs": "{(tmp_path / "logs").as_uri()}", "checkpoints": "{tmp_path / "c"}"}}')
+    store = open_store(load_settings())
+    assert isinstance(store, RoutedStore) and set(store.routes) == {"logs", "checkpoints"}
+    assert store.routes["checkpoints"].url == (tmp_path / "c").as_uri()  # a plain directory is a local store
+    monkeypatch.setenv("TIDAL_STORE__ROUTES", '{"logz": "s3://b"}')
+    with pytest.raises(Exception, match=r"unknown areas \['logz'\].*expected some of"):
+        load_settings()
+    monkeypatch.setenv("TIDAL_STORE__ROUTES", '{"logs": "ftp://x"}')
+    with pytest.raises(ValueError, match=r"store.routes.logs 'ftp://x'"):
+        open_store(load_settings())

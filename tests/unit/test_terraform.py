@@ -147,8 +147,9 @@ def test_irsa_grants_are_least_privilege_per_workload():
     assert "s3:PutObject" not in actions("trainer", "datasets")
     assert {"s3:GetObject", "s3:PutObject"} <= actions("trainer", "checkpoints")
     assert set(loc["grants"]["mlflow"]) == {"mlflow-artifacts"}
-    assert set(loc["grants"]["flows"]) == {"logs", "datasets"}
+    assert set(loc["grants"]["flows"]) == {"logs", "datasets", "checkpoints"}
     assert "s3:PutObject" not in actions("flows", "logs") and "s3:PutObject" in actions("flows", "datasets")
+    assert loc["grants"]["flows"]["logs"]["write_prefixes"] == ["quarantine/"]  # its only writes beside the logs
     assert set(loc["grants"]["fleet"]) == {"checkpoints"} and "s3:PutObject" not in actions("fleet", "checkpoints")
     # Only MLflow may delete (garbage collection of deleted runs).
     deleters = {w for w in loc["grants"] for b in loc["grants"][w] if "s3:DeleteObject" in actions(w, b)}
@@ -159,6 +160,9 @@ def test_irsa_resources_are_scoped_and_trust_one_service_account():
     irsa = load_dir(TF / "modules" / "irsa")
     access = irsa["data"]["aws_iam_policy_document"]["access"]
     for _, _, resources, _ in policy_statements(access, irsa["locals"]):
+        if isinstance(resources, str):  # a for-expression: one object prefix of the statement's bucket each
+            assert resources.startswith("${[for ") and '"${var.bucket_arns[statement.key]}/${p}*"' in resources
+            continue
         assert isinstance(resources, list) and resources and "*" not in resources
         assert all("var.bucket_arns[statement.key]" in r or r == "${var.kms_key_arn}" for r in resources), resources
     trust = irsa["data"]["aws_iam_policy_document"]["assume"]["statement"][0]

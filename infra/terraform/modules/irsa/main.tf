@@ -33,10 +33,12 @@ locals {
     mlflow = {
       mlflow-artifacts = { objects = concat(local.read, local.write, ["s3:DeleteObject"]), bucket = local.list }
     }
-    # Collect reads new log partitions and writes reward datasets and the quarantine with reasons.
+    # Collect reads new log partitions and writes reward datasets, watermarks and reports, and its
+    # quarantine (kept beside the logs, so only under quarantine/); train publishes candidates.
     flows = {
-      logs     = { objects = local.read, bucket = local.list }
-      datasets = { objects = concat(local.read, local.write), bucket = local.list }
+      logs        = { objects = local.read, bucket = local.list, write_prefixes = ["quarantine/"] }
+      datasets    = { objects = concat(local.read, local.write), bucket = local.list }
+      checkpoints = { objects = concat(local.read, local.write), bucket = local.list }
     }
     # vLLM pods load a version's weights from its checkpoint (design: Versions) and write nothing.
     fleet = {
@@ -98,6 +100,17 @@ data "aws_iam_policy_document" "access" {
       effect    = "Allow"
       actions   = statement.value.bucket
       resources = [var.bucket_arns[statement.key]]
+    }
+  }
+
+  # Writes limited to some prefixes of a bucket the workload otherwise only reads.
+  dynamic "statement" {
+    for_each = { for b, g in each.value : b => g.write_prefixes if length(lookup(g, "write_prefixes", [])) > 0 }
+    content {
+      sid       = "Write${replace(title(replace(statement.key, "-", " ")), " ", "")}Prefixes"
+      effect    = "Allow"
+      actions   = local.write
+      resources = [for p in statement.value : "${var.bucket_arns[statement.key]}/${p}*"]
     }
   }
 

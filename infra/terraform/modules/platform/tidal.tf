@@ -43,10 +43,21 @@ resource "helm_release" "tidal" {
     metrics = { serviceMonitor = { enabled = true } }
     settings = {
       data_dir = "/var/lib/tidal"
-      store    = { url = "s3://${var.bucket_names["logs"]}", s3_region = var.region }
-      prefect  = { host = local.prefect_host, port = 4200 }
-      mlflow   = { host = local.mlflow_host, port = 80 }
-      fleet    = { host = "tidal-fleet-supervisor.${var.namespace}.svc.cluster.local", admin_port = 8090 }
+      # One bucket per kind of data (IRSA grants follow it); keys keep their area prefix in each.
+      store = {
+        url       = "s3://${var.bucket_names["datasets"]}" # datasets, state, reports
+        s3_region = var.region
+        routes = {
+          logs               = "s3://${var.bucket_names["logs"]}"
+          quarantine         = "s3://${var.bucket_names["logs"]}"
+          checkpoints        = "s3://${var.bucket_names["checkpoints"]}"
+          training           = "s3://${var.bucket_names["checkpoints"]}"
+          "mlflow-artifacts" = "s3://${var.bucket_names["mlflow-artifacts"]}"
+        }
+      }
+      prefect = { host = local.prefect_host, port = 4200 }
+      mlflow  = { host = local.mlflow_host, port = 80 }
+      fleet   = { host = "tidal-fleet-supervisor.${var.namespace}.svc.cluster.local", admin_port = 8090 }
       engine = {
         flavor        = "cuda"
         dtype         = "bfloat16"
