@@ -193,6 +193,11 @@ class Fleet:
                     r.state = "starting"
                     threading.Thread(target=self._restart, args=(group, r), name=f"restart-{r.name}", daemon=True).start()
 
+    def restart_replica(self, group: ModelGroup, r: Replica, why: str) -> None:
+        """Kill an engine that can no longer be trusted; the health monitor boots it again, verified."""
+        kill(r)
+        self._crashed(r, why)
+
     @staticmethod
     def _healthy(r: Replica) -> bool:
         with r.client() as client:

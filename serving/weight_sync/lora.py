@@ -5,9 +5,17 @@ Champion and candidate live side by side on the same replicas under names `MODEL
 
 from __future__ import annotations
 
-from serving.probe import ProbeReport, verify
+import logging
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from serving.probe import ProbeFailed, ProbeReport, verify
 from serving.weight_sync.base import StrategyUnavailable, WeightSync
 from tidal.registry import VersionInfo
+
+log = logging.getLogger("tidal.fleet")
 
 
 class LoraSync(WeightSync):
@@ -21,6 +29,7 @@ class LoraSync(WeightSync):
             raise StrategyUnavailable(f"{info.served_name} is an adapter on v{info.base_version}, but the replicas run "
                                       f"v{group.base.version}; restart them on v{info.base_version} first")
         path = fleet.checkpoints.local_dir(info)
+        refuse_non_finite(info, path)
         done, reports = [], []
         try:
             for replica in group.ready_replicas():
@@ -34,6 +43,7 @@ class LoraSync(WeightSync):
                 replica.adapters.pop(info.version, None)
                 with replica.client() as client:
                     client.unload_lora(info.served_name)
+                still_sound(fleet, group, replica)
             raise
         group.adapters[info.version] = info
         return reports
@@ -46,3 +56,25 @@ class LoraSync(WeightSync):
             if replica.adapters.pop(info.version, None) is not None:
                 with replica.client() as client:
                     client.unload_lora(info.served_name)
+
+
+def refuse_non_finite(info: VersionInfo, path: Path) -> None:
+    """Refuse an adapter holding NaN/inf before any engine loads it: on vLLM's CPU LoRA kernels such an
+    adapter poisoned the replica's base outputs even after it was unloaded (measured)."""
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            for name in st.keys():
+                if not torch.isfinite(st.get_tensor(name)).all():
+                    raise ProbeFailed(f"{info.served_name}: adapter weights hold non-finite values ({f.name}: {name}); "
+                                      "refused before loading: retrain it, or check the trainer's output")
+
+
+def still_sound(fleet, group, replica) -> None:
+    """After a failed load, the replica must still serve its base exactly; if not, it is restarted clean."""
+    try:
+        with replica.client() as client:
+            verify(client, group.base.served_name, fleet.checkpoints.local_dir(group.base), fleet.settings.fleet.probe_atol,
+                   replica.name)
+    except Exception as e:  # noqa: BLE001  any failure: the engine is not trusted any more
+        log.warning("replica %s failed its base probe after a failed load (%s); restarting it", replica.name, e)
+        fleet.restart_replica(group, replica, f"base probe failed after a failed load: {e}")

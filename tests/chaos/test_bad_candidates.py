@@ -4,6 +4,8 @@ Each candidate goes through `tidal promote` on the running platform (real fleet,
 NaN weights, a checkpoint file truncated after publishing, a file swapped for another (digest mismatch),
 and an adapter of another architecture. Every release must fail at deploy/verify, tag the version
 `tidal.release.rolled_back` with why, and leave the route table untouched: no route change ever names it.
+Serving must be sound afterwards: every replica ready on the champion and answering (a NaN adapter,
+once loaded and unloaded, used to leave its engine answering NaN log-probs for the base).
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import math
 import os
 import subprocess
 import sys
+import time
 
+import httpx
 import pytest
 
 from tidal.registry import publish
@@ -75,7 +79,7 @@ def test_broken_candidate_is_refused_before_any_traffic(kind, settings, registry
         data = bytearray(stored.read_bytes())
         data[-1] ^= 0x01
         stored.write_bytes(bytes(data))
-    routes_before = platform.routes_client().show()
+    routes_before, fleet_before = platform.routes_client().show(), platform.fleet_client().replicas("tab")
 
     out = promote(info.version)
 
@@ -87,10 +91,29 @@ def test_broken_candidate_is_refused_before_any_traffic(kind, settings, registry
     assert reason.startswith("deploy or served-weight verification failed")
     if kind in ("truncated_file", "digest_mismatch"):  # caught before an engine ever sees the files
         assert "does not match the digest registered with it" in reason, reason
-    if kind == "nan_weights":
-        assert "non-finite log-prob" in reason, reason
+    if kind == "nan_weights":  # refused from its tensors, before an engine loads it (one such load poisoned a replica)
+        assert "adapter weights hold non-finite values" in reason, reason
     routes_after = platform.routes_client().show()
     assert routes_after["routes"].get("tab") == routes_before["routes"].get("tab")
     assert not any(a["version"] == info.version for h in routes_after["history"] if h["model"] == "tab" for a in h["arms"])
     served = {name for r in platform.fleet_client().replicas("tab") for name in r["served"]}
     assert info.served_name not in served  # nothing of it stays loaded anywhere
+    # and serving recovers: an engine a bad adapter broke is restarted by the fleet, on the champion only
+    restarts = serving_recovers(platform.fleet_client(), before=fleet_before)
+    print(f"{kind}: replica restarts it caused: {restarts}")
+
+
+def serving_recovers(fleet, before: list[dict], timeout_s: float = 300.0) -> int:
+    """Wait until every tab replica is ready again, serves exactly v1 and answers; returns the restarts since."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now = fleet.replicas("tab")
+        if len(now) == len(before) and all(r["state"] == "ready" and r["served"] == {"tab@v1": 1} for r in now):
+            break
+        assert time.monotonic() < deadline, f"tab replicas not back after {timeout_s} s: {now}"
+        time.sleep(2)
+    for r in now:
+        answer = httpx.post(r["url"] + "/v1/completions", timeout=60,
+                            json={"model": "tab@v1", "prompt": "def f(x):\n    return", "max_tokens": 4}).json()
+        assert answer["choices"][0]["text"] is not None
+    return sum(r["restarts"] for r in now) - sum(r["restarts"] for r in before)

@@ -125,3 +125,23 @@ def test_engine_env_sets_kv_cache_and_runtime_lora() -> None:
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "3"
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     assert not any(k.startswith("TIDAL_") for k in env)
+
+
+def test_lora_refuses_an_adapter_with_non_finite_weights_before_loading(tmp_path) -> None:
+    import math
+
+    import torch
+    from safetensors.torch import save_file
+
+    from serving.probe import ProbeFailed
+    from serving.weight_sync.lora import refuse_non_finite
+    from tidal.registry import VersionInfo
+
+    info = VersionInfo("tab", 3, "lora", 1, "")
+    good = {"base_model.model.layers.0.q_proj.lora_A.weight": torch.ones(8, 16)}
+    save_file(good, str(tmp_path / "adapter_model.safetensors"))
+    refuse_non_finite(info, tmp_path)  # finite: passes
+    bad = {**good, "base_model.model.layers.0.q_proj.lora_B.weight": torch.full((16, 8), math.nan)}
+    save_file(bad, str(tmp_path / "adapter_model.safetensors"))
+    with pytest.raises(ProbeFailed, match=r"tab@v3: adapter weights hold non-finite values .*lora_B.*refused before loading"):
+        refuse_non_finite(info, tmp_path)
