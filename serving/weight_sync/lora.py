@@ -30,20 +30,25 @@ class LoraSync(WeightSync):
                                       f"v{group.base.version}; restart them on v{info.base_version} first")
         path = fleet.checkpoints.local_dir(info)
         refuse_non_finite(info, path)
-        done, reports = [], []
+        tried, done, reports = [], [], []
         try:
             for replica in group.ready_replicas():
+                tried.append(replica)
                 with replica.client() as client:
                     client.load_lora(info.served_name, path)
                     done.append(replica)
                     reports.append(verify(client, info.served_name, path, fleet.settings.fleet.probe_atol, replica.name))
                 replica.adapters[info.version] = info
         except BaseException:
-            for replica in done:  # unverified weights must not stay loaded anywhere
-                replica.adapters.pop(info.version, None)
-                with replica.client() as client:
-                    client.unload_lora(info.served_name)
-                still_sound(fleet, group, replica)
+            for replica in tried:
+                if replica in done:  # unverified weights must not stay loaded anywhere
+                    replica.adapters.pop(info.version, None)
+                    try:
+                        with replica.client() as client:
+                            client.unload_lora(info.served_name)
+                    except Exception as e:  # noqa: BLE001  still_sound restarts an engine that cannot unload
+                        log.warning("replica %s could not unload %s: %s", replica.name, info.served_name, e)
+                still_sound(fleet, group, replica)  # a load that failed inside the engine may have broken it too
             raise
         group.adapters[info.version] = info
         return reports
