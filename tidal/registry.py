@@ -181,9 +181,15 @@ class CheckpointCache:
             path = self.store.root / info.key
             if not (path / "probe.json").is_file():
                 raise FileNotFoundError(f"checkpoint of {info.served_name} missing or incomplete at {path} (no probe.json)")
-        else:
-            path = download_dir(self.store, info.key, self.cache_dir / info.key)
-        verify_checkpoint(info, path)
+            verify_checkpoint(info, path)  # every time: these are the store's own files
+            return path
+        path = download_dir(self.store, info.key, self.cache_dir / info.key)
+        # A download is checked once: later calls (every boot and deploy) skip re-hashing what passed.
+        marker, want = path / ".verified", info.tags.get(DIGEST_TAG, "")
+        if not (want and marker.is_file() and marker.read_text() == want):
+            verify_checkpoint(info, path)
+            if want:
+                marker.write_text(want)
         return path
 
 

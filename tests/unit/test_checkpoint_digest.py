@@ -91,3 +91,18 @@ def test_s3_download_is_checked_against_the_digest(s3_endpoint, tmp_path) -> Non
     upload_dir(store, bad, info.key)
     with pytest.raises(CheckpointCorrupt, match="tab@v3"):
         CheckpointCache(store, tmp_path / "cache-b").local_dir(info)
+
+
+def test_s3_download_is_hashed_once_then_trusted_by_its_marker(s3_endpoint, tmp_path, monkeypatch) -> None:
+    import tidal.registry as registry_module
+
+    make_bucket(s3_endpoint, BUCKET)
+    store = S3Store(BUCKET, "digest-once", s3_endpoint, "us-east-1")
+    info = published(store, checkpoint(tmp_path / "ckpt"), version=4)
+    cache = CheckpointCache(store, tmp_path / "cache")
+    hashed = []
+    real = registry_module.verify_checkpoint
+    monkeypatch.setattr(registry_module, "verify_checkpoint", lambda i, p: (hashed.append(p), real(i, p)))
+    first, second = cache.local_dir(info), cache.local_dir(info)
+    assert first == second and len(hashed) == 1 and (first / ".verified").read_text() == info.tags[DIGEST_TAG]
+    assert checkpoint_files(first) == checkpoint_files(tmp_path / "ckpt")  # the marker is not part of the digest
