@@ -45,13 +45,16 @@ class LogSinkSettings(Section):
     wal_cap_bytes: int = Field(2**30, ge=1, description=(
         "Alarm threshold: over it, uploaded segments are deleted early, and if the not-yet-uploaded ones alone "
         "exceed it `wal_over_cap` is set and a warning logged. Appends are never refused."))
+    wal_warn_fraction: float = Field(0.8, gt=0, le=1, description=(
+        "Early alarm: `wal_near_cap` is set (and a warning logged) once the not-yet-uploaded bytes pass this "
+        "share of wal_cap_bytes, while there is still room to act."))
     retain_s: float = Field(86400.0, ge=0, description="Uploaded segments stay on local disk this long (start-up dedup reads them), then are deleted.")
 
 
 class LogSink:
     def __init__(self, wal_dir: Path, store: ObjectStore, cfg: LogSinkSettings):
         self.wal_dir, self.store, self.cfg = Path(wal_dir), store, cfg
-        self._stats = SinkStats(KINDS, cfg.wal_cap_bytes)
+        self._stats = SinkStats(KINDS, cfg.wal_cap_bytes, cfg.wal_warn_fraction)
         self._uploader = Uploader(self.wal_dir, KINDS, store, self._stats, cfg.upload_interval_s,
                                   cfg.upload_backoff_max_s, cfg.retain_s, cfg.wal_cap_bytes)
         self._writer = WalWriter(self.wal_dir, KINDS, self._stats, cfg.commit_interval_ms / 1000, cfg.segment_max_bytes,
@@ -119,9 +122,11 @@ class LogSink:
         uploads_total / upload_errors_total (object puts that succeeded / failed), segments_uploaded_total,
         quarantined_total (records), torn_lines_total. Gauges: wal_bytes (all segment files on disk),
         wal_pending_bytes (open + closed, not yet in the store), segments_pending (closed, waiting for
-        upload), wal_over_cap (0/1: wal_pending_bytes > wal_cap_bytes)."""
+        upload), wal_near_cap (0/1: wal_pending_bytes > wal_warn_fraction · wal_cap_bytes), wal_over_cap
+        (0/1: wal_pending_bytes > wal_cap_bytes)."""
         m = self._stats.snapshot()
         m["wal_bytes"] = m["wal_pending_bytes"] + m.pop("wal_retained_bytes")
+        m["wal_near_cap"] = int(self._stats.near_cap)
         m["wal_over_cap"] = int(self._stats.over_cap)
         return m
 

@@ -113,10 +113,10 @@ class SinkStats:
     """Counters and gauges shared by the writer, the uploader and metrics(). One lock, taken a few times
     per commit batch. The cap alarm lives here so every change of the pending bytes re-evaluates it."""
 
-    def __init__(self, kinds: tuple[str, ...], cap_bytes: int):
+    def __init__(self, kinds: tuple[str, ...], cap_bytes: int, warn_fraction: float = 0.8):
         self._lock = threading.Lock()
-        self.cap_bytes = cap_bytes
-        self.over_cap = False
+        self.cap_bytes, self.warn_bytes = cap_bytes, int(cap_bytes * warn_fraction)
+        self.over_cap = self.near_cap = False
         self.values: dict[str, int] = dict.fromkeys(
             ["wal_pending_bytes", "wal_retained_bytes", "segments_pending", "commits_total", "uploads_total",
              "segments_uploaded_total", "upload_errors_total", "quarantined_total", "torn_lines_total"]
@@ -128,6 +128,10 @@ class SinkStats:
                 self.values[k] += v
             pending = self.values["wal_pending_bytes"]
             was, self.over_cap = self.over_cap, pending > self.cap_bytes
+            was_near, self.near_cap = self.near_cap, pending > self.warn_bytes
+        if self.near_cap and not was_near and not self.over_cap:
+            log.warning("WAL holds %d bytes not yet in the object store, nearing its %d-byte cap: is the store down?",
+                        pending, self.cap_bytes)
         if self.over_cap and not was:
             log.warning("WAL holds %d bytes not yet in the object store, over the %d-byte cap: is the store down? "
                         "Appends continue; the disk fills.", pending, self.cap_bytes)

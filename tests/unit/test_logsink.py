@@ -367,3 +367,25 @@ def test_s3_round_trip(s3_bucket: str, tmp_path: Path, sinks) -> None:
     assert [o["Key"] for o in listed["Contents"]] == [f"prefix/{key}"]
     store.get_file(key, tmp_path / "got.parquet")
     assert pq.read_table(tmp_path / "got.parquet").to_pylist() == comps
+
+
+def test_wal_near_cap_warns_before_the_cap_is_reached(tmp_path: Path, sinks, caplog) -> None:
+    flaky = FlakyStore(LocalStore(tmp_path / "store"), failures=10**6)
+    sink = start(sinks, tmp_path / "wal", flaky, wal_cap_bytes=2000, wal_warn_fraction=0.5)
+    caplog.set_level(logging.WARNING, logger="tidal.logsink")
+    seen = []
+    for i in range(40):
+        asyncio.run(sink.append("feedback", feedback(i)))
+        m = sink.metrics()
+        seen.append((m["wal_pending_bytes"], m["wal_near_cap"], m["wal_over_cap"]))
+        if m["wal_over_cap"]:
+            break
+    first_near = next(i for i, (_, near, _) in enumerate(seen) if near)
+    pending, _, over = seen[first_near]
+    assert 1000 < pending <= 2000 and over == 0  # the early alarm fires with room left
+    assert all(not near for p, near, _ in seen if p <= 1000)
+    assert seen[-1][1:] == (1, 1)  # past the cap both are raised
+    assert any("nearing its 2000-byte cap" in r.getMessage() for r in caplog.records)
+    flaky.failures = 0
+    assert asyncio.run(sink.flush())
+    assert (sink.metrics()["wal_near_cap"], sink.metrics()["wal_over_cap"]) == (0, 0)
