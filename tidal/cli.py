@@ -215,17 +215,22 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = load_settings()
-        args.func(settings, args)
+        from tidal.platform import prefect_reachable
+
+        with prefect_reachable(settings):
+            args.func(settings, args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # every user-facing failure: one clear line, no traceback
         from serving.client import AdminError
+        from tidal.platform import ServerUnavailable
         from tidal.procs import NotReady, PortInUse
         from tidal.registry import RegistryError
         from tidal.settings import SettingsError
 
-        if isinstance(e, (AdminError, NotReady, PortInUse, RegistryError, SettingsError, FileNotFoundError, ValueError)):
+        if isinstance(e, (AdminError, NotReady, PortInUse, RegistryError, ServerUnavailable, SettingsError,
+                          FileNotFoundError, ValueError)):
             print(f"error: {e}", file=sys.stderr)
             return 1
         raise

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -203,5 +205,33 @@ def use_platform_env(settings: TidalSettings) -> None:
     """Point this process's Prefect and MLflow clients at the platform's servers (called at start-up)."""
     os.environ.update(prefect_env(settings))
     os.environ["MLFLOW_TRACKING_URI"] = settings.mlflow.tracking_uri
+    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(settings.mlflow.request_retries)
     if settings.store.s3_endpoint_url:
         os.environ.setdefault("MLFLOW_S3_ENDPOINT_URL", settings.store.s3_endpoint_url)
+
+
+class ServerUnavailable(RuntimeError):
+    """A platform server (Prefect) went away while a command needed it."""
+
+
+@contextmanager
+def prefect_reachable(settings: TidalSettings) -> Iterator[None]:
+    """Run flows in this block; a Prefect server that stopped answering becomes one error naming it and the fix
+    (Prefect's own is a bare `ConnectError: [Errno 111] Connection refused` once its client has connected)."""
+    api = settings.prefect.api_url.rstrip("/")
+    said = f"Prefect at {api} is unavailable"
+    fix = "start it with `tidal up`, then retry (a flow run it lost is marked Crashed; running it again is safe)"
+    try:
+        yield
+    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as e:
+        try:
+            url = str(e.request.url)
+        except RuntimeError:  # no request attached: not one of Prefect's calls
+            raise e from None
+        if not url.startswith(api):
+            raise
+        raise ServerUnavailable(f"{said} ({e}); {fix}") from e
+    except RuntimeError as e:
+        if "Failed to reach API" not in str(e):
+            raise
+        raise ServerUnavailable(f"{said} ({e}); {fix}") from e

@@ -24,6 +24,49 @@ class RegistryError(LookupError):
     """Unknown model, version or alias; the message says what exists."""
 
 
+class RegistryUnavailable(RegistryError):
+    """The MLflow server did not answer (down, unreachable, or failing with 5xx) after the client's retries."""
+
+
+def _unavailable(e: MlflowException) -> bool:
+    # mlflow's REST client: "API request to <url> failed with exception <requests error>" (connection refused,
+    # timeout, retries exhausted) or "... failed with error code 5xx"; other errors are answers (e.g. not found).
+    msg = str(e)
+    return msg.startswith("API request to") and ("failed with exception" in msg or "error code 5" in msg)
+
+
+def _cause(msg: str) -> str:
+    """The useful words of a requests/urllib3 failure (its full text repeats the URL and object reprs)."""
+    for needle, said in (("Connection refused", "connection refused"), ("timed out", "timed out"),
+                         ("Name or service not known", "unknown host"), ("RemoteDisconnected", "connection dropped")):
+        if needle in msg:
+            return said
+    return msg.split(" failed with ")[-1][:160]
+
+
+class _GuardedClient:
+    """MlflowClient whose calls raise RegistryUnavailable, naming the server and the fix, when MLflow is away:
+    an outage must never read as 'no such model/alias' (that would re-bootstrap a model or reuse a version)."""
+
+    def __init__(self, client: MlflowClient, uri: str):
+        self._client, self._uri = client, uri
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            try:
+                return attr(*args, **kwargs)
+            except MlflowException as e:
+                if _unavailable(e):
+                    raise RegistryUnavailable(f"MLflow at {self._uri} is unavailable ({_cause(str(e))}); start it with "
+                                              "`tidal up` (or fix mlflow.host/port), then retry") from None
+                raise
+        return call
+
+
 class CheckpointCorrupt(ValueError):
     """A checkpoint's files differ from the digest registered with its version (truncated, edited, swapped)."""
 
@@ -95,7 +138,7 @@ class VersionInfo:
 
 class Registry:
     def __init__(self, tracking_uri: str):
-        self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+        self.client = _GuardedClient(MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri), tracking_uri)
 
     def _ensure_model(self, model: str) -> None:
         try:
@@ -104,10 +147,7 @@ class Registry:
             self.client.create_registered_model(model, tags={"tidal.managed": "true"})
 
     def versions(self, model: str) -> list[int]:
-        try:
-            return sorted(int(v.version) for v in self.client.search_model_versions(f"name='{model}'"))
-        except MlflowException:
-            return []
+        return sorted(int(v.version) for v in self.client.search_model_versions(f"name='{model}'"))
 
     def next_version(self, model: str) -> int:
         return max(self.versions(model), default=0) + 1

@@ -69,6 +69,9 @@ class MlflowSettings(Section):
     port: int = Field(5000, ge=1, le=65535, description="MLflow tracking/registry port.")
     workers: int = Field(1, ge=1, description="Server workers; 1 keeps it at ~0.5 GB and ready in ~20 s.")
     ready_timeout_s: float = Field(180.0, gt=0, description="How long `tidal up` waits for the server.")
+    request_retries: int = Field(3, ge=0, le=10, description=(
+        "Retries of a failed MLflow request (exponential back-off, ~14 s in all for 3) before a flow fails with "
+        "'MLflow ... is unavailable'; MLflow's own default, 7, waits ~4 minutes."))
 
     @property
     def tracking_uri(self) -> str:
