@@ -61,7 +61,11 @@ def main() -> None:
                        "PREFECT_RUNNER_SERVER_PORT": str(settings.prefect.runner_port)})
     from prefect import serve
 
-    serve(*deployments(settings), print_starting_message=False)
+    from flows.resume import resume_orphaned_runs
+
+    deps = deployments(settings)
+    resume_orphaned_runs(settings, [f"{d.flow_name}/{d.name}" for d in deps])  # before serving: the runner picks them up
+    serve(*deps, print_starting_message=False)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -37,3 +39,35 @@ def test_deployments_are_registered_per_model(platform, settings):
             # the session runs loop 'manual' (tests drive the stages): triggers registered, not enabled
             assert [a["enabled"] for a in automations.json()] == [settings.flywheel.loop == "chained"]
     assert httpx.get(f"http://{settings.prefect.host}:{settings.prefect.runner_port}/health", timeout=10).is_success
+
+
+def test_runs_a_dead_runner_left_running_are_crashed_and_resubmitted(platform, settings):
+    """A run the previous runner held (here forced to Running, as a runner killed mid-flow leaves it) is marked
+    Crashed by the next runner at start-up and submitted again, with the same parameters; the new run finishes.
+    (`collect-tabfull`: quick to redo, and no other test collects that model's logs.) The real kill -9 of a
+    runner mid-training is tests/integration/test_ppo_train.py, under --long."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter
+    from prefect.deployments import run_deployment
+    from prefect.states import Running
+
+    from flows.resume import RESUMED_TAG
+
+    platform.up_flows()
+    platform.stop("flows")  # nothing executes the run below until a runner starts again
+    orphan = run_deployment(name="collect/collect-tabfull", parameters={"model": "tabfull", "include_open_hour": True},
+                            timeout=0)
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(orphan.id, Running(), force=True)
+        platform.up_flows()
+        deadline = time.monotonic() + 300
+        while True:
+            resumed = [r for r in client.read_flow_runs(flow_run_filter=FlowRunFilter(tags={"all_": [RESUMED_TAG]}))
+                       if r.parameters == orphan.parameters]
+            if resumed and resumed[0].state.is_final():
+                break
+            assert time.monotonic() < deadline, [(r.name, r.state.name) for r in resumed]
+            time.sleep(1)
+        assert client.read_flow_run(orphan.id).state.name == "Crashed"
+    assert len(resumed) == 1 and resumed[0].state.name == "Completed", resumed[0].state
+    assert (resumed[0].deployment_id, resumed[0].parameters) == (orphan.deployment_id, orphan.parameters)
