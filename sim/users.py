@@ -97,9 +97,17 @@ class Tally:
     lock: threading.Lock = field(default_factory=threading.Lock)
     by_version: dict[int, Counter] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    acked: list[str] = field(default_factory=list)  # request ids of completions the gateway answered with 200
+    feedback_acked: list[str] = field(default_factory=list)  # request ids whose feedback the gateway acknowledged
+    latencies_ms: list[float] = field(default_factory=list)  # client-side, per acknowledged completion
 
-    def add(self, version: int, event: str | None, shown: bool, kept: int) -> None:
+    def add(self, version: int, event: str | None, shown: bool, kept: int, request_id: str = "",
+            latency_ms: float | None = None) -> None:
         with self.lock:
+            if request_id:
+                self.acked.append(request_id)
+            if latency_ms is not None:
+                self.latencies_ms.append(latency_ms)
             c = self.by_version.setdefault(version, Counter())
             c["requests"] += 1
             c["suggestions"] += int(shown)
@@ -109,6 +117,10 @@ class Tally:
     def error(self, what: str) -> None:
         with self.lock:
             self.errors.append(what)
+
+    def feedback_ok(self, request_id: str) -> None:
+        with self.lock:
+            self.feedback_acked.append(request_id)
 
     def snapshot(self) -> dict[int, dict[str, int]]:
         with self.lock:
@@ -140,6 +152,7 @@ class SimTraffic(threading.Thread):
         user, site = self.users[rng.randrange(len(self.users))], self.sites[i % len(self.sites)]
         if user.think_s:
             time.sleep(user.think_s)
+        t0 = time.perf_counter()
         try:
             r = self.client.completions.create(model=self.model, prompt=site.prompt, max_tokens=self.cfg.max_tokens,
                                                temperature=self.cfg.temperature, stop=self.cfg.stop or None,
@@ -150,7 +163,7 @@ class SimTraffic(threading.Thread):
             return
         text, version = r.choices[0].text, int(r.model_extra["tidal"]["version"])
         event, kept = verdict(text, site.intended, user.min_chars)
-        self.tally.add(version, event, bool(text), kept)
+        self.tally.add(version, event, bool(text), kept, r.id, (time.perf_counter() - t0) * 1000)
         if event is not None:
             with self._due_lock:
                 heapq.heappush(self._due, (time.monotonic() + user.feedback_delay_s, i, r.id, event, kept))
@@ -164,6 +177,7 @@ class SimTraffic(threading.Thread):
             body = {"request_id": rid, "event": event} | ({"accepted_chars": kept} if event == "partial" else {})
             try:
                 self.http.post("/v1/feedback", json=body).raise_for_status()
+                self.tally.feedback_ok(rid)
             except Exception as e:  # noqa: BLE001
                 self.tally.error(f"feedback: {e!r}"[:300])
 

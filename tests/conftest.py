@@ -13,7 +13,7 @@ os.environ.setdefault("DO_NOT_TRACK", "true")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-pytest_plugins = ["tests.platform_fixtures"]  # session fixtures, started only when a test asks for them
+pytest_plugins = ["tests.platform_fixtures", "tests.chaos_report"]  # session fixtures, started only when a test asks for them
 
 
 def _cuda_visible() -> bool:
@@ -21,13 +21,24 @@ def _cuda_visible() -> bool:
     return bool(smi) and subprocess.run([smi, "-L"], capture_output=True).returncode == 0
 
 
+def pytest_addoption(parser):
+    group = parser.getgroup("tidal")
+    group.addoption("--long", action="store_true",
+                    help="also run the tests marked `long` (the full chaos suite: minute-long outages, killed flows)")
+    group.addoption("--chaos-report", default=None, metavar="PATH",
+                    help="where the chaos suite writes its markdown report (default .pytest_cache/chaos-report.md)")
+
+
 def pytest_collection_modifyitems(config, items):
-    if _cuda_visible():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device (none visible)")
+    skips = []
+    if not _cuda_visible():
+        skips.append(("gpu", pytest.mark.skip(reason="needs a CUDA device (none visible)")))
+    if not config.getoption("--long"):
+        skips.append(("long", pytest.mark.skip(reason="a full-length chaos scenario: run with --long")))
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        for marker, skip in skips:
+            if marker in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -63,7 +63,8 @@ def promote(version: int) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("kind", ["nan_weights", "truncated_file", "digest_mismatch", "wrong_architecture"])
-def test_broken_candidate_is_refused_before_any_traffic(kind, settings, registry, checkpoints, gateway, platform, tmp_path):
+def test_broken_candidate_is_refused_before_any_traffic(kind, settings, registry, checkpoints, gateway, platform, tmp_path,
+                                                         chaos_report):
     base_dir = checkpoints.local_dir(registry.get("tab", 1))
     if kind == "nan_weights":
         src = adapter(base_dir, tmp_path / "nan", nan=True)
@@ -81,7 +82,9 @@ def test_broken_candidate_is_refused_before_any_traffic(kind, settings, registry
         stored.write_bytes(bytes(data))
     routes_before, fleet_before = platform.routes_client().show(), platform.fleet_client().replicas("tab")
 
+    t0 = time.monotonic()
     out = promote(info.version)
+    refused_s = time.monotonic() - t0
 
     assert out.returncode != 0, out.stdout[-2000:]
     tags = registry.get("tab", info.version).tags
@@ -101,6 +104,8 @@ def test_broken_candidate_is_refused_before_any_traffic(kind, settings, registry
     # and serving recovers: an engine a bad adapter broke is restarted by the fleet, on the champion only
     restarts = serving_recovers(platform.fleet_client(), before=fleet_before)
     print(f"{kind}: replica restarts it caused: {restarts}")
+    chaos_report.record("6. bad candidate: " + kind.replace("_", " "), refused_in_s=round(refused_s, 1),
+                        canary_requests=0, replica_restarts=restarts, reason=reason[:160])
 
 
 def serving_recovers(fleet, before: list[dict], timeout_s: float = 300.0) -> int:

@@ -2,30 +2,17 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-import yaml
 
 from serving.request_ids import RequestIdSigner
 from serving.routes import assign
-from tests.conftest import make_bucket
-from tests.integration.tcpproxy import TcpProxy
-from tidal.procs import stop_group, wait_http
+from sim.audit import wait_stored
 from tidal.registry import publish
-from tidal.sandbox import SPARE
-from tidal.store import S3Store
 from training.variants import random_adapter
 
 pytestmark = pytest.mark.slow
@@ -40,24 +27,6 @@ def complete(url: str, key: str, user: str, max_tokens: int = 2, **extra) -> dic
     r = post(url, key, "/v1/completions", {"model": "tab", "prompt": PROMPT, "max_tokens": max_tokens, "logprobs": 1, "user": user, **extra})
     assert r.status_code == 200, r.text
     return r.json()
-
-
-def stored_rows(store, kind: str) -> list[dict]:
-    tables = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for i, key in enumerate(store.list(f"logs/{kind}/")):
-            store.get_file(key, Path(tmp) / f"{i}.parquet")
-            tables.append(pq.read_table(Path(tmp) / f"{i}.parquet"))
-    return pa.concat_tables(tables).to_pylist() if tables else []
-
-
-def wait_stored(store, kind: str, ids: set[str], timeout: float = 60) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while True:
-        rows = stored_rows(store, kind)
-        if ids <= {r["request_id"] for r in rows} or time.monotonic() > deadline:
-            return rows
-        time.sleep(0.5)
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +92,7 @@ def test_canary_split_is_sticky_and_every_record_names_its_version(gateway, keys
         assert row["user_hash"] != row["request_id"] and not row["user_hash"].startswith("user-")
 
 
-def test_feedback_is_accepted_once_from_its_own_client(gateway, keys, checkpoints, settings):
+def test_feedback_is_accepted_once_from_its_own_client(gateway, keys, checkpoints, settings, chaos_report):
     rid = complete(gateway, keys["alice"], "fb-user")["id"]
     ok = post(gateway, keys["alice"], "/v1/feedback", {"request_id": rid, "event": "accepted"})
     assert ok.status_code == 200 and ok.json()["recorded"]
@@ -144,9 +113,12 @@ def test_feedback_is_accepted_once_from_its_own_client(gateway, keys, checkpoint
     rows = wait_stored(checkpoints.store, "feedback", {rid})
     mine = [r for r in rows if r["request_id"] == rid]
     assert len(mine) == 1 and mine[0]["event"] == "accepted" and mine[0]["client_id"] == "alice" and mine[0]["model"] == "tab"
+    chaos_report.record("8. hostile input: forged, replayed, late, cross-client feedback", cases=len(cases),
+                        rejected_with_4xx=len(cases), stored_verdicts_for_the_id=len(mine),
+                        statuses=" ".join(f"{n}→{c[2]}" for n, c in cases.items()))
 
 
-def test_bad_requests_get_4xx_with_a_message(gateway, keys, canary, settings):
+def test_bad_requests_get_4xx_with_a_message(gateway, keys, canary, settings, chaos_report):
     alice = keys["alice"]
     cases = [
         ("no key", httpx.post(gateway + "/v1/completions", json={"model": "tab", "prompt": "x"}), 401),
@@ -170,78 +142,5 @@ def test_bad_requests_get_4xx_with_a_message(gateway, keys, canary, settings):
         assert r.text and "Traceback" not in r.text and "alice-key" not in r.text, name
     log = Path(settings.log_dir / "gateway.log").read_text()
     assert keys["alice"] not in log and keys["bob"] not in log  # keys never reach the logs
-
-
-def test_gateway_kill9_loses_no_acknowledged_completion(gateway, keys, platform, checkpoints, canary):
-    acked, stop = [], threading.Event()
-
-    def load():
-        while not stop.is_set():
-            try:
-                r = post(gateway, keys["alice"], "/v1/completions", {"model": "tab", "prompt": PROMPT, "max_tokens": 1, "user": "kill"}, timeout=10)
-                if r.status_code == 200:
-                    acked.append(r.json()["id"])
-            except httpx.HTTPError:
-                time.sleep(0.05)  # gateway down: not acknowledged, nothing to keep
-
-    threads = [threading.Thread(target=load) for _ in range(6)]
-    for t in threads:
-        t.start()
-    time.sleep(3)
-    routes_before = platform.routes_client().show()["routes"]
-    os.kill(platform.running("gateway").pid, signal.SIGKILL)
-    time.sleep(1)
-    platform.up_gateway()  # restarts it; the WAL left behind is recovered and uploaded
-    assert platform.routes_client().show()["routes"] == routes_before  # the split survives a restart
-    time.sleep(3)
-    stop.set()
-    for t in threads:
-        t.join()
-    assert len(acked) > 20
-    rows = wait_stored(checkpoints.store, "completions", set(acked), timeout=90)
-    counts = {}
-    for r in rows:
-        counts[r["request_id"]] = counts.get(r["request_id"], 0) + 1
-    assert [rid for rid in acked if counts.get(rid) != 1] == []  # each acknowledged completion exactly once
-
-
-def test_object_store_outage_delays_uploads_but_loses_nothing(settings, keys, canary, tmp_path, s3_endpoint):
-    """A second gateway logging to S3 (moto) behind a proxy that goes down mid-load."""
-    proxy_port, gw_port = settings.prefect.port + SPARE, settings.prefect.port + SPARE + 1  # the sandbox's spare ports
-    proxy = TcpProxy(int(s3_endpoint.rsplit(":", 1)[1]), proxy_port)
-    gw = None
-    try:
-        proxy.start()
-        make_bucket(s3_endpoint, "tidal-logs")
-        store = S3Store("tidal-logs", "gw2", f"http://127.0.0.1:{proxy_port}", "us-east-1")
-        config = settings.model_dump(mode="json")
-        config.update(data_dir=str(tmp_path / "data"), store={"url": "s3://tidal-logs/gw2", "s3_endpoint_url": f"http://127.0.0.1:{proxy_port}"})
-        config["gateway"]["port"] = gw_port
-        (tmp_path / "tidal.yaml").write_text(yaml.safe_dump(config))
-        gw = subprocess.Popen([sys.executable, "-m", "serving.gateway_app"], env={**os.environ, "TIDAL_CONFIG": str(tmp_path / "tidal.yaml")},
-                              stdout=open(tmp_path / "gw.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
-        url = f"http://127.0.0.1:{gw_port}"
-        wait_http(url + "/health", 60, "second gateway", proc=gw, log=str(tmp_path / "gw.log"))
-        time.sleep(1.5)
-        acked = [complete(url, keys["bob"], f"s3-{i}")["id"] for i in range(20)]
-        proxy.stop()  # the object store is unreachable
-        acked += [complete(url, keys["bob"], f"s3-{i}")["id"] for i in range(20, 60)]  # serving goes on
-        time.sleep(3)
-        metrics = httpx.get(url + "/metrics").text
-        assert 'gateway_wal{figure="upload_errors_total"}' in metrics
-        assert float(metrics.split('gateway_wal{figure="upload_errors_total"} ')[1].split()[0]) > 0
-        proxy.start()
-        rows = wait_stored(store, "completions", set(acked), timeout=90)
-        assert sorted(r["request_id"] for r in rows if r["request_id"] in set(acked)) == sorted(acked)
-    finally:
-        proxy.stop()
-        if gw is not None:
-            stop_group(gw.pid)
-
-
-def test_replica_dying_before_first_byte_is_retried_on_another(gateway, keys, fleet, canary):
-    victim = fleet.replicas("tab")[0]
-    os.kill(victim["pid"], signal.SIGKILL)
-    codes = [post(gateway, keys["alice"], "/v1/completions", {"model": "tab", "prompt": PROMPT, "max_tokens": 1, "user": f"f{i}"}).status_code
-             for i in range(30)]
-    assert codes == [200] * 30
+    chaos_report.record("8. hostile input: unauthenticated, oversized, malformed requests", cases=len(cases),
+                        server_errors=0, keys_in_logs=0, statuses=" ".join(f"{n}→{s}" for n, _, s in cases))

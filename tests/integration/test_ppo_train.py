@@ -5,6 +5,7 @@ the offline gate, one registered candidate, and what it learned on held-out rows
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -50,16 +51,20 @@ def tidal(settings, *args: str, env: dict | None = None) -> subprocess.Completed
 @pytest.fixture(scope="module")
 def dataset_id(settings, gateway, keys, checkpoints, platform) -> str:
     """~300 held-out-code completions at temperature 1, each accepted iff it stays on one line."""
+    return make_dataset(settings, gateway, keys, n=300, seed=7)
+
+
+def make_dataset(settings, gateway, keys, n: int, seed: int) -> str:
     from flows.collect import (
         collect,  # after the platform is up: Prefect reads its API URL on import
     )
 
     root = corpus.stdlib_root()
     _, heldout = corpus.split_files(corpus.source_files(root), root, settings.bootstrap.heldout_fraction)
-    prompts = probe_prompts(corpus.read_texts(heldout[:200]), n=300, prompt_chars=150, seed=7)
+    prompts = probe_prompts(corpus.read_texts(heldout[:200]), n=n, prompt_chars=150, seed=seed)
 
     def one(i: int) -> None:
-        answer = complete(gateway, keys["alice"], prompts[i], f"train-user-{i}")
+        answer = complete(gateway, keys["alice"], prompts[i], f"train-user-{seed}-{i}")
         text = answer["choices"][0]["text"]
         if text:
             feedback(gateway, keys["alice"], answer["id"], "accepted" if single_line(text) else "rejected")
@@ -97,7 +102,7 @@ def trainer_processes() -> list[psutil.Process]:
 
 
 def test_train_survives_a_killed_trainer_and_registers_one_gated_candidate(settings, gateway, keys, registry, checkpoints,
-                                                                          dataset_id):
+                                                                          dataset_id, chaos_report):
     store = checkpoints.store
     before = set(registry.versions("tab"))
     traffic = Traffic(gateway, keys["bob"])
@@ -111,7 +116,7 @@ def test_train_survives_a_killed_trainer_and_registers_one_gated_candidate(setti
         running = trainer_processes()
         if running and any("/state/" in k for k in states):
             running[0].kill()
-            killed = running[0].pid
+            killed, killed_at = running[0].pid, time.monotonic()
         time.sleep(0.05)
     out, _ = proc.communicate(timeout=900)
     traffic.stop.set()
@@ -119,6 +124,7 @@ def test_train_survives_a_killed_trainer_and_registers_one_gated_candidate(setti
     assert killed is not None, f"the trainer finished before it could be killed:\n{out[-3000:]}"
     assert proc.returncode == 0, out[-4000:]
     assert traffic.errors == [] and traffic.ok > 10  # serving never noticed
+    resumed_s = time.monotonic() - killed_at
 
     # one candidate, registered once, resumed after the kill, gated, with its lineage
     new = set(registry.versions("tab")) - before
@@ -127,6 +133,9 @@ def test_train_survives_a_killed_trainer_and_registers_one_gated_candidate(setti
     assert registry.aliases("tab")["candidate"] == info.version
     log = (settings.log_dir / "train-tab.log").read_text()
     assert "resuming after iteration" in log
+    chaos_report.record("4. trainer killed mid-run", serving_requests=traffic.ok, serving_errors=len(traffic.errors),
+                        candidates_registered=1, kill_to_candidate_s=round(resumed_s),
+                        resumed_after=log.split("resuming after iteration")[1].split()[0].strip(",;:"))
     champion = registry.by_alias("tab", "champion")
     manifest_digest = load_dataset(store, "tab", dataset_id).digest
     assert info.kind == "lora" and info.base_version == champion.base_version
@@ -155,6 +164,69 @@ def test_train_survives_a_killed_trainer_and_registers_one_gated_candidate(setti
     again = tidal(settings, "train", "tab", "--dataset", dataset_id)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert set(registry.versions("tab")) - before == {info.version}
+
+
+@pytest.mark.long
+@pytest.mark.timeout(1800)
+def test_runner_killed_mid_train_resumes_the_run_and_registers_one_candidate(settings, platform, gateway, keys, registry,
+                                                                             checkpoints, chaos_report):
+    """Chaos 4, the Prefect side: the runner executing a `train-tab` deployment run is killed -9 with its
+    process group and every process it started (the flow run's, the trainer); started again, it marks the orphan
+    Crashed and resubmits it, the trainer resumes from its checkpoint, and exactly one candidate is registered."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter
+    from prefect.deployments import run_deployment
+
+    from flows.resume import RESUMED_TAG
+
+    store = checkpoints.store
+    ds = make_dataset(settings, gateway, keys, n=200, seed=8)  # a dataset of its own: a new training run
+    before, states_before = set(registry.versions("tab")), set(store.list("training/model=tab/"))
+    traffic = Traffic(gateway, keys["bob"])
+    traffic.start()
+    try:
+        platform.up_flows()
+        run = run_deployment(name="train/train-tab", parameters={"model": "tab", "dataset_id": ds}, timeout=0)
+        deadline = time.monotonic() + 600
+        while not (trainer_processes() and any("/state/" in k for k in set(store.list("training/model=tab/")) - states_before)):
+            assert time.monotonic() < deadline, "the deployment's trainer never saved a checkpoint"
+            time.sleep(0.2)
+        runner = platform.running("flows").pid
+        doomed = psutil.Process(runner).children(recursive=True) + trainer_processes()
+        os.killpg(runner, signal.SIGKILL)
+        killed = time.monotonic()
+        for p in doomed:  # a lost node takes the flow run's process and the trainer with it, whatever their group
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        platform.up_flows()
+        with get_client(sync_client=True) as client:
+            deadline = time.monotonic() + 900
+            while True:
+                resumed = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags={"all_": [RESUMED_TAG]}))
+                resumed = [r for r in resumed if r.parameters.get("dataset_id") == ds]
+                if resumed and resumed[0].state.is_final():
+                    break
+                assert time.monotonic() < deadline, f"no resubmitted run finished: {[(r.name, r.state.name) for r in resumed]}"
+                time.sleep(2)
+            original = client.read_flow_run(run.id)
+        resumed_s = time.monotonic() - killed
+    finally:
+        traffic.stop.set()
+        traffic.join(timeout=60)
+    assert original.state.name == "Crashed", original.state
+    assert [r.state.name for r in resumed] == ["Completed"], [(r.name, r.state.message) for r in resumed]
+    assert traffic.errors == [] and traffic.ok > 10  # serving never noticed
+    new = set(registry.versions("tab")) - before
+    assert len(new) == 1, new
+    info = registry.get("tab", new.pop())
+    assert info.tags["tidal.dataset_id"] == ds and registry.aliases("tab")["candidate"] == info.version
+    log = (settings.log_dir / "train-tab.log").read_text()
+    resumed_after = log.rsplit("resuming after iteration", 1)[1].split()[0]
+    chaos_report.record("4. Prefect runner killed mid-flow", serving_requests=traffic.ok, serving_errors=len(traffic.errors),
+                        orphan_state=original.state.name, resubmitted_runs=len(resumed), candidates_registered=1,
+                        kill_to_candidate_s=round(resumed_s), resumed_after_iteration=resumed_after)
 
 
 @torch.no_grad()

@@ -174,7 +174,8 @@ class Promote:
 
 
 @pytest.mark.timeout(1800)  # ~70 canary outcomes at 5% of a few requests/s, plus the platform when run alone
-def test_degraded_candidate_is_rolled_back_at_the_first_step(settings, registry, checkpoints, base_dir, users, tmp_path):
+def test_degraded_candidate_is_rolled_back_at_the_first_step(settings, registry, checkpoints, base_dir, users, tmp_path,
+                                                             chaos_report):
     bad = newline_adapter(base_dir, tmp_path / "degraded")
     info = publish(registry, checkpoints.store, "tab", bad, "lora", 1, {"tidal.origin": "test: degraded"})
     rc, out = Promote(info.version, tmp_path / "promote.log").finish(timeout=840)
@@ -187,6 +188,11 @@ def test_degraded_candidate_is_rolled_back_at_the_first_step(settings, registry,
     assert rolled["by"] == "promote" and rolled["figures"]["step"] == 1 and "fell" in rolled["reason"]
     exposed = rolled["figures"]["n_canary"] / (rolled["figures"]["n_canary"] + rolled["figures"]["n_control"])
     assert exposed <= 0.08, exposed  # 5% of users, up to the noise of 400 users' hashes
+    step_1_ms = json.loads(t["tidal.release.step_1"])["at_ms"]  # canary traffic starts
+    chaos_report.record("7. regressed candidate mid-ramp", rolled_back_at_step=rolled["figures"]["step"],
+                        time_to_rollback_s=round((rolled["at_ms"] - step_1_ms) / 1000, 1),
+                        exposed_canary_outcomes=rolled["figures"]["n_canary"], exposed_share=round(exposed, 3),
+                        reason=rolled["reason"][:120])
     assert users.errors == []
     # routes: the canary is gone, the champion serves everyone
     routes = json.loads(subprocess.run([sys.executable, "-m", "tidal.cli", "route", "show"], capture_output=True, text=True,
