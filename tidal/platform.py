@@ -208,6 +208,12 @@ def use_platform_env(settings: TidalSettings) -> None:
     os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(settings.mlflow.request_retries)
     if settings.store.s3_endpoint_url:
         os.environ.setdefault("MLFLOW_S3_ENDPOINT_URL", settings.store.s3_endpoint_url)
+    if "prefect.context" in sys.modules:
+        # Prefect reads its settings once, on import: a process that imported it before this point would run
+        # its flows on a throw-away in-process server instead of the platform's.
+        from prefect.context import refresh_global_settings_context
+
+        refresh_global_settings_context()
 
 
 class ServerUnavailable(RuntimeError):
@@ -223,7 +229,7 @@ def prefect_reachable(settings: TidalSettings) -> Iterator[None]:
     fix = "start it with `tidal up`, then retry (a flow run it lost is marked Crashed; running it again is safe)"
     try:
         yield
-    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as e:
+    except httpx.TransportError as e:  # refused, reset, dropped keep-alive, timed out
         try:
             url = str(e.request.url)
         except RuntimeError:  # no request attached: not one of Prefect's calls

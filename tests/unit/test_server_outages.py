@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 
 import httpx
@@ -43,7 +44,8 @@ def _connect_error(url: str) -> httpx.ConnectError:
 def test_a_lost_prefect_server_is_named_with_the_fix(tmp_path):
     settings = TidalSettings(data_dir=tmp_path)
     api = settings.prefect.api_url
-    for error in (_connect_error(api + "/flow_runs/"), RuntimeError(f"Failed to reach API at {api}/")):
+    reset = httpx.ReadError("[Errno 104] Connection reset by peer", request=httpx.Request("POST", api + "/flow_runs/"))
+    for error in (_connect_error(api + "/flow_runs/"), reset, RuntimeError(f"Failed to reach API at {api}/")):
         with pytest.raises(ServerUnavailable) as e, prefect_reachable(settings):
             raise error
         assert api in str(e.value) and "tidal up" in str(e.value)
@@ -56,3 +58,26 @@ def test_other_failures_pass_through_unchanged(tmp_path):
         with pytest.raises(type(error)) as e, prefect_reachable(settings):
             raise error
         assert e.value is error
+
+
+def test_platform_env_reaches_a_prefect_imported_before_it(tmp_path):
+    """Prefect reads its settings on import; flows of a process that imported it first must still use the
+    platform's server, not a throw-away in-process one."""
+    import prefect.context
+    from prefect.settings import get_current_settings
+
+    from tidal.platform import use_platform_env
+
+    saved = dict(os.environ)
+    for key in ("PREFECT_API_URL", "PREFECT_HOME"):
+        os.environ.pop(key, None)
+    prefect.context.refresh_global_settings_context()
+    settings = TidalSettings(data_dir=tmp_path, prefect={"port": 4999})
+    try:
+        assert get_current_settings().api.url != settings.prefect.api_url
+        use_platform_env(settings)
+        assert get_current_settings().api.url == settings.prefect.api_url
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        prefect.context.refresh_global_settings_context()
