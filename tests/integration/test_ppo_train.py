@@ -17,6 +17,7 @@ import psutil
 import pytest
 import torch
 
+from tidal.procs import alive
 from training import corpus
 from training.probe import probe_prompts
 from training.reward_data import load_dataset, split
@@ -192,7 +193,7 @@ def test_runner_killed_mid_train_resumes_the_run_and_registers_one_candidate(set
             assert time.monotonic() < deadline, "the deployment's trainer never saved a checkpoint"
             time.sleep(0.2)
         runner = platform.running("flows").pid
-        doomed = psutil.Process(runner).children(recursive=True) + trainer_processes()
+        doomed = [psutil.Process(runner), *psutil.Process(runner).children(recursive=True), *trainer_processes()]
         os.killpg(runner, signal.SIGKILL)
         killed = time.monotonic()
         for p in doomed:  # a lost node takes the flow run's process and the trainer with it, whatever their group
@@ -200,6 +201,8 @@ def test_runner_killed_mid_train_resumes_the_run_and_registers_one_candidate(set
                 p.kill()
             except psutil.NoSuchProcess:
                 pass
+        psutil.wait_procs(doomed, timeout=30)
+        assert not alive(runner)
         platform.up_flows()
         with get_client(sync_client=True) as client:
             deadline = time.monotonic() + 900
