@@ -1,16 +1,15 @@
 """Prefect tasks of the train flow (composed by flows/train.py).
 
-The trainer and the gate run as their own processes (`python -m training.job`); nothing here imports
-torch. A crashed trainer is retried and resumes from its last checkpoint; a bad dataset or a diverged
-run is not retried (the next attempt would fail the same way).
+The trainer and the gate run as their own processes (`python -m training.job`), started by the launcher
+`trainer.launcher` names (training/launch/: a local subprocess or a Kubernetes Job, one code path); nothing
+here imports torch. A crashed trainer is retried and resumes from its last checkpoint; a bad dataset or a
+diverged run is not retried (the next attempt would fail the same way).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from data_contracts.dataset import read_manifest, read_parquet
 from tasks.bootstrap import code_revision
 from tidal.procs import tail
 from tidal.registry import Registry, VersionInfo, publish
-from tidal.settings import PROJECT_ROOT, TidalSettings
+from tidal.settings import TidalSettings
 from tidal.store import ObjectStore, download_dir, get_json
 from training.job_spec import (
     EXIT_BAD_INPUT,
@@ -33,7 +32,9 @@ from training.job_spec import (
     TrainResult,
     run_key,
 )
+from training.launch import launcher_for
 from training.reward_data import DatasetError, latest_dataset_id
+from training.train_settings import LaunchSettings
 
 
 class TrainerCrashed(RuntimeError):
@@ -55,6 +56,7 @@ class TrainPlan:
     manifest: dict
     spec_path: Path
     log_path: Path
+    launch: LaunchSettings  # where the trainer runs (not part of the spec: it changes nothing the trainer computes)
 
 
 @task(cache_policy=NO_CACHE)
@@ -102,13 +104,16 @@ def plan_run(settings: TidalSettings, store: ObjectStore, model: str, champion: 
     spec_path = settings.run_dir / f"train-{model}-{key}.json"
     spec_path.parent.mkdir(parents=True, exist_ok=True)
     spec_path.write_text(spec.model_dump_json(indent=2))
-    return TrainPlan(spec, champion, manifest, spec_path, settings.log_dir / f"train-{model}.log")
+    return TrainPlan(spec, champion, manifest, spec_path, settings.log_dir / f"train-{model}.log", settings.trainer)
 
 
 def trainer_threads(settings: TidalSettings) -> int:
-    """train.torch_threads, else the cores a local CPU fleet leaves free (CPU replicas each hold engine.cpu_threads)."""
+    """train.torch_threads, else the trainer pod's CPU limit, else the cores a local CPU fleet leaves free (CPU
+    replicas each hold engine.cpu_threads)."""
     if settings.train.torch_threads:
         return settings.train.torch_threads
+    if settings.trainer.launcher == "kubernetes":
+        return max(1, int(settings.trainer.kubernetes.cpu_limit))
     engine = 0 if settings.engine.flavor == "cuda" else sum(m.replicas for m in settings.models) * settings.engine.cpu_threads
     return max(1, (os.cpu_count() or 1) - engine)
 
@@ -127,20 +132,16 @@ def find_registered(registry: Registry, model: str, key: str) -> VersionInfo | N
     return registry.find_by_tag(model, "tidal.train_run", key)
 
 
-def _job(plan: TrainPlan, command: str) -> None:
-    """Run `python -m training.job <command>` to completion; its output goes to the model's train log."""
-    plan.log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(plan.log_path, "ab") as log:
-        log.write(f"--- {command} {plan.spec.run_key}\n".encode())
-        log.flush()
-        proc = subprocess.run([sys.executable, "-m", "training.job", command, str(plan.spec_path)], cwd=PROJECT_ROOT,
-                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=False)
-    if proc.returncode == 0:
+def _job(plan: TrainPlan, command: str, store: ObjectStore) -> None:
+    """Run `python -m training.job <command>` to completion with the configured launcher; its output goes to the
+    model's train log, its exit code decides between success, TrainerRejected and TrainerCrashed."""
+    code = launcher_for(plan.launch, store).run(command, plan.spec, plan.spec_path, plan.log_path)
+    if code == 0:
         return
     last = tail(str(plan.log_path), 8)
-    if proc.returncode in (EXIT_BAD_INPUT, EXIT_DIVERGED):
-        raise TrainerRejected(f"{command} of {plan.spec.model} refused to run (exit {proc.returncode}):\n{last}")
-    raise TrainerCrashed(f"{command} process of {plan.spec.model} died (exit {proc.returncode}); log {plan.log_path}:\n{last}")
+    if code in (EXIT_BAD_INPUT, EXIT_DIVERGED):
+        raise TrainerRejected(f"{command} of {plan.spec.model} refused to run (exit {code}):\n{last}")
+    raise TrainerCrashed(f"{command} process of {plan.spec.model} died (exit {code}); log {plan.log_path}:\n{last}")
 
 
 def _retry_only_crashes(task, task_run, state) -> bool:
@@ -156,7 +157,7 @@ def _retry_only_crashes(task, task_run, state) -> bool:
 @task(cache_policy=NO_CACHE, retry_condition_fn=_retry_only_crashes)
 def run_trainer(plan: TrainPlan, store: ObjectStore) -> TrainResult:
     """The PPO job, in its own process; each retry resumes from the run's last checkpoint."""
-    _job(plan, "train")
+    _job(plan, "train", store)
     result = TrainResult.model_validate(get_json(store, f"{plan.spec.prefix}/result.json"))
     get_run_logger().info("%s: %d iterations on %d rows (resumed after %s), %.0f tokens/s", plan.spec.run_key,
                           result.iterations, result.train_rows, result.resumed_from, result.tokens_per_s)
@@ -165,7 +166,7 @@ def run_trainer(plan: TrainPlan, store: ObjectStore) -> TrainResult:
 
 @task(cache_policy=NO_CACHE, retry_condition_fn=_retry_only_crashes)
 def run_offline_gate(plan: TrainPlan, store: ObjectStore) -> GateReport:
-    _job(plan, "gate")
+    _job(plan, "gate", store)
     return GateReport.model_validate(get_json(store, f"{plan.spec.prefix}/gate.json"))
 
 

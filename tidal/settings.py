@@ -22,7 +22,7 @@ from tidal.section import Section
 from serving.routes import RouteLimits
 from training.policy import PolicyConfig
 from training.pretrain import PretrainConfig
-from training.train_settings import TrainSettings
+from training.train_settings import LaunchSettings, TrainSettings
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 UpdateStrategy = Literal["lora", "restart", "reload", "nccl"]
@@ -168,6 +168,7 @@ class TidalSettings(BaseSettings):
     bootstrap: BootstrapSettings = Field(default_factory=BootstrapSettings)
     collect: CollectSettings = Field(default_factory=CollectSettings, description="Collection flow: contracts, reward rules, watermark timing.")
     train: TrainSettings = Field(default_factory=TrainSettings, description="Training plane: PPO, checkpoints, offline gate.")
+    trainer: LaunchSettings = Field(default_factory=LaunchSettings, description="Where the trainer process runs: a local subprocess or a Kubernetes Job.")
     canary: CanaryConfig = Field(default_factory=CanaryConfig, description="Release plane: canary ramp, sequential test, guardrails.")
     flywheel: FlywheelSettings = Field(default_factory=FlywheelSettings, description="How the deployed loop is scheduled.")
     demo: DemoSettings = Field(default_factory=DemoSettings, description="What `tidal demo` runs: cycles, simulated users, its canary and training.")
@@ -199,6 +200,11 @@ class TidalSettings(BaseSettings):
             raise ValueError(f"replica range [{lo}, {hi}) passes 65535; lower fleet.base_port or fleet.port_range")
         if any(m.update_strategy == "lora" for m in self.models) and self.engine.max_loras < 2:
             raise ValueError("update_strategy 'lora' serves champion and candidate side by side: set engine.max_loras >= 2")
+        if self.trainer.launcher == "kubernetes":  # the trainer reads datasets, checkpoints and writes training/
+            stores = {area: self.store.routes.get(area, self.store.url) for area in ("datasets", "checkpoints", "training")}
+            problems = self.trainer.kubernetes.problems(stores, self.mlflow.host)
+            if problems:
+                raise ValueError("trainer.launcher 'kubernetes':" + "".join(f"\n    - {p}" for p in problems))
         return self
 
     # Derived locations, one place each.

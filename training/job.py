@@ -1,17 +1,21 @@
-"""The trainer process: `python -m training.job train|gate SPEC.json`.
+"""The trainer process: `python -m training.job train|gate SPEC`.
+
+SPEC is the TrainJob JSON the flow wrote: a local path, or `store:<key>` for an object in the object store
+(how a trainer in a Kubernetes pod, which cannot read the flow's disk, finds it; training/launch/).
 
     train   dataset -> PPO from the champion (resuming from the run's last checkpoint) -> candidate + result.json
     gate    candidate vs champion on held-out logged rows and held-out code -> gate.json
 
 It never runs inside a serving process, and a crash (kill -9 included) loses at most checkpoint_every
 iterations: the next attempt resumes from the last saved state and ends with the same weights.
-Exit codes: 0 done, EXIT_BAD_INPUT (unusable dataset or settings), EXIT_DIVERGED (non-finite
+Exit codes: 0 done, EXIT_BAD_INPUT (unusable dataset, settings or spec), EXIT_DIVERGED (non-finite
 training); anything else is a crash worth retrying.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -21,8 +25,9 @@ import torch
 
 from tidal.registry import CheckpointCache, Registry, VersionInfo
 from tidal.settings import load_settings
-from tidal.store import ObjectStore, download_dir, open_store, put_json, upload_dir
+from tidal.store import ObjectStore, download_dir, get_json, open_store, put_json, upload_dir
 from training.job_spec import EXIT_BAD_INPUT, EXIT_DIVERGED, TrainJob, TrainResult
+from training.launch.base import STORE_REF
 from training.reward_data import DatasetError, load_dataset, split
 
 STATE_DIR = "state"
@@ -162,12 +167,46 @@ def gate(spec: TrainJob) -> None:
     print(("gate passed" if report.passed else f"gate FAILED: {report.reason}"), flush=True)
 
 
+class SpecError(ValueError):
+    """The spec is missing or not a TrainJob: the same spec would fail the same way."""
+
+
+def read_spec(ref: str) -> TrainJob:
+    """The run's spec from a local path or, as `store:<key>`, from the object store of this process's settings."""
+    from pydantic import ValidationError
+
+    if ref.startswith(STORE_REF):
+        key, store = ref.removeprefix(STORE_REF), open_store(load_settings())
+        if not store.exists(key):
+            raise SpecError(f"no spec {key!r} in the object store {store.url}: the flow uploads it before starting the "
+                            "trainer; check that this pod's store settings (tidal.yaml) match the flow's")
+        data = get_json(store, key)
+    else:
+        path = Path(ref)
+        if not path.is_file():
+            raise SpecError(f"spec file {ref} not found (a local path, or store:<key> for the object store)")
+        data = path.read_text()
+    try:
+        return TrainJob.model_validate_json(data) if isinstance(data, str) else TrainJob.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(f"spec {ref} is not a valid TrainJob (written by another version of Tidal?):\n{e}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.job", description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["train", "gate"])
-    parser.add_argument("spec", type=Path, help="TrainJob JSON written by the train flow")
+    parser.add_argument("spec", help="TrainJob JSON written by the train flow: a path, or store:<key>")
     args = parser.parse_args(argv)
-    spec = TrainJob.model_validate_json(args.spec.read_text())
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # set by torchrun
+    if world > 1:  # every rank would run the whole job and write the same run's files
+        print(f"error: this PPO trainer runs as one process, but was started as {world} (torchrun, "
+              "trainer.kubernetes.gpus_per_node > 1); run it with one process per job", file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
+    try:
+        spec = read_spec(args.spec)
+    except SpecError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
     from training.ppo_trainer import TrainingDiverged
 
     try:

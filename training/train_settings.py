@@ -1,8 +1,11 @@
-"""Settings of the training plane (the `train` section of the Tidal settings)."""
+"""Settings of the training plane: the `train` section (what a run computes) and the `trainer` section (where
+the trainer process runs)."""
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, model_validator
 
 from tidal.section import Section
 from training.ppo_config import PPOConfig
@@ -30,3 +33,110 @@ class TrainSettings(Section):
     torch_threads: int | None = Field(None, ge=1, description=(
         "torch.set_num_threads in the trainer. None = the cores the local CPU fleet leaves free (at least 1): more "
         "threads than free cores makes every training step tens of times slower while replicas run."))
+
+
+# ---- where the trainer process runs (the `trainer` section) ----------------------------------------
+# Kept out of TrainSettings on purpose: TrainSettings is digested into the run key and copied into every
+# trainer spec, and where a run executes changes neither its result nor what the trainer needs to know
+# (and `env` may carry values that have no place in a spec file in the object store).
+
+GPU_RESOURCE = "nvidia.com/gpu"  # the NVIDIA device plugin's extended resource
+_QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"  # Kubernetes memory/storage quantities
+_UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+          "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+def quantity_bytes(q: str) -> float:
+    """'32Gi' -> 34359738368.0 (only the forms _QUANTITY admits)."""
+    digits = q.rstrip("KMGTPEik")
+    return float(digits) * _UNITS[q[len(digits):]]
+
+
+class Toleration(Section):
+    key: str = Field(..., description="Taint key tolerated, e.g. nvidia.com/gpu.")
+    operator: Literal["Equal", "Exists"] = Field("Equal", description="Equal: the taint's value must match; Exists: any value.")
+    value: str | None = Field(None, description="Taint value (with operator Equal).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(None, description="Taint effect; None = all.")
+
+
+def _gpu_toleration() -> list[Toleration]:
+    # The taint infra/terraform puts on the fleet and training GPU node groups (modules/cluster: gpu_taint).
+    return [Toleration(key=GPU_RESOURCE, operator="Equal", value="true", effect="NoSchedule")]
+
+
+class KubernetesJobSettings(Section):
+    """The batch/v1 Job that runs `python -m training.job` (training/launch/k8s_manifest.py renders it). Defaults
+    match infra/: the chart's ConfigMap and service accounts, the training node group's label and taint."""
+
+    namespace: str = Field("tidal", description="Namespace of the trainer Jobs (the chart's release namespace).")
+    image: str = Field("", description=(
+        "The Tidal image (repository:tag or @sha256 digest), the same the chart runs; required with launcher "
+        "'kubernetes'. An untagged or 'latest' image is refused: a retried run must get the same code."))
+    image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = Field("IfNotPresent", description="imagePullPolicy of the trainer container.")
+    service_account: str = Field("tidal-trainer", description=(
+        "Service account of the trainer pod: its IAM role (IRSA) reads datasets and reads/writes checkpoints and training/."))
+    gpus_per_node: int = Field(1, ge=0, le=16, description=(
+        f"{GPU_RESOURCE} requested (and limited) per pod; 0 = a CPU-only pod. Above 1 the container runs "
+        "`torchrun --nproc-per-node N -m training.job`, the entry point of a multi-GPU backend; the PPO trainer "
+        "itself runs as one process, so values above 1 are refused until such a backend exists."))
+    cpu_request: float = Field(4.0, gt=0, description="CPU cores requested.")
+    cpu_limit: float = Field(8.0, gt=0, description="CPU cores limit; also the trainer's torch threads unless train.torch_threads is set.")
+    memory_request: str = Field("32Gi", pattern=_QUANTITY, description="Memory requested (Kubernetes quantity).")
+    memory_limit: str = Field("64Gi", pattern=_QUANTITY, description=(
+        "Memory limit (Kubernetes quantity); past it the pod is OOM-killed (a crash: retried, resumes)."))
+    shm_size: str = Field("8Gi", pattern=_QUANTITY, description="Size of /dev/shm (memory-backed; counts against the memory limit).")
+    scratch_size: str = Field("100Gi", pattern=_QUANTITY, description=(
+        "Size limit of each scratch volume: data_dir (the checkpoint cache) and /tmp (a candidate before upload)."))
+    node_selector: dict[str, str] = Field(default_factory=lambda: {"tidal.dev/pool": "training"}, description=(
+        "Node labels the pod must match; the default is infra/terraform's training node group."))
+    tolerations: list[Toleration] = Field(default_factory=_gpu_toleration, description=(
+        "Taints the pod tolerates; the default tolerates the GPU node groups' nvidia.com/gpu=true:NoSchedule."))
+    settings_configmap: str = Field("tidal-settings", description=(
+        "ConfigMap holding tidal.yaml (the chart's), mounted at /etc/tidal: the trainer's store, MLflow and data_dir."))
+    data_dir: str = Field("/var/lib/tidal", description="Mount point of the scratch volume; must equal data_dir in that tidal.yaml.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables of the trainer container.")
+    env_from_secrets: list[str] = Field(default_factory=list, description="Secrets whose keys become environment variables (envFrom).")
+    run_as_user: int = Field(10001, ge=1, description="Non-root uid (and gid) of the container, as in the chart.")
+    active_deadline_s: int = Field(86400, ge=60, description=(
+        "Kubernetes stops the Job after this long, pending time included (no GPU node, image not pulled): a crash, retried."))
+    ttl_seconds_after_finished: int = Field(3600, ge=0, description=(
+        "Kubernetes deletes a finished Job after this long; the launcher deletes it at once, this cleans up after a lost flow."))
+    poll_s: float = Field(10.0, gt=0, description="How often the launcher reads the Job's status.")
+    kube_context: str | None = Field(None, description=(
+        "kubeconfig context when the flow runs outside the cluster; inside a pod its service account is used."))
+
+    @model_validator(mode="after")
+    def _requests_within_limits(self):
+        if self.cpu_request > self.cpu_limit:
+            raise ValueError(f"cpu_request {self.cpu_request} > cpu_limit {self.cpu_limit}: raise cpu_limit or lower cpu_request")
+        if quantity_bytes(self.memory_request) > quantity_bytes(self.memory_limit):
+            raise ValueError(f"memory_request {self.memory_request} > memory_limit {self.memory_limit}: raise memory_limit")
+        return self
+
+    def problems(self, stores: dict[str, str], mlflow_host: str) -> list[str]:
+        """What stops a pod from running the trainer, each with its fix. `stores`: area -> store URL it uses."""
+        out = []
+        last = self.image.rsplit("/", 1)[-1]
+        if not self.image:
+            out.append("set trainer.kubernetes.image to the Tidal image (repository:tag) pushed where the nodes pull from")
+        elif "@" not in last and (":" not in last or last.endswith(":latest")):
+            out.append(f"trainer.kubernetes.image {self.image!r} has no fixed tag: use an immutable tag or @sha256 digest, not latest")
+        local = sorted(f"{area} ({url or 'local disk'})" for area, url in stores.items() if not url.startswith("s3://"))
+        if local:
+            out.append(f"the trainer pod cannot read this machine's disk, but store areas {', '.join(local)} are local: "
+                       "set store.url (or store.routes) to s3://bucket/prefix")
+        if mlflow_host in ("127.0.0.1", "localhost", "::1", "0.0.0.0") or mlflow_host.startswith("127."):
+            out.append(f"mlflow.host {mlflow_host!r} is this machine's loopback, which a pod cannot reach: use the MLflow "
+                       "service's cluster address (e.g. tidal-mlflow.tidal.svc.cluster.local)")
+        if self.gpus_per_node > 1:
+            out.append(f"trainer.kubernetes.gpus_per_node={self.gpus_per_node}: the PPO trainer runs as one process "
+                       "(torchrun would start that many copies of the same run); set 1")
+        return out
+
+
+class LaunchSettings(Section):
+    launcher: Literal["local", "kubernetes"] = Field("local", description=(
+        "Where `python -m training.job` runs: 'local' = a subprocess of the flow, 'kubernetes' = a batch/v1 Job "
+        "(needs trainer.kubernetes.image, an s3:// store and an MLflow the pods reach; checked at start-up)."))
+    kubernetes: KubernetesJobSettings = Field(default_factory=KubernetesJobSettings, description=(
+        "The trainer Job, with launcher 'kubernetes'."))
