@@ -226,7 +226,7 @@ def prefect_reachable(settings: TidalSettings) -> Iterator[None]:
     (Prefect's own is a bare `ConnectError: [Errno 111] Connection refused` once its client has connected)."""
     api = settings.prefect.api_url.rstrip("/")
     said = f"Prefect at {api} is unavailable"
-    fix = "start it with `tidal up`, then retry (a flow run it lost is marked Crashed; running it again is safe)"
+    fix = "start it with `tidal up`, then retry (every Tidal flow is safe to run again)"
     try:
         yield
     except httpx.TransportError as e:  # refused, reset, dropped keep-alive, timed out
