@@ -56,12 +56,12 @@ def resume_orphaned_runs(settings: TidalSettings, deployment_names: list[str]) -
 
 def _roll_back_canary(settings: TidalSettings, model: str, run_name: str) -> None:
     from serving.client import RoutesClient
+    from tasks.promote import canary_arm
     from tidal.tokens import admin_token
 
     routes = RoutesClient(f"http://{settings.gateway.host}:{settings.gateway.port}", admin_token(settings))
     try:
-        arms = routes.show()["routes"].get(model, {}).get("arms", [])
-        if any(a["name"] == "canary" for a in arms):
+        if canary_arm(routes, model) is not None:
             routes.rollback(model, by="runner", reason=f"release run {run_name} was orphaned by a dead runner")
     except Exception as e:  # noqa: BLE001  the gateway may be down too: said loudly, for `tidal rollback`
         log.error("could not roll back %s's canary of orphaned run %s (%s): run `tidal rollback %s`", model, run_name, e, model)

@@ -3,30 +3,30 @@
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections import Counter
-from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
+
+from data_contracts.dataset import read_parquet
 
 
-def stored_rows(store, kind: str) -> list[dict]:
-    """Every row of every Parquet object under logs/<kind>/ (completions or feedback)."""
-    tables = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for i, key in enumerate(store.list(f"logs/{kind}/")):
-            store.get_file(key, Path(tmp) / f"{i}.parquet")
-            tables.append(pq.read_table(Path(tmp) / f"{i}.parquet"))
+def parquet_rows(store, prefix: str) -> list[dict]:
+    """Every row of every Parquet object under prefix."""
+    tables = [read_parquet(store, key) for key in store.list(prefix) if key.endswith(".parquet")]
     return pa.concat_tables(tables).to_pylist() if tables else []
 
 
-def wait_stored(store, kind: str, ids: set[str], timeout: float = 60) -> list[dict]:
+def stored_rows(store, kind: str, model: str | None = None) -> list[dict]:
+    """Every row the gateway's uploader stored under logs/<kind>/ (completions or feedback), of one model or all."""
+    return parquet_rows(store, f"logs/{kind}/" + (f"model={model}/" if model else ""))
+
+
+def wait_stored(store, kind: str, ids: set[str], timeout: float = 60, model: str | None = None) -> list[dict]:
     """All stored rows of `kind`, once every id in `ids` is among them (or the timeout passed)."""
     deadline = time.monotonic() + timeout
     while True:
-        rows = stored_rows(store, kind)
+        rows = stored_rows(store, kind, model)
         if ids <= {r["request_id"] for r in rows} or time.monotonic() > deadline:
             return rows
         time.sleep(0.5)

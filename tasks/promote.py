@@ -132,7 +132,8 @@ def route_when_served(routes: RoutesClient, model: str, version: int, weight: fl
             time.sleep(0.5)
 
 
-def _canary_route(routes: RoutesClient, model: str) -> dict | None:
+def canary_arm(routes: RoutesClient, model: str) -> dict | None:
+    """The canary arm routed for model, or None."""
     arms = routes.show()["routes"].get(model, {}).get("arms", [])
     return next((a for a in arms if a["name"] == "canary"), None)
 
@@ -150,7 +151,7 @@ def run_canary(release: Release, cfg: CanaryConfig, routes: RoutesClient, fleet:
     audit(registry, cand, "step_1", weight=ramp.weight)
     while True:
         time.sleep(cfg.poll_s)
-        live = _canary_route(routes, model)
+        live = canary_arm(routes, model)
         if live is None or live["version"] != cand.version:
             return Look("rollback", "canary removed from the routes by an operator (tidal rollback)", ramp.step,
                         ramp.weight, figures={})
@@ -199,7 +200,7 @@ def unload_after_grace(fleet: FleetClient, release: Release, grace_s: float) -> 
 def roll_back_candidate(release: Release, look: Look, routes: RoutesClient, fleet: FleetClient, registry: Registry) -> None:
     """Canary weight → 0 at once (one atomic route change), then unload it and record why."""
     model, cand = release.model, release.candidate
-    if _canary_route(routes, model) is not None:
+    if canary_arm(routes, model) is not None:
         routes.rollback(model, by="promote", reason=look.reason)
     audit(registry, cand, "rolled_back", by="promote", reason=look.reason, figures=look.row())
     registry.set_tags(model, cand.version, {"tidal.release.failed_check": look.reason})

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.chaos.test_serving_faults import finish, users, wait_for
+from tests.chaos.test_serving_faults import finish, since, users, wait_for
 from sim.audit import not_exactly_once, wait_stored
 from tidal.platform import prefect_reachable
 from tidal.procs import alive
@@ -58,8 +58,7 @@ def test_mlflow_and_prefect_outages_leave_serving_untouched(settings, platform, 
         finish(traffic)
     tally = traffic.tally
     assert tally.errors == []
-    completions = [r for r in wait_stored(checkpoints.store, "completions", set(tally.acked), 90)
-                   if r["time_ms"] >= t0_ms and r["client_id"] == "alice"]
+    completions = since(wait_stored(checkpoints.store, "completions", set(tally.acked), 90), t0_ms, "alice")
     assert not_exactly_once(tally.acked, completions) == {} and len(completions) == len(tally.acked)
     chaos_report.record("5. MLflow, then Prefect, down during serving", requests=len(tally.acked),
                         client_errors=len(tally.errors), completions_stored=len(completions), **figures)

@@ -12,16 +12,13 @@ bodies are the cases of tests/integration/test_gateway.py, which report to this 
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections import Counter
-from pathlib import Path
 
 import httpx
-import pyarrow.parquet as pq
 import pytest
 
-from sim.audit import wait_stored
+from sim.audit import parquet_rows, wait_stored
 from tidal.tokens import admin_token, secret
 
 pytestmark = pytest.mark.slow
@@ -108,12 +105,12 @@ def test_secrets_in_prompts_never_reach_a_dataset(settings, gateway, keys, check
 
     ds_id = collect(model="tabfull", include_open_hour=True)
     assert ds_id
-    quarantined = rows_under(store, f"quarantine/model=tabfull/{ds_id}/")
+    quarantined = parquet_rows(store, f"quarantine/model=tabfull/{ds_id}/")
     by_id = {r["request_id"]: r for r in quarantined if r.get("request_id") in sent}
     assert set(by_id) == set(sent), (set(sent) - set(by_id))
     for rid, reason in sent.items():
         assert reason in str(by_id[rid].get("reasons") or by_id[rid].get("reason")), by_id[rid]
-    dataset = rows_under(store, f"datasets/model=tabfull/{ds_id}/")
+    dataset = parquet_rows(store, f"datasets/model=tabfull/{ds_id}/")
     text = str(dataset)
     for needle in ("AKIAIOSFODNN7EXAMPLE", "BEGIN RSA PRIVATE KEY", "sk-proj0123456789"):
         assert needle not in text
@@ -122,13 +119,3 @@ def test_secrets_in_prompts_never_reach_a_dataset(settings, gateway, keys, check
     chaos_report.record("8. hostile input: secrets in prompts", prompts_with_secrets=len(sent),
                         quarantined_with_reason=len(by_id), clean_prompts=len(clean),
                         dataset_rows=len(dataset), secrets_in_dataset=0)
-
-
-def rows_under(store, prefix: str) -> list[dict]:
-    """Every row of every Parquet object under prefix."""
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for i, key in enumerate(k for k in store.list(prefix) if k.endswith(".parquet")):
-            store.get_file(key, Path(tmp) / f"{i}.parquet")
-            rows += pq.read_table(Path(tmp) / f"{i}.parquet").to_pylist()
-    return rows

@@ -7,10 +7,10 @@ from __future__ import annotations
 import time
 
 import httpx
-import pyarrow as pa
 import pytest
 
 from data_contracts.dataset import read_manifest, read_parquet, read_watermark
+from sim.audit import stored_rows, wait_stored
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["def add(a, b):\n    return", "for i in range(", "import os\nprint(os.path.", "class Point:\n    def __init__(self"]
@@ -20,21 +20,6 @@ def post(url: str, key: str, path: str, body: dict) -> dict:
     r = httpx.post(url + path, json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60)
     assert r.status_code == 200, r.text
     return r.json()
-
-
-def stored(store, kind: str) -> list[dict]:
-    tables = [read_parquet(store, k) for k in store.list(f"logs/{kind}/model=tab/")]
-    return pa.concat_tables(tables).to_pylist() if tables else []
-
-
-def wait_stored(store, kind: str, ids: set[str], timeout: float = 60) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while True:
-        rows = stored(store, kind)
-        if ids <= {r["request_id"] for r in rows}:
-            return rows
-        assert time.monotonic() < deadline, f"{len(ids - {r['request_id'] for r in rows})} {kind} records not stored in {timeout} s"
-        time.sleep(0.5)
 
 
 def verdict(i: int, text: str) -> dict | None:
@@ -59,8 +44,8 @@ def test_collect_turns_gateway_traffic_into_a_reconciled_dataset(settings, gatew
         if v is not None:
             assert post(gateway, keys["alice"], "/v1/feedback", {"request_id": a["id"], **v})["recorded"]
             sent[a["id"]] = v
-    logged = {r["request_id"]: r for r in wait_stored(store, "completions", set(answers)) if r["request_id"] in answers}
-    wait_stored(store, "feedback", set(sent))
+    logged = {r["request_id"]: r for r in wait_stored(store, "completions", set(answers), model="tab") if r["request_id"] in answers}
+    wait_stored(store, "feedback", set(sent), model="tab")
     time.sleep(cfg.upload_grace_s)  # an open-hour run takes what is older than that
     assert read_watermark(store, "tab") is None  # the first collection of this session
 
@@ -87,8 +72,8 @@ def test_collect_turns_gateway_traffic_into_a_reconciled_dataset(settings, gatew
     for kind in ("completions", "feedback", "total"):
         c = counts[kind]
         assert c["in"] == c["kept"] + c["quarantined"] + c["filtered"], kind
-    assert counts["completions"]["in"] == len(stored(store, "completions"))
-    assert counts["feedback"]["in"] == len(stored(store, "feedback"))
+    assert counts["completions"]["in"] == len(stored_rows(store, "completions", "tab"))
+    assert counts["feedback"]["in"] == len(stored_rows(store, "feedback", "tab"))
     assert counts["completions"]["filtered_by_reason"].get("no_feedback", 0) >= sum(
         1 for rid, a in answers.items() if rid not in sent and a["choices"][0]["text"])
 
