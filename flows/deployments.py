@@ -7,6 +7,9 @@ Per configured model (`flywheel.loop` picks which schedule and triggers are acti
   promote-<model>   on each `tidal.candidate.registered` event of a standalone train ('chained'), or on demand
   flywheel-<model>  whole cycles on its cron schedule ('flywheel'), or on demand
 On demand: the UI, `prefect deployment run <flow>/<deployment>`, or the `tidal` commands.
+
+With `flywheel.work_pool` set, the same deployments are registered on that work pool (the image and each
+stage's service account as job variables) and the command exits: the pool's workers run them.
 """
 
 from __future__ import annotations
@@ -52,6 +55,25 @@ def deployments(settings: TidalSettings) -> list:
     return out
 
 
+def job_variables(settings: TidalSettings, deployment_name: str) -> dict:
+    """A work-pool run's job variables: train runs get the trainer's account and an API token (the train flow
+    creates the trainer Job), every other stage the flows' account and no token."""
+    f = settings.flywheel
+    if deployment_name.startswith("train-"):
+        return {"service_account_name": f.trainer_service_account, "automount_service_account_token": True}
+    return {"service_account_name": f.flows_service_account, "automount_service_account_token": False}
+
+
+def register_on_pool(settings: TidalSettings, deps: list) -> list:
+    """Register `deps` on settings.flywheel.work_pool; returns their ids."""
+    from prefect import deploy
+
+    for d in deps:
+        d.job_variables = {**(d.job_variables or {}), **job_variables(settings, d.name)}
+    return deploy(*deps, work_pool_name=settings.flywheel.work_pool, image=settings.flywheel.image, build=False,
+                  push=False, print_next_steps_message=False)
+
+
 def main() -> None:
     settings = load_settings()
     from tidal.platform import prefect_env
@@ -64,6 +86,10 @@ def main() -> None:
     from flows.resume import resume_orphaned_runs
 
     deps = deployments(settings)
+    if settings.flywheel.work_pool:
+        ids = register_on_pool(settings, deps)
+        print(f"registered {len(ids)} deployments on work pool {settings.flywheel.work_pool!r}; its workers run them")
+        return
     resume_orphaned_runs(settings, [f"{d.flow_name}/{d.name}" for d in deps])  # before serving: the runner picks them up
     serve(*deps, print_starting_message=False)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from serving.canary_policy import CanaryConfig
 from sim.users import SimUsersConfig
@@ -20,6 +20,29 @@ class FlywheelSettings(Section):
         "(collect's schedule and the triggers are off). 'manual': no schedule or trigger is active (`tidal demo` drives "
         "the cycles itself). Every deployment exists in each mode, for runs on demand."))
     schedule_cron: str = Field("0 */2 * * *", description="When the flywheel deployment runs a cycle in 'flywheel' mode (UTC).")
+    work_pool: str | None = Field(None, description=(
+        "None: `python -m flows.deployments` serves the deployments in its own process (the local runner `tidal up` "
+        "starts). A name (e.g. 'tidal-kubernetes', infra/prefect/kubernetes-work-pool.json): it registers them on "
+        "that work pool and exits, and the pool's workers run each flow run (a Kubernetes Job per run)."))
+    image: str = Field("", description=(
+        "With work_pool: the Tidal image flow runs use (repository:tag or @sha256 digest); untagged or 'latest' is "
+        "refused, so a retried run gets the same code."))
+    flows_service_account: str = Field("tidal-flows", description=(
+        "With work_pool: service account of collect, promote and flywheel runs (the chart's; its IAM role reads "
+        "logs and writes datasets and quarantine)."))
+    trainer_service_account: str = Field("tidal-trainer", description=(
+        "With work_pool: service account of train runs; it gets an API token, since the train flow creates the "
+        "trainer's Job (infra/prefect/trainer-launcher-rbac.yaml)."))
+
+    @model_validator(mode="after")
+    def _pool_needs_an_image(self):
+        last = self.image.rsplit("/", 1)[-1]
+        if self.work_pool and not self.image:
+            raise ValueError(f"flywheel.work_pool={self.work_pool!r} needs flywheel.image: the Tidal image its "
+                             "workers run (repository:tag)")
+        if self.work_pool and "@" not in last and (":" not in last or last.endswith(":latest")):
+            raise ValueError(f"flywheel.image {self.image!r} has no fixed tag: use an immutable tag or @sha256 digest")
+        return self
 
 
 def _demo_canary() -> CanaryConfig:

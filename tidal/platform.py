@@ -18,7 +18,7 @@ import httpx
 import yaml
 
 from tidal.procs import NotReady, ProcInfo, alive, group_members, read_procinfo, require_port, save_procinfo, spawn, stop_group, tail, wait_http
-from tidal.settings import TidalSettings
+from tidal.settings import SettingsError, TidalSettings
 from tidal.tokens import admin_token
 
 TELEMETRY_OFF = {"DO_NOT_TRACK": "true", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
@@ -120,6 +120,9 @@ class Platform:
 
     def up_flows(self) -> ProcInfo:
         """The runner of scheduled flows (deployments registered with the Prefect server)."""
+        if self.settings.flywheel.work_pool:
+            raise SettingsError(f"flywheel.work_pool={self.settings.flywheel.work_pool!r}: flow runs belong to that pool's "
+                                "workers, not a local runner; register the deployments with `python -m flows.deployments`")
         return self.ensure(self.services()["flows"])
 
     def up_fleet(self, timeout_s: float | None = None) -> dict:

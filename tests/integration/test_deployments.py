@@ -71,3 +71,40 @@ def test_runs_a_dead_runner_left_running_are_crashed_and_resubmitted(platform, s
         assert client.read_flow_run(orphan.id).state.name == "Crashed"
     assert len(resumed) == 1 and resumed[0].state.name == "Completed", resumed[0].state
     assert (resumed[0].deployment_id, resumed[0].parameters) == (orphan.deployment_id, orphan.parameters)
+
+
+def test_with_a_work_pool_the_deployments_are_registered_there_with_image_and_accounts(platform, settings):
+    """flywheel.work_pool: the same deployments go to a Kubernetes work pool (Tidal's job template) with the image
+    and each stage's service account as job variables. Registered under a model of their own ('pooltest'), so
+    the session's runner and its deployments are untouched, and removed after."""
+    import json
+    from pathlib import Path
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    from flows.deployments import deployments, register_on_pool
+
+    template = json.loads((Path(__file__).parents[2] / "infra" / "prefect" / "kubernetes-work-pool.json").read_text())
+    pool, image = "tidal-kubernetes-test", "registry.example/tidal:1.2.3"
+    s = settings.model_copy(update={
+        "models": [settings.models[0].model_copy(update={"name": "pooltest"})],
+        "flywheel": settings.flywheel.model_copy(update={"work_pool": pool, "image": image})})
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name=pool, type="kubernetes", base_job_template=template), overwrite=True)
+        try:
+            ids = register_on_pool(s, deployments(s))
+            assert len(ids) == 4
+            got = {d.name: d for d in (client.read_deployment(i) for i in ids)}
+            assert set(got) == {f"{stage}-pooltest" for stage in ("collect", "train", "promote", "flywheel")}
+            for name, d in got.items():
+                assert d.work_pool_name == pool and d.job_variables["image"] == image, name
+                train = name.startswith("train-")
+                assert d.job_variables["service_account_name"] == ("tidal-trainer" if train else "tidal-flows")
+                assert d.job_variables["automount_service_account_token"] is train
+            assert got["collect-pooltest"].parameters == {"model": "pooltest"}
+        finally:
+            for d in client.read_deployments():
+                if d.name.endswith("-pooltest"):
+                    client.delete_deployment(d.id)
+            client.delete_work_pool(pool)

@@ -46,3 +46,32 @@ def test_loop_mode_decides_what_runs_by_itself(settings_for, loop, collect_on, t
 def test_an_unknown_loop_mode_is_refused(settings_for):
     with pytest.raises(Exception, match="loop"):
         settings_for("sometimes")
+
+
+def test_a_work_pool_needs_a_fixed_image(settings_for):
+    from tidal.settings import SettingsError
+
+    for image, why in (("", "needs flywheel.image"), ("registry/tidal", "no fixed tag"), ("registry/tidal:latest", "no fixed tag")):
+        with pytest.raises((SettingsError, ValueError), match=why):
+            load_settings(flywheel={"work_pool": "tidal-kubernetes", "image": image})
+    ok = load_settings(flywheel={"work_pool": "tidal-kubernetes", "image": "registry:5000/tidal@sha256:" + "a" * 64})
+    assert ok.flywheel.work_pool == "tidal-kubernetes"
+
+
+def test_work_pool_runs_get_their_stages_service_account(settings_for):
+    from flows.deployments import job_variables
+
+    s = load_settings(flywheel={"work_pool": "tidal-kubernetes", "image": "registry/tidal:1.2.3",
+                                "trainer_service_account": "trainer-sa"})
+    assert job_variables(s, "train-tab") == {"service_account_name": "trainer-sa", "automount_service_account_token": True}
+    for name in ("collect-tab", "promote-tab", "flywheel-tab"):
+        assert job_variables(s, name) == {"service_account_name": "tidal-flows", "automount_service_account_token": False}
+
+
+def test_a_local_runner_is_refused_when_flows_belong_to_a_pool(settings_for, tmp_path):
+    from tidal.platform import Platform
+    from tidal.settings import SettingsError
+
+    s = load_settings(data_dir=str(tmp_path / "data"), flywheel={"work_pool": "tidal-kubernetes", "image": "r/tidal:1"})
+    with pytest.raises(SettingsError, match="register the deployments with `python -m flows.deployments`"):
+        Platform(s).up_flows()
