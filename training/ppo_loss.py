@@ -15,6 +15,7 @@ served behaviour probabilities mu (low-precision serving, stale versions).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -49,10 +50,24 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     return (x * m).sum(dim) / m.sum(dim).clamp_min(1.0)
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """(x - mean) / std over the masked positions (population std); padding stays 0. x, mask: (B, T)."""
-    mean = masked_mean(x, mask)
-    var = masked_mean((x - mean) ** 2, mask)
+def masked_whiten(
+    x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8,
+    sum_all: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """(x - mean) / std over the masked positions (population std); padding stays 0. x, mask: (B, T).
+
+    ``sum_all`` sums a tensor over data-parallel processes that each hold some rows of one batch: the mean and
+    variance are then those of every process's masked positions together (None: this tensor's alone).
+    """
+    if sum_all is None:
+        mean = masked_mean(x, mask)
+        var = masked_mean((x - mean) ** 2, mask)
+    else:
+        m = mask.to(x.dtype)
+        total, count = sum_all(torch.stack([(x * m).sum(), m.sum()])).unbind()
+        count = count.clamp_min(1.0)
+        mean = total / count
+        var = sum_all(((x - mean) ** 2 * m).sum()) / count
     return (x - mean) * torch.rsqrt(var + eps) * mask.to(x.dtype)
 
 

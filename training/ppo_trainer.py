@@ -13,6 +13,15 @@ Per iteration (one batch of logged samples):
 Determinism: batches and minibatches come from generators seeded by (seed, pass) and
 (seed, iteration, epoch), never from a running RNG, so a run resumed at iteration k replays
 exactly what an uninterrupted run would do from k (given the restored weights and optimizer).
+
+Data parallel (under torchrun, training/distributed.py): every process computes the same plan and the same
+minibatch order, and handles its shard rows[rank::world] of each batch. Rollouts are per row, so a shard's are
+exactly its rows' part of the batch's; advantages are whitened with the mean and variance of the whole batch;
+in each global minibatch a process takes its own rows (possibly none), scales its loss by its share of the
+minibatch's real tokens (the loss terms are means over all of them), and the summed gradients are the
+single-process gradient of the whole minibatch. Clipping, the optimizer step and the early-stop test then run
+on identical numbers in every process, which keeps the weights identical; metrics are the whole batch's. The
+result equals one process's over the same plan up to float rounding (padding widths and summation order).
 """
 
 from __future__ import annotations
@@ -25,11 +34,11 @@ from dataclasses import dataclass
 import torch
 
 from data_contracts.samples import RewardSample
+from training import distributed
 from training.ppo_config import PPOConfig
 from training.ppo_loss import (
     gae,
     kl_penalized_rewards,
-    masked_mean,
     masked_whiten,
     ppo_losses,
     token_entropy,
@@ -38,6 +47,10 @@ from training.ppo_loss import (
 )
 from training.rollout import RolloutBatch, collate
 from training.value_head import PolicyWithValue
+
+
+# LossParts fields summed over processes and averaged over steps into the iteration's ppo/ metrics.
+_STATS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "is_weight_mean", "is_truncated_frac")
 
 
 class TrainingDiverged(RuntimeError):
@@ -63,11 +76,18 @@ def _seeded(*parts: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+def minibatch_order(n: int, cfg: PPOConfig, iteration: int, epoch: int) -> tuple[torch.Tensor, ...]:
+    """Positions 0..n-1 of an iteration's batch, shuffled for (seed, iteration, epoch) and cut into minibatches
+    of minibatch_size: the same in every process of a data-parallel run."""
+    return torch.randperm(n, generator=_seeded(cfg.seed, iteration, epoch)).split(cfg.minibatch_size)
+
+
 @dataclass
 class Rollout:
     """A batch with everything the update needs, all (B, T) over completion tokens unless noted."""
 
-    batch: RolloutBatch
+    batch: RolloutBatch  # this process's rows of the batch (all of them for one process)
+    lengths: torch.Tensor  # (B_all,) completion tokens of every row of the whole batch, in plan order
     logp_old: torch.Tensor
     values_old: torch.Tensor
     logp_ref: torch.Tensor
@@ -77,13 +97,20 @@ class Rollout:
 
 
 class PPOTrainer:
-    """Owns the policy+value model, its optimizer and the reference log-probs of the training rows."""
+    """Owns the policy+value model, its optimizer and the reference log-probs of the training rows.
+
+    The model may sit on a GPU (each process of a data-parallel run on its own); batches follow it there, while
+    the reference log-probs and the state_dict stay on the CPU."""
 
     def __init__(self, model: PolicyWithValue, cfg: PPOConfig, pad_token_id: int):
         self.model, self.cfg, self.pad_token_id = model, cfg, pad_token_id
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.Adam(model.param_groups(cfg.learning_rate, cfg.critic_learning_rate))
-        self.ref_logprobs: dict[int, torch.Tensor] = {}  # training row -> (T_i,) log pi_ref of its tokens
+        self.ref_logprobs: dict[int, torch.Tensor] = {}  # training row -> (T_i,) log pi_ref of its tokens, on the CPU
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
 
     # --- the reference: the policy as it was before any update -----------------------------------
     @torch.no_grad()
@@ -92,78 +119,100 @@ class PPOTrainer:
         self.model.eval()
         out = []
         for i in range(0, len(samples), chunk):
-            batch = collate(samples[i : i + chunk], self.pad_token_id)
+            batch = collate(samples[i : i + chunk], self.pad_token_id).to(self.device)
             logits, _ = self.model(batch.input_ids, batch.attention_mask)
             logp = token_logprobs(batch.completion_view(logits), batch.completion_ids)  # (b, T)
             lengths = batch.mask.sum(1).long().tolist()
-            out += [logp[j, :n].clone() for j, n in enumerate(lengths)]
+            out += [logp[j, :n].to("cpu", copy=True) for j, n in enumerate(lengths)]
         return out
 
     def compute_reference(self, samples: Sequence[RewardSample], rows: Iterable[int] | None = None) -> None:
         """Fix pi_ref: the policy as it is now, before any update (the champion the run starts from).
 
         Only `rows` (default: all) get a reference: a run capped by max_iterations touches a fraction of a
-        large dataset, and this forward pass over every row would otherwise cost more than the training."""
+        large dataset, and this forward pass over every row would otherwise cost more than the training.
+        Data parallel, each process computes every world-th row and all then hold all of them: a row's shard
+        changes from batch to batch, and the checkpoint (state_dict) is the same in every process and the same
+        as one process's, so a run resumes with any number of processes."""
         rows = sorted(set(range(len(samples)) if rows is None else rows))
-        self.ref_logprobs = dict(zip(rows, self.token_logprobs([samples[r] for r in rows])))
+        mine = rows[distributed.rank() :: distributed.world_size()]
+        self.ref_logprobs = dict(sorted(distributed.gather_dicts(
+            dict(zip(mine, self.token_logprobs([samples[r] for r in mine])))).items()))
 
     def _ref_batch(self, rows: Sequence[int], T: int) -> torch.Tensor:
         out = torch.zeros((len(rows), T))  # (B, T), 0 on padding
         for j, r in enumerate(rows):
             out[j, : len(self.ref_logprobs[r])] = self.ref_logprobs[r]
-        return out
+        return out.to(self.device)
 
     # --- one iteration ----------------------------------------------------------------------------
     @torch.no_grad()
     def rollout(self, samples: Sequence[RewardSample], rows: Sequence[int]) -> Rollout:
-        cfg = self.cfg
+        """Roll out this process's shard rows[rank::world] of the batch `rows` (every row for one process)."""
+        cfg, world = self.cfg, distributed.world_size()
+        if len(rows) < world:
+            raise ValueError(f"a batch of {len(rows)} rows cannot be split over {world} processes: raise "
+                             f"train.ppo.batch_size to at least {world}, or start fewer processes")
         self.model.eval()
-        batch = collate([samples[r] for r in rows], self.pad_token_id)
+        mine = list(rows)[distributed.rank() :: world]
+        batch = collate([samples[r] for r in mine], self.pad_token_id).to(self.device)
         logits, values = self.model(batch.input_ids, batch.attention_mask)
         mask = batch.mask  # (B, T)
         logp_old = token_logprobs(batch.completion_view(logits), batch.completion_ids) * mask  # (B, T)
         values_old = batch.completion_view(values).float() * mask  # (B, T) V of each token's context
-        logp_ref = self._ref_batch(rows, mask.shape[1])  # (B, T)
+        logp_ref = self._ref_batch(mine, mask.shape[1])  # (B, T)
         # (B, T) behaviour log-probs mu from the serving engine, as logged
         w = truncated_is_weight(logp_old, batch.behaviour_logprobs, mask, cfg.is_truncation, cfg.is_level)
         rewards = kl_penalized_rewards(batch.rewards, logp_old, logp_ref, mask, cfg.kl_coef, is_weight=w)
         advantages, returns = gae(rewards, values_old, mask, cfg.gamma, cfg.gae_lambda)
-        if cfg.whiten_advantages:
-            advantages = masked_whiten(advantages, mask)
-        return Rollout(batch, logp_old, values_old, logp_ref, w, advantages, returns)
+        if cfg.whiten_advantages:  # over the whole batch: every process's tokens
+            advantages = masked_whiten(advantages, mask, sum_all=distributed.sum_all if world > 1 else None)
+        lengths = torch.tensor([len(samples[r].completion_token_ids) for r in rows], dtype=torch.float32,
+                               device=self.device)  # (B_all,) = the whole batch's mask.sum(1)
+        return Rollout(batch, lengths, logp_old, values_old, logp_ref, w, advantages, returns)
 
     def update(self, ro: Rollout, iteration: int) -> dict[str, float]:
         """`epochs` passes of minibatch PPO steps over one rollout; returns the iteration's metrics."""
         cfg, b = self.cfg, ro.batch
+        world, rank = distributed.world_size(), distributed.rank()
         self.model.train()
-        B, sums, steps, stopped = b.input_ids.shape[0], {}, 0, False
+        B, sums, steps, stopped = len(ro.lengths), {}, 0, False
         for epoch in range(cfg.epochs):
-            order = torch.randperm(B, generator=_seeded(cfg.seed, iteration, epoch))
-            for mb in order.split(cfg.minibatch_size):
-                logits, values = self.model(b.input_ids[mb], b.attention_mask[mb])
-                logits = b.completion_view(logits)  # (b, T, V)
-                parts = ppo_losses(
-                    logp_new=token_logprobs(logits, b.completion_ids[mb]),
-                    logp_old=ro.logp_old[mb], advantages=ro.advantages[mb],
-                    values_new=b.completion_view(values), values_old=ro.values_old[mb], returns=ro.returns[mb],
-                    is_weight=ro.is_weight[mb], mask=b.mask[mb], clip_eps=cfg.clip_eps,
-                    value_clip_eps=cfg.value_clip_eps,
-                    entropy=token_entropy(logits) if cfg.entropy_coef > 0 else None,
-                    is_truncation=cfg.is_truncation,
-                )
-                loss = parts.total(cfg.vf_coef, cfg.entropy_coef)
-                self._check_finite(loss, iteration, "loss")
+            for mb in minibatch_order(B, cfg, iteration, epoch):  # positions in the whole batch
+                # this process's rows of the minibatch: position j is row j // world of shard j % world (maybe none)
+                mine = (mb[mb % world == rank] // world).to(b.mask.device)
+                # its share of the minibatch's real tokens: the loss terms are means over all of them, so the
+                # shares times the local means add up to the whole minibatch's (exactly 1 for one process)
+                share = b.mask[mine].sum() / ro.lengths[mb.to(ro.lengths.device)].sum()
                 self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                if len(mine):
+                    logits, values = self.model(b.input_ids[mine], b.attention_mask[mine])
+                    logits = b.completion_view(logits)  # (b, T, V)
+                    parts = ppo_losses(
+                        logp_new=token_logprobs(logits, b.completion_ids[mine]),
+                        logp_old=ro.logp_old[mine], advantages=ro.advantages[mine],
+                        values_new=b.completion_view(values), values_old=ro.values_old[mine],
+                        returns=ro.returns[mine], is_weight=ro.is_weight[mine], mask=b.mask[mine],
+                        clip_eps=cfg.clip_eps, value_clip_eps=cfg.value_clip_eps,
+                        entropy=token_entropy(logits) if cfg.entropy_coef > 0 else None,
+                        is_truncation=cfg.is_truncation,
+                    )
+                    loss = parts.total(cfg.vf_coef, cfg.entropy_coef)
+                    (loss * share).backward()
+                    stats = torch.stack([loss.detach(), *(getattr(parts, k).detach() for k in _STATS)]) * share
+                else:
+                    stats = torch.zeros(1 + len(_STATS), device=b.mask.device)
+                # (1 + len(_STATS),) the whole minibatch's loss and LossParts; gradients summed over processes
+                stats = distributed.sum_grads(self.trainable, stats.detach())
+                self._check_finite(stats[0], iteration, "loss")
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, cfg.max_grad_norm)
                 self._check_finite(grad_norm, iteration, "gradient norm")
                 self.optimizer.step()
                 steps += 1
-                for name in ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "is_weight_mean",
-                             "is_truncated_frac"):
-                    sums[name] = sums.get(name, 0.0) + float(getattr(parts, name).detach())
+                for name, value in zip(_STATS, stats[1:].tolist()):
+                    sums[name] = sums.get(name, 0.0) + value
                 sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(grad_norm)
-                if cfg.target_kl is not None and float(parts.approx_kl) > 1.5 * cfg.target_kl:
+                if cfg.target_kl is not None and float(stats[1 + _STATS.index("approx_kl")]) > 1.5 * cfg.target_kl:
                     stopped = True
                     break
             if stopped:
@@ -172,15 +221,20 @@ class PPOTrainer:
             if not torch.isfinite(p).all():
                 self._check_finite(torch.tensor(math.nan), iteration, "weights")
         metrics = {f"ppo/{k}": v / steps for k, v in sums.items()}
-        m = b.mask
+        m, w = b.mask, ro.is_weight
+        # sums over the whole batch's real tokens, then the means masked_mean would give on one process
+        kl_w, w_sum, value_sum, adv_sum, tokens, reward_sum = distributed.sum_all(torch.stack([
+            (w * (ro.logp_old - ro.logp_ref) * m).sum(), (w * m).sum(), (ro.values_old * m).sum(),
+            (ro.advantages.abs() * m).sum(), m.sum(), b.rewards.sum()])).unbind()
+        tokens = tokens.clamp_min(1.0)
         metrics.update({
             "ppo/early_stopped": float(stopped),
             "ppo/epochs_done": float(epoch + 1),
             # KL(pi_old || pi_ref) per token: the tokens were sampled from mu, so weight them by w ~ pi_old / mu
-            "ppo/kl_ref": float(masked_mean(ro.is_weight * (ro.logp_old - ro.logp_ref), m) / masked_mean(ro.is_weight, m).clamp_min(1e-8)),
-            "ppo/reward_mean": float(b.rewards.mean()),
-            "ppo/value_mean": float(masked_mean(ro.values_old, m)),
-            "ppo/advantage_abs_mean": float(masked_mean(ro.advantages.abs(), m)),
+            "ppo/kl_ref": float((kl_w / tokens) / (w_sum / tokens).clamp_min(1e-8)),
+            "ppo/reward_mean": float(reward_sum / B),
+            "ppo/value_mean": float(value_sum / tokens),
+            "ppo/advantage_abs_mean": float(adv_sum / tokens),
         })
         return metrics
 
@@ -201,7 +255,9 @@ class PPOTrainer:
             ro = self.rollout(samples, plan[it])
             metrics = self.update(ro, it)
             seconds = time.perf_counter() - t0
-            metrics["charts/tokens_per_s"] = float(ro.batch.attention_mask.sum()) / seconds
+            # prompt and completion tokens of the whole batch (every process's rows)
+            tokens = sum(len(samples[r].prompt_token_ids) + len(samples[r].completion_token_ids) for r in plan[it])
+            metrics["charts/tokens_per_s"] = tokens / seconds
             metrics["charts/iteration_s"] = seconds
             history.append(metrics)
             if on_iteration is not None:
@@ -212,7 +268,7 @@ class PPOTrainer:
     def state_dict(self) -> dict:
         names = {id(p): n for n, p in self.model.named_parameters()}
         return {
-            "trainable": {names[id(p)]: p.detach().clone() for p in self.trainable},
+            "trainable": {names[id(p)]: p.detach().to("cpu", copy=True) for p in self.trainable},
             "optimizer": self.optimizer.state_dict(),
             "ref_logprobs": self.ref_logprobs,
             "torch_rng": torch.get_rng_state(),

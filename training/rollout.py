@@ -67,6 +67,13 @@ class RolloutBatch:
         T = self.completion_ids.shape[1]
         return x[:, self.prompt_width - 1 : self.prompt_width - 1 + T]
 
+    def to(self, device: torch.device) -> RolloutBatch:
+        """The same batch with every tensor on `device` (itself when they are there already)."""
+        if self.input_ids.device == device:
+            return self
+        moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in vars(self).items()}
+        return RolloutBatch(**moved)
+
 
 def collate(samples: Sequence[RewardSample], pad_token_id: int) -> RolloutBatch:
     """Stack samples into a RolloutBatch: prompts left-padded, completions right-padded."""

@@ -3,27 +3,15 @@ exact resume, early stop, divergence, and the candidate checkpoint it writes."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from data_contracts.samples import RewardSample
+from tests.unit.ppo_helpers import cfg, make_trainer
 from training.candidate import CRITIC_FILE, build_trainable, save_candidate
 from training.policy import is_adapter_dir, load_policy, load_tokenizer
-from training.ppo_config import PPOConfig
 from training.ppo_trainer import PPOTrainer, TrainingDiverged, iteration_plan
 from training.probe import compute_probe, load_probe
-
-
-def cfg(**kw) -> PPOConfig:
-    base = {"batch_size": 32, "minibatch_size": 8, "epochs": 2, "passes": 3, "learning_rate": 3e-3,
-            "critic_learning_rate": 1e-2, "target_kl": None, "seed": 0}
-    return PPOConfig(**{**base, **kw})
-
-
-def make_trainer(champion_dir: Path, c: PPOConfig) -> PPOTrainer:
-    return PPOTrainer(build_trainable(champion_dir, champion_dir, c), c, pad_token_id=0)
 
 
 @torch.no_grad()

@@ -1,0 +1,27 @@
+"""Helpers of the PPO trainer tests, in a module (not fixtures) so that worker processes a test spawns can
+import them too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from training.candidate import build_trainable
+from training.ppo_config import PPOConfig
+from training.ppo_trainer import PPOTrainer
+
+
+def cfg(**kw) -> PPOConfig:
+    base = {"batch_size": 32, "minibatch_size": 8, "epochs": 2, "passes": 3, "learning_rate": 3e-3,
+            "critic_learning_rate": 1e-2, "target_kl": None, "seed": 0}
+    return PPOConfig(**{**base, **kw})
+
+
+def make_trainer(champion_dir: Path, c: PPOConfig) -> PPOTrainer:
+    return PPOTrainer(build_trainable(champion_dir, champion_dir, c), c, pad_token_id=0)
+
+
+def trainable_weights(trainer: PPOTrainer) -> dict[str, torch.Tensor]:
+    """name -> a CPU copy of every trained parameter (LoRA adapters or all weights, and the value head)."""
+    return {n: p.detach().to("cpu", copy=True) for n, p in trainer.model.named_parameters() if p.requires_grad}
