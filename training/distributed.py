@@ -35,7 +35,8 @@ _TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 class LaunchEnvError(ValueError):
-    """The torchrun variables of this process are missing or inconsistent; the message names them and the fix."""
+    """How this process was started does not fit (torchrun variables missing or inconsistent, more processes than
+    GPUs or than rows per batch); the message names what and the fix. The same launch would fail the same way."""
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,23 @@ It never runs inside a serving process, and a crash (kill -9 included) loses at 
 iterations: the next attempt resumes from the last saved state and ends with the same weights.
 Exit codes: 0 done, EXIT_BAD_INPUT (unusable dataset, settings or spec), EXIT_DIVERGED (non-finite
 training); anything else is a crash worth retrying.
+
+Several processes: `torchrun --nproc-per-node N -m training.job train SPEC` (what the Kubernetes launcher runs
+for trainer.kubernetes.gpus_per_node = N > 1) trains data parallel, one process per GPU (training/distributed.py,
+training/ppo_trainer.py): each rolls out and trains on its shard of every batch, and all keep the same weights,
+those one process would reach over the same plan (up to float rounding). Rank 0 alone logs to MLflow, writes
+checkpoints, the candidate and result.json, and prints progress (other ranks print only their own errors,
+naming their rank); the others then meet it at a final barrier and exit 0.
+Checkpoints are the same as one process's, so an attempt resumes with any number of processes. `gate` runs in
+rank 0 alone as one process (a forward pass per model); the other ranks exit 0 at once. Every rank reaches the
+same verdict on bad input and divergence (all read the same data and see the same summed losses) and exits
+with its code; a rank that fails alone exits non-zero and torchrun stops the others. torchrun itself exits 1
+for any failed worker, so from several processes the flow sees a crash (retried), not the code above.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -26,6 +37,8 @@ import torch
 from tidal.registry import CheckpointCache, Registry, VersionInfo
 from tidal.settings import load_settings
 from tidal.store import ObjectStore, download_dir, get_json, open_store, put_json, upload_dir
+from training import distributed
+from training.distributed import LaunchEnvError
 from training.job_spec import EXIT_BAD_INPUT, EXIT_DIVERGED, TrainJob, TrainResult
 from training.launch.base import STORE_REF
 from training.reward_data import DatasetError, load_dataset, split
@@ -42,14 +55,16 @@ def save_state(store: ObjectStore, prefix: str, iteration: int, state: dict) -> 
     return key
 
 
-def latest_state(store: ObjectStore, prefix: str) -> dict | None:
+def latest_state_key(store: ObjectStore, prefix: str) -> str | None:
     keys = sorted(k for k in store.list(f"{prefix}/{STATE_DIR}/") if k.endswith(".pt"))
-    if not keys:
-        return None
-    with tempfile.TemporaryDirectory() as tmp:
-        store.get_file(keys[-1], Path(tmp) / "state.pt")
-        return torch.load(Path(tmp) / "state.pt", weights_only=True)
+    return keys[-1] if keys else None
 
+
+def load_state(store: ObjectStore, key: str) -> dict:
+    """A saved state on the CPU (the trainer moves it to its model's device)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        store.get_file(key, Path(tmp) / "state.pt")
+        return torch.load(Path(tmp) / "state.pt", weights_only=True, map_location="cpu")
 
 class Checkouts:
     """Local directories of the champion, its base, and the run's candidate."""
@@ -73,11 +88,13 @@ def train(spec: TrainJob) -> None:
     from training.rollout import select_samples
 
     settings, cfg = load_settings(), spec.train.ppo
+    world, rank0 = distributed.world_size(), distributed.is_main()
+    say = print if rank0 else _silent  # one voice: rank 0's
     store, registry = open_store(settings), Registry(spec.tracking_uri)
     if store.exists(f"{spec.prefix}/result.json"):
-        print(f"{spec.run_key}: already finished; nothing to do")
+        say(f"{spec.run_key}: already finished; nothing to do", flush=True)
         return
-    torch.set_num_threads(spec.torch_threads)
+    torch.set_num_threads(max(1, spec.torch_threads // world))  # the pod's cores, shared by its processes
     torch.manual_seed(cfg.seed)
 
     data = load_dataset(store, spec.model, spec.dataset_id)
@@ -92,18 +109,27 @@ def train(spec: TrainJob) -> None:
                            f"held out {len(heldout)}, dropped {dropped}) < train.min_train_rows={spec.train.min_train_rows}: "
                            "collect more traffic with feedback")
 
-    dirs = Checkouts(spec, store, registry, settings.data_path / "cache")
-    tokenizer = load_tokenizer(dirs.base_dir)
-    trainer = PPOTrainer(build_trainable(dirs.champion_dir, dirs.base_dir, cfg), cfg, tokenizer.pad_token_id)
     plan = iteration_plan(len(picked.kept), cfg)
-    state = latest_state(store, spec.prefix)
+    if len(plan[0]) < world:  # every batch has min(batch_size, rows) rows
+        raise LaunchEnvError(f"batches of {len(plan[0])} rows cannot be split over {world} processes: raise "
+                             f"train.ppo.batch_size to at least {world}, or start fewer (trainer.kubernetes.gpus_per_node)")
+    with distributed.main_first():  # rank 0 fills the node's checkpoint cache, then the others find it complete
+        dirs = Checkouts(spec, store, registry, settings.data_path / "cache")
+    tokenizer = load_tokenizer(dirs.base_dir)
+    model = build_trainable(dirs.champion_dir, dirs.base_dir, cfg).to(distributed.device())
+    trainer = PPOTrainer(model, cfg, tokenizer.pad_token_id)
+    key = distributed.broadcast(latest_state_key(store, spec.prefix))  # rank 0's pick: all resume from one state
+    state = None if key is None else load_state(store, key)
     if state is not None:
         trainer.load_state_dict(state)
         start = state["iteration"] + 1
-        print(f"{spec.run_key}: resuming after iteration {state['iteration']} of {len(plan)}")
+        say(f"{spec.run_key}: resuming after iteration {state['iteration']} of {len(plan)}", flush=True)
     else:
         trainer.compute_reference(picked.kept, rows=(r for batch in plan for r in batch))
         start = 0
+    if not rank0:  # the same iterations, in step with rank 0 (every collective), without its side effects
+        trainer.train(picked.kept, plan, start)
+        return
 
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
@@ -119,6 +145,7 @@ def train(spec: TrainJob) -> None:
             f"{k.split('/')[1]}={v:.4g}" for k, v in metrics.items() if k in SHOWN), flush=True)
 
     history = trainer.train(picked.kept, plan, start, after_iteration)
+    trainer.model.to("cpu")  # the candidate's files load on any machine (critic.pt included)
     with tempfile.TemporaryDirectory() as tmp:
         out = save_candidate(trainer.model, dirs.champion_dir, dirs.base_dir, Path(tmp) / "candidate", spec.run_key)
         upload_dir(store, out, f"{spec.prefix}/candidate")
@@ -129,6 +156,10 @@ def train(spec: TrainJob) -> None:
         tokens_per_s=sum(h["charts/tokens_per_s"] for h in history) / max(len(history), 1),
         kind=candidate_kind(cfg))
     put_json(store, f"{spec.prefix}/result.json", result.model_dump())  # last: the run is complete
+
+
+def _silent(*args, **kwargs) -> None:
+    """print() of ranks other than 0."""
 
 
 SHOWN = {"ppo/policy_loss", "ppo/value_loss", "ppo/approx_kl", "ppo/clipfrac", "ppo/is_weight_mean", "ppo/reward_mean",
@@ -197,26 +228,45 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["train", "gate"])
     parser.add_argument("spec", help="TrainJob JSON written by the train flow: a path, or store:<key>")
     args = parser.parse_args(argv)
-    world = int(os.environ.get("WORLD_SIZE", "1"))  # set by torchrun
-    if world > 1:  # every rank would run the whole job and write the same run's files
-        print(f"error: this PPO trainer runs as one process, but was started as {world} (torchrun, "
-              "trainer.kubernetes.gpus_per_node > 1); run it with one process per job", file=sys.stderr, flush=True)
-        return EXIT_BAD_INPUT
     try:
-        spec = read_spec(args.spec)
-    except SpecError as e:
+        launch = distributed.launch_env()  # set by torchrun; world 1 without it
+    except LaunchEnvError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
+    if args.command == "gate" and not launch.main:
+        return 0  # the gate runs in rank 0 alone
+    if args.command == "train":
+        try:
+            distributed.init_from_env()  # every rank, before anything that may fail on one rank only
+        except LaunchEnvError as e:  # e.g. more processes than GPUs: rank-specific, so every rank says it
+            print(f"error: rank {launch.rank}: {e}", file=sys.stderr, flush=True)
+            return EXIT_BAD_INPUT
+    code = _run(args.command, args.spec, launch)
+    if code == 0:
+        distributed.barrier()  # ranks > 0 wait here until rank 0 has written the candidate and result.json
+    distributed.close()
+    return code
+
+
+def _run(command: str, spec_ref: str, launch: distributed.Launch) -> int:
+    """The command's exit code. Every rank prints its own error: usually all ranks fail alike (same spec, data,
+    summed losses), but one that failed alone must say why; ranks > 0 name themselves."""
     from training.ppo_trainer import TrainingDiverged
 
+    def error(e: Exception, code: int) -> int:
+        print(f"error: {'' if launch.main else f'rank {launch.rank}: '}{e}", file=sys.stderr, flush=True)
+        return code
+
     try:
-        (train if args.command == "train" else gate)(spec)
-    except DatasetError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return EXIT_BAD_INPUT
+        spec = read_spec(spec_ref)
+    except SpecError as e:
+        return error(e, EXIT_BAD_INPUT)
+    try:
+        (train if command == "train" else gate)(spec)
+    except (DatasetError, LaunchEnvError) as e:
+        return error(e, EXIT_BAD_INPUT)
     except TrainingDiverged as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return EXIT_DIVERGED
+        return error(e, EXIT_DIVERGED)
     return 0
 
 

@@ -77,8 +77,9 @@ class KubernetesJobSettings(Section):
         "Service account of the trainer pod: its IAM role (IRSA) reads datasets and reads/writes checkpoints and training/."))
     gpus_per_node: int = Field(1, ge=0, le=16, description=(
         f"{GPU_RESOURCE} requested (and limited) per pod; 0 = a CPU-only pod. Above 1 the container runs "
-        "`torchrun --nproc-per-node N -m training.job`, the entry point of a multi-GPU backend; the PPO trainer "
-        "itself runs as one process, so values above 1 are refused until such a backend exists."))
+        "`torchrun --nproc-per-node N -m training.job`: N processes, one per GPU, train data parallel, each on "
+        "its shard of every batch (train.ppo.batch_size must be at least N), to the weights one process would "
+        "reach; the pod's CPU threads are shared among them. The gate runs in one of them."))
     cpu_request: float = Field(4.0, gt=0, description="CPU cores requested.")
     cpu_limit: float = Field(8.0, gt=0, description="CPU cores limit; also the trainer's torch threads unless train.torch_threads is set.")
     memory_request: str = Field("32Gi", pattern=_QUANTITY, description="Memory requested (Kubernetes quantity).")
@@ -128,9 +129,6 @@ class KubernetesJobSettings(Section):
         if mlflow_host in ("127.0.0.1", "localhost", "::1", "0.0.0.0") or mlflow_host.startswith("127."):
             out.append(f"mlflow.host {mlflow_host!r} is this machine's loopback, which a pod cannot reach: use the MLflow "
                        "service's cluster address (e.g. tidal-mlflow.tidal.svc.cluster.local)")
-        if self.gpus_per_node > 1:
-            out.append(f"trainer.kubernetes.gpus_per_node={self.gpus_per_node}: the PPO trainer runs as one process "
-                       "(torchrun would start that many copies of the same run); set 1")
         return out
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import copy
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -298,11 +300,56 @@ def test_the_trainer_reads_its_spec_from_a_path_or_the_store(tmp_path):
         read_spec(str(tmp_path / "missing.json"))
 
 
-def test_the_trainer_refuses_to_run_as_several_processes(monkeypatch, tmp_path):
+TORCHRUN_ENV = {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29400"}
+
+
+def test_a_half_set_torchrun_environment_is_refused(monkeypatch, tmp_path, capsys):
     from training.job import main
 
-    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # without torchrun's other variables no process group can form
     assert main(["train", str(tmp_path / "spec.json")]) == EXIT_BAD_INPUT
+    assert "RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT not set" in capsys.readouterr().err
+
+
+def test_the_gate_runs_in_rank_0_alone(monkeypatch, tmp_path):
+    from training.job import main
+
+    for k, v in TORCHRUN_ENV.items():
+        monkeypatch.setenv(k, v)
+    assert main(["gate", str(tmp_path / "missing.json")]) == 0  # rank 1: done at once, no group, no spec read
+
+
+def torchrun(tmp_path: Path, command: str, s: TrainJob) -> subprocess.CompletedProcess:
+    """`torchrun --nproc-per-node 2 -m training.job <command>` on a spec, with this directory's default settings."""
+    (tmp_path / "spec.json").write_text(s.model_dump_json())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDAL_") and k not in TORCHRUN_ENV}
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "training.job", command, str(tmp_path / "spec.json")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_torchrun_starts_the_trainer_as_two_processes_that_agree(tmp_path):
+    """Without servers: a finished run (result.json present) and a missing dataset, the two ends of train() that
+    need none. Each rank joins the gloo group; rank 0 alone prints progress, each rank its own error."""
+    s = spec()
+    LocalStore(tmp_path / ".tidal" / "store").put_file(_json(tmp_path, {"iterations": 1}), f"{s.prefix}/result.json")
+    done = torchrun(tmp_path, "train", s)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("already finished; nothing to do") == 1
+
+    other = s.model_copy(update={"run_key": "run-fedcba9876543210"})  # no result.json, no dataset: bad input
+    bad = torchrun(tmp_path, "train", other)
+    assert bad.returncode != 0  # torchrun's own code for a failed worker (1), not the worker's EXIT_BAD_INPUT
+    assert bad.stderr.count("error: dataset ds-1 of tab not found") == 1  # rank 0's
+    assert bad.stderr.count("error: rank 1: dataset ds-1 of tab not found") == 1
+    assert "exitcode  : 2" in bad.stderr  # every rank exited with the documented code
+
+
+def _json(tmp_path: Path, data: dict) -> Path:
+    path = tmp_path / "obj.json"
+    path.write_text(json.dumps(data))
+    return path
 
 
 # ---- settings -------------------------------------------------------------------------------------
@@ -311,7 +358,8 @@ def test_kubernetes_launcher_settings_are_checked_at_start_up():
     with pytest.raises(SettingsError) as e:
         load_settings(trainer={"launcher": "kubernetes", "kubernetes": {"image": "tidal:latest", "gpus_per_node": 2}})
     msg = str(e.value)
-    assert "not latest" in msg and "s3://bucket/prefix" in msg and "mlflow.host '127.0.0.1'" in msg and "gpus_per_node=2" in msg
+    assert "not latest" in msg and "s3://bucket/prefix" in msg and "mlflow.host '127.0.0.1'" in msg
+    assert "gpus_per_node" not in msg  # several GPUs: torchrun, one data-parallel process per GPU
     with pytest.raises(SettingsError, match="set trainer.kubernetes.image"):
         load_settings(trainer={"launcher": "kubernetes"}, store={"url": "s3://b/t"}, mlflow={"host": "tidal-mlflow"})
     with pytest.raises(SettingsError, match=r"training \(local disk\)"):  # one area routed back to local disk

@@ -26,8 +26,8 @@ SETTINGS_DIR = "/etc/tidal"  # where the chart's ConfigMap is mounted (TIDAL_CON
 
 
 def trainer_command(gpus_per_node: int, command: str, spec_ref: str) -> list[str]:
-    """`python -m training.job ...`, or under torchrun for several GPUs on the node (one process per GPU: the
-    entry point a multi-GPU backend uses; today's PPO trainer is one process, see KubernetesJobSettings)."""
+    """`python -m training.job ...`, or under torchrun for several GPUs on the node: one process per GPU, which
+    train data parallel (training/job.py, training/distributed.py)."""
     job = ["-m", "training.job", command, spec_ref]
     if gpus_per_node > 1:
         return ["torchrun", "--standalone", "--nnodes", "1", "--nproc-per-node", str(gpus_per_node), *job]
