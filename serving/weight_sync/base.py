@@ -34,15 +34,3 @@ class WeightSync(ABC):
     def retire(self, fleet: Fleet, group: ModelGroup, info: VersionInfo) -> None:
         """Stop serving `info` (never the version the replicas' engines run)."""
 
-
-class GpuPathPending(WeightSync):
-    """A GPU-only strategy whose CUDA path is not written yet: refuses CPU engines (check_engine), and
-    says so plainly on CUDA ones rather than doing nothing."""
-
-    gpu_only = True
-
-    def deploy(self, fleet: Fleet, group: ModelGroup, info: VersionInfo) -> list[ProbeReport]:
-        raise StrategyUnavailable(f"the '{self.name}' GPU path is not implemented yet; use 'restart'")
-
-    def retire(self, fleet: Fleet, group: ModelGroup, info: VersionInfo) -> None:
-        raise StrategyUnavailable(f"the '{self.name}' GPU path is not implemented yet; use 'restart'")
