@@ -34,16 +34,27 @@ def engine_flavor(settings: EngineSettings) -> str:
     return settings.flavor if settings.flavor != "auto" else _probe_flavor(str(python))
 
 
-def engine_command(settings: EngineSettings, model_dir: Path, served_names: list[str], host: str, port: int, enable_lora: bool) -> list[str]:
-    cmd = [str(settings.resolved_python()), "-m", "vllm.entrypoints.openai.api_server",
-           "--model", str(model_dir), "--served-model-name", *served_names,
-           "--host", host, "--port", str(port), "--dtype", settings.dtype,
-           "--max-model-len", str(settings.max_model_len), "--disable-uvicorn-access-log"]
+ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+def engine_args(settings: EngineSettings, model_dir: Path | str, served_names: list[str], host: str, port: int,
+                enable_lora: bool, tensor_parallel: int = 1) -> list[str]:
+    """The vLLM OpenAI server's arguments: the same for a local subprocess and a Kubernetes pod."""
+    args = ["--model", str(model_dir), "--served-model-name", *served_names,
+            "--host", host, "--port", str(port), "--dtype", settings.dtype,
+            "--max-model-len", str(settings.max_model_len), "--disable-uvicorn-access-log"]
     if settings.enforce_eager:
-        cmd.append("--enforce-eager")
+        args.append("--enforce-eager")
     if enable_lora:
-        cmd += ["--enable-lora", "--max-lora-rank", str(settings.max_lora_rank), "--max-loras", str(settings.max_loras)]
-    return cmd + list(settings.extra_args)
+        args += ["--enable-lora", "--max-lora-rank", str(settings.max_lora_rank), "--max-loras", str(settings.max_loras)]
+    if tensor_parallel > 1:
+        args += ["--tensor-parallel-size", str(tensor_parallel)]
+    return args + list(settings.extra_args)
+
+
+def engine_command(settings: EngineSettings, model_dir: Path, served_names: list[str], host: str, port: int, enable_lora: bool) -> list[str]:
+    return [str(settings.resolved_python()), "-m", ENGINE_MODULE,
+            *engine_args(settings, model_dir, served_names, host, port, enable_lora)]
 
 
 def engine_env(settings: EngineSettings) -> dict[str, str]:
