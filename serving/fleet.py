@@ -1,5 +1,8 @@
 """The fleet: per model, N verified vLLM replicas; health checks, crash restarts with back-off, scaling,
-and version deployment through the model's own weight-update strategy."""
+and version deployment through the model's own weight-update strategy.
+
+Where engines run is the runtime's business (serving/runtime/: local subprocesses or Kubernetes pods); everything
+here is the same code path for both."""
 
 from __future__ import annotations
 
@@ -8,11 +11,11 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from serving.engine import engine_flavor
 from serving.probe import ProbeReport
-from serving.replica import Replica, boot, drain, kill
+from serving.replica import Replica, boot, drain
+from serving.runtime import EngineRuntime, runtime_for
 from serving.weight_sync import WeightSync, strategy_for
-from tidal.procs import PortInUse, port_free, write_json
+from tidal.procs import write_json
 from tidal.registry import CheckpointCache, Registry, RegistryError, VersionInfo
 from tidal.settings import ModelSettings, SettingsError, TidalSettings
 
@@ -49,12 +52,15 @@ class ModelGroup:
 
 
 class Fleet:
-    def __init__(self, settings: TidalSettings, registry: Registry, checkpoints: CheckpointCache):
-        self.settings, self.registry, self.checkpoints = settings, registry, checkpoints
-        self.flavor = engine_flavor(settings.engine)  # fails fast when the engine environment is missing
+    def __init__(self, settings: TidalSettings, registry: Registry, checkpoints: CheckpointCache,
+                 runtime: EngineRuntime | None = None):
+        self.settings, self.registry = settings, registry
+        self.runtime = runtime or runtime_for(settings)
+        self.checkpoints = self.runtime.checkpoints(checkpoints)
+        self.flavor = self.runtime.flavor()  # fails fast when the engine build cannot be known
         self.groups: dict[str, ModelGroup] = {}
-        self._ports: set[int] = set()
         self._lock = threading.Lock()
+        self._state_lock = threading.Lock()  # boots in parallel threads save state; one writer of the file at a time
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
 
@@ -77,14 +83,14 @@ class Fleet:
             raise SettingsError(f"{info.served_name} is a LoRA adapter but model {m.name!r} uses '{m.update_strategy}'; set update_strategy: lora")
         group = ModelGroup(m, base, {} if info.kind == "full" else {info.version: info}, strategy, info.version)
         self.groups[m.name] = group
+        self.runtime.prepare(m.name, base.version, m.replicas)
         self.scale(m.name, m.replicas)
         return group
 
     def stop(self) -> None:
         self._stop.set()
         replicas = [r for g in self.groups.values() for r in g.replicas]
-        with ThreadPoolExecutor(max_workers=max(1, len(replicas))) as pool:
-            list(pool.map(kill, replicas))
+        self.runtime.shutdown(replicas)
         for r in replicas:
             r.state = "stopped"
         self._save_state()
@@ -130,17 +136,17 @@ class Fleet:
 
     # ---- replicas (used by strategies) ---------------------------------------------------------
     def boot_replica(self, group: ModelGroup, base: VersionInfo, adapters: dict[int, VersionInfo]) -> Replica:
+        host, port = self.runtime.address()
         with self._lock:
-            port = self._take_port()
             index, group.next_index = group.next_index, group.next_index + 1
-            replica = Replica(group.settings.name, index, port, self.settings.fleet.host, base, dict(adapters))
+            replica = Replica(group.settings.name, index, port, host, base, dict(adapters))
             group.replicas.append(replica)
         try:
-            boot(replica, self.settings, self.checkpoints, enable_lora=group.strategy.name == "lora")
+            boot(replica, self.settings, self.checkpoints, enable_lora=group.strategy.name == "lora", runtime=self.runtime)
         except BaseException:
             with self._lock:
                 group.replicas.remove(replica)
-                self._ports.discard(port)
+            self.runtime.stop(replica)
             raise
         finally:
             self._save_state()
@@ -148,21 +154,12 @@ class Fleet:
         return replica
 
     def retire_replica(self, group: ModelGroup, replica: Replica, grace_s: float = 1.0) -> None:
-        drain(replica, grace_s)
-        kill(replica)
+        drain(replica, grace_s, self.runtime)
+        self.runtime.stop(replica)
         replica.state = "stopped"
         with self._lock:
             group.replicas.remove(replica)
-            self._ports.discard(replica.port)
         self._save_state()
-
-    def _take_port(self) -> int:
-        f = self.settings.fleet
-        for port in range(f.base_port, f.base_port + f.port_range):
-            if port not in self._ports and port_free(f.host, port):
-                self._ports.add(port)
-                return port
-        raise PortInUse(f"no free replica port in [{f.base_port}, {f.base_port + f.port_range}); raise fleet.port_range or move fleet.base_port")
 
     # ---- health --------------------------------------------------------------------------------
     def _monitor_loop(self) -> None:
@@ -174,28 +171,30 @@ class Fleet:
 
     def check_health(self) -> None:
         f = self.settings.fleet
+        self.runtime.observe()
         for group in list(self.groups.values()):
             for r in list(group.replicas):
                 if r.state in ("ready", "unhealthy"):
-                    if r.exited():
-                        code = r.proc.returncode if r.proc else "?"
-                        kill(r)  # the engine's own children (EngineCore, workers) outlive a killed API server
-                        self._crashed(r, f"engine exited with code {code}")
+                    why = self.runtime.lost(r)  # exited, or (kubernetes) pod replaced / container restarted
+                    if why:
+                        self.runtime.discard(r)  # local: the engine's children (EngineCore, workers) outlive its API server
+                        self._crashed(r, why)
                     elif self._healthy(r):
                         r.state, r.health_failures = "ready", 0
                     else:
                         r.health_failures += 1
                         r.state = "unhealthy"  # out of rotation until healthy again
                         if r.health_failures >= f.health_failures:
-                            kill(r)
+                            self.runtime.discard(r)
                             self._crashed(r, f"{r.health_failures} failed health checks")
+                    self.runtime.publish(r)
                 elif r.state == "crashed" and time.monotonic() >= r.restart_at:
                     r.state = "starting"
                     threading.Thread(target=self._restart, args=(group, r), name=f"restart-{r.name}", daemon=True).start()
 
     def restart_replica(self, group: ModelGroup, r: Replica, why: str) -> None:
-        """Kill an engine that can no longer be trusted; the health monitor boots it again, verified."""
-        kill(r)
+        """Discard an engine that can no longer be trusted; the health monitor boots it again, verified."""
+        self.runtime.discard(r)
         self._crashed(r, why)
 
     @staticmethod
@@ -207,6 +206,7 @@ class Fleet:
         f = self.settings.fleet
         delay = min(f.restart_backoff_s * 2 ** min(r.restarts, 16), f.restart_backoff_max_s)
         r.state, r.last_error, r.restart_at = "crashed", why, time.monotonic() + delay
+        self.runtime.publish(r)
         log.warning("replica %s %s; restarting in %.1f s", r.name, why, delay)
         self._save_state()
 
@@ -218,7 +218,7 @@ class Fleet:
             if r.base.version not in group.surge:  # a surge replica comes back on its own version while deployed
                 r.base, r.adapters = group.base, dict(group.adapters)  # the others: what the group serves now
             try:
-                boot(r, self.settings, self.checkpoints, enable_lora=group.strategy.name == "lora")
+                boot(r, self.settings, self.checkpoints, enable_lora=group.strategy.name == "lora", runtime=self.runtime)
                 log.info("replica %s restarted (%d restarts)", r.name, r.restarts)
             except Exception as e:
                 self._crashed(r, f"restart failed: {e}")
@@ -226,8 +226,9 @@ class Fleet:
 
     # ---- state -----------------------------------------------------------------------------------
     def status(self) -> dict:
-        return {"engine_flavor": self.flavor, "models": {name: g.status() for name, g in self.groups.items()}}
+        return {"engine_flavor": self.flavor, "runtime": self.runtime.name, "models": {name: g.status() for name, g in self.groups.items()}}
 
     def _save_state(self) -> None:
         # Read by `tidal status`/`tidal down` even when this process is gone.
-        write_json(self.settings.run_dir / "replicas.json", self.status())
+        with self._state_lock:
+            write_json(self.settings.run_dir / "replicas.json", self.status())

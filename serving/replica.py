@@ -1,4 +1,5 @@
-"""A replica: one engine process serving one full checkpoint plus the LoRA versions loaded on it."""
+"""A replica: one engine (a local process or a pod, see serving/runtime/) serving one full checkpoint plus the LoRA
+versions loaded on it, verified by the served-weight probe before it gets traffic."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
 
-from serving import engine
 from serving.engine import EngineClient
 from serving.probe import ProbeReport, verify
-from tidal.procs import ProcInfo, stop_group
+from serving.runtime.base import EngineRuntime
+from serving.runtime.local import LocalRuntime, kill
+from tidal.procs import ProcInfo
 from tidal.registry import CheckpointCache, VersionInfo
 from tidal.settings import TidalSettings
 from training.probe import load_probe
@@ -23,8 +25,8 @@ State = Literal["starting", "ready", "unhealthy", "crashed", "draining", "stoppe
 class Replica:
     model: str
     index: int  # stable within its model: names its log file and port slot
-    port: int
-    host: str
+    port: int  # local: its own port; kubernetes: the engine port of the pod it is bound to (0 before)
+    host: str  # local: fleet.host; kubernetes: the pod's IP ('' before)
     base: VersionInfo  # the full checkpoint the engine process was started on
     adapters: dict[int, VersionInfo] = field(default_factory=dict)  # LoRA versions loaded, by version
     state: State = "starting"
@@ -35,6 +37,7 @@ class Replica:
     restart_at: float = 0.0  # monotonic time of the next restart attempt after a crash
     last_error: str = ""
     probes: list[ProbeReport] = field(default_factory=list)
+    pod: str = ""  # kubernetes: the pod the replica is bound to ('' while it has none)
 
     @property
     def name(self) -> str:
@@ -58,40 +61,44 @@ class Replica:
         return EngineClient(self.url)
 
     def exited(self) -> bool:
-        return self.proc is None or self.proc.poll() is not None
+        if self.proc is None:
+            return not self.pod  # a pod replica's engine runs while the replica is bound to its pod
+        return self.proc.poll() is not None
 
     def status(self) -> dict:
-        return {"name": self.name, "state": self.state, "url": self.url, "pid": self.pid,
-                "base_version": self.base.version, "served": self.served(), "restarts": self.restarts,
-                "last_error": self.last_error}
+        out = {"name": self.name, "state": self.state, "url": self.url, "pid": self.pid,
+               "base_version": self.base.version, "served": self.served(), "restarts": self.restarts,
+               "last_error": self.last_error}
+        return {**out, "pod": self.pod} if self.pod else out
 
 
-def boot(replica: Replica, settings: TidalSettings, checkpoints: CheckpointCache, enable_lora: bool) -> None:
-    """Start the engine, wait for readiness, load adapters, probe every served version.
+def boot(replica: Replica, settings: TidalSettings, checkpoints: CheckpointCache, enable_lora: bool,
+         runtime: EngineRuntime | None = None) -> None:
+    """Start the engine (through `runtime`, default a local subprocess), wait for readiness, load adapters, probe
+    every served version, warm it up; only then is it 'ready' (in rotation).
 
-    Raises (and leaves no process behind) if any step fails: a replica is either fully verified or gone.
+    Raises (and leaves no engine serving) if any step fails: a replica is either fully verified or out of rotation.
     """
+    runtime = runtime or LocalRuntime(settings)
     replica.state, replica.probes = "starting", []
-    log = settings.log_dir / f"replica-{replica.name}.log"
     atol = settings.fleet.probe_atol
     try:
         base_dir = checkpoints.local_dir(replica.base)
-        replica.proc, replica.info = engine.launch(
-            settings.engine, replica.name, base_dir, [replica.base.served_name], replica.host, replica.port, enable_lora, log)
-        engine.wait_ready(replica.url, settings.fleet.ready_timeout_s, replica.proc, str(log), f"replica {replica.name}",
-                          replica.base.served_name)
+        runtime.start(replica, base_dir, enable_lora)
         with replica.client() as client:
             replica.probes.append(verify(client, replica.base.served_name, base_dir, atol, replica.name))
             for info in list(replica.adapters.values()):
                 path = checkpoints.local_dir(info)
-                client.load_lora(info.served_name, path)
+                client.load_lora(info.served_name, runtime.engine_path(replica, info, path))
                 replica.probes.append(verify(client, info.served_name, path, atol, replica.name))
         warm_up(replica, base_dir, settings.fleet.warmup_bursts)
     except BaseException:
-        kill(replica)
+        runtime.discard(replica)
         replica.state = "failed"
+        runtime.publish(replica)
         raise
     replica.state, replica.health_failures, replica.last_error = "ready", 0, ""
+    runtime.publish(replica)
 
 
 def warm_up(replica: Replica, base_dir, bursts: list[int], max_tokens: int = 16) -> None:
@@ -113,13 +120,12 @@ def warm_up(replica: Replica, base_dir, bursts: list[int], max_tokens: int = 16)
             n += size
 
 
-def kill(replica: Replica, timeout: float = 10.0) -> None:
-    if replica.proc is not None:
-        stop_group(replica.proc.pid, timeout=timeout)
-        replica.proc.wait(timeout=5)
-
-
-def drain(replica: Replica, grace_s: float) -> None:
+def drain(replica: Replica, grace_s: float, runtime: EngineRuntime | None = None) -> None:
     """Leave rotation, let in-flight requests finish (the gateway stops picking a draining replica)."""
     replica.state = "draining"
+    if runtime is not None:
+        runtime.publish(replica)
     time.sleep(grace_s)
+
+
+__all__ = ["Replica", "boot", "drain", "kill", "warm_up"]

@@ -35,7 +35,7 @@ class LoraSync(WeightSync):
             for replica in group.ready_replicas():
                 tried.append(replica)
                 with replica.client() as client:
-                    client.load_lora(info.served_name, path)
+                    client.load_lora(info.served_name, fleet.runtime.engine_path(replica, info, path))
                     done.append(replica)
                     reports.append(verify(client, info.served_name, path, fleet.settings.fleet.probe_atol, replica.name))
                 replica.adapters[info.version] = info
