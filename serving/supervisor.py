@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 from serving.engine import EngineEnvironmentMissing, EngineError
 from serving.fleet import Fleet
 from serving.probe import ProbeFailed
+from serving.runtime.base import ClusterError
 from serving.weight_sync import StrategyUnavailable
 from tidal.procs import NotReady, PortInUse
 from tidal.registry import CheckpointCache, CheckpointCorrupt, Registry, RegistryError
@@ -30,7 +31,8 @@ log = logging.getLogger("tidal.supervisor")
 # exception type → HTTP status; the message is the detail.
 ERRORS: dict[type[Exception], int] = {RegistryError: 404, SettingsError: 400, StrategyUnavailable: 400, ValueError: 400,
                                       ProbeFailed: 409, NotReady: 503, PortInUse: 503, EngineError: 502,
-                                      FileNotFoundError: 404, EngineEnvironmentMissing: 500, CheckpointCorrupt: 409}
+                                      FileNotFoundError: 404, EngineEnvironmentMissing: 500, CheckpointCorrupt: 409,
+                                      ClusterError: 502}
 
 
 class ScaleRequest(BaseModel):

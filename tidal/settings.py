@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from data_contracts.collect_settings import CollectSettings
 from serving.canary_policy import CanaryConfig
+from serving.kube_settings import KubernetesFleetSettings
 from serving.logsink import LogSinkSettings
 from tidal.loop_settings import DemoSettings, FlywheelSettings
 from tidal.section import Section
@@ -118,6 +119,13 @@ class EngineSettings(Section):
 
 
 class FleetSettings(Section):
+    runtime: Literal["local", "kubernetes"] = Field("local", description=(
+        "Where the replicas' engines run: 'local' = subprocesses of the supervisor on ports from base_port; "
+        "'kubernetes' = pods of one Deployment per (model, base version) that the supervisor, running in the cluster, "
+        "creates, scales and verifies (fleet.kubernetes; needs pinned images, an s3:// checkpoints store and an MLflow "
+        "the cluster reaches, checked at start-up)."))
+    kubernetes: KubernetesFleetSettings = Field(default_factory=KubernetesFleetSettings, description=(
+        "The engine pods, with runtime 'kubernetes'."))
     host: str = Field("127.0.0.1", description="Address replicas and the supervisor bind to.")
     admin_port: int = Field(8090, ge=1, le=65535, description="Port of the fleet supervisor's admin API.")
     base_port: int = Field(8100, ge=1, le=65535, description="First port of the replica port range.")
@@ -222,6 +230,12 @@ class TidalSettings(BaseSettings):
             raise ValueError(f"replica range [{lo}, {hi}) passes 65535; lower fleet.base_port or fleet.port_range")
         if any(m.update_strategy == "lora" for m in self.models) and self.engine.max_loras < 2:
             raise ValueError("update_strategy 'lora' serves champion and candidate side by side: set engine.max_loras >= 2")
+        if self.fleet.runtime == "kubernetes":  # the supervisor reads MLflow, its pods read checkpoints
+            k8s = self.fleet.kubernetes
+            problems = k8s.problems(self.store.routes.get("checkpoints", self.store.url), self.mlflow.host, self.engine.flavor,
+                                    {m.name: m.update_strategy for m in self.models})
+            if problems:
+                raise ValueError("fleet.runtime 'kubernetes':" + "".join(f"\n    - {p}" for p in problems))
         if self.trainer.launcher == "kubernetes":  # the trainer reads datasets, checkpoints and writes training/
             stores = {area: self.store.routes.get(area, self.store.url) for area in ("datasets", "checkpoints", "training")}
             problems = self.trainer.kubernetes.problems(stores, self.mlflow.host)

@@ -5,6 +5,7 @@ probe, adapter loading, health checks, crash back-off, scaling and the weight-up
 creates, replaces and removes a replica's engine and says where it answers:
 
     local        a vLLM subprocess of the supervisor on a port of fleet.base_port.. (local.py)
+    kubernetes   a pod of one Deployment per (model, base version) (kubernetes.py, k8s_manifest.py)
 
 A replica's life, whatever the runtime:  address() → start() → [probe, adapters, warm-up] → publish() (in
 rotation) → ... lost()/discard() → start() again (a restart) ... → stop() (scaled down or retired).
@@ -76,3 +77,7 @@ class EngineRuntime(ABC):
     def shutdown(self, replicas: list[Replica]) -> None:
         """The supervisor is stopping: what happens to the engines (local: stopped; kubernetes: they keep serving)."""
 
+
+class ClusterError(RuntimeError):
+    """The platform refused or could not answer a call the runtime needs (permissions, an unreachable API
+    server); the message names the fix."""
