@@ -1,5 +1,5 @@
 """The fleet's Kubernetes runtime without a cluster: engine Deployments validated with the kubernetes client's own
-models; the settings checks; and the real Fleet driving the runtime
+models; the settings checks; the chart's RBAC and settings against the code; and the real Fleet driving the runtime
 against a fake of the API objects it calls (tests/unit/fake_cluster.py): scaling, a pod Kubernetes replaced or
 restarted being probed again before it serves, a failed probe keeping a pod out of rotation."""
 
@@ -35,6 +35,7 @@ from training.probe import save_probe
 
 VLLM = "vllm/vllm-openai:v0.32.0"
 TIDAL = "123456789012.dkr.ecr.us-east-1.amazonaws.com/tidal:0.1.0"
+RULES = CHART / "files" / "fleet-supervisor-rules.yaml"
 
 
 @pytest.fixture(autouse=True)
@@ -191,6 +192,29 @@ def test_kubernetes_runtime_settings_are_checked_at_start_up(tmp_path):
     ok = settings(tmp_path)
     assert ok.fleet.runtime == "kubernetes" and runtime_for(ok).flavor() == "cuda"
     assert load_settings().fleet.runtime == "local" and isinstance(runtime_for(load_settings()), LocalRuntime)
+
+
+def test_the_chart_fills_only_real_settings():
+    """The chart's helper builds fleet.kubernetes from supervisor.kubernetes plus the keys it sets: all must be
+    fields the supervisor accepts (a typo would stop it at start-up), and the result must load."""
+    from serving.kube_settings import KubernetesFleetSettings
+
+    helper = (CHART / "templates" / "_helpers.tpl").read_text()
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    filled = set(re.findall(r'set \$k "(\w+)"', helper))
+    fields = set(KubernetesFleetSettings.model_fields)
+    assert filled and filled <= fields and set(values["supervisor"]["kubernetes"]) <= fields
+    v = values["vllm"]
+    chart = {**values["supervisor"]["kubernetes"], "namespace": "tidal", "instance": "tidal", "image": f"{v['image']['repository']}:{v['image']['tag']}",
+             "weights_image": TIDAL, "image_pull_policy": v["image"]["pullPolicy"], "service_account": values["serviceAccounts"]["fleet"]["name"],
+             "node_selector": v["nodeSelector"], "tolerations": v["tolerations"], "cpu_request": v["resources"]["requests"]["cpu"],
+             "cpu_limit": v["resources"]["limits"]["cpu"], "memory_request": v["resources"]["requests"]["memory"],
+             "memory_limit": v["resources"]["limits"]["memory"], "shm_size": v["shmSizeLimit"], "port": v["port"],
+             "startup_timeout_s": v["startupTimeoutSeconds"], "models": {"tab": {"gpus": 1}}}
+    assert set(chart) - set(values["supervisor"]["kubernetes"]) == filled
+    s = load_settings(**{**values["settings"], "store": {"url": "s3://b/t"}, "models": [{"name": "tab"}],
+                         "fleet": {**values["settings"]["fleet"], "runtime": "kubernetes", "kubernetes": chart}})
+    assert s.fleet.kubernetes.cpu_limit == 8.0 and s.fleet.kubernetes.image == VLLM
 
 
 # ---- the runtime, through the real Fleet, against the fake cluster ----------------------------------
@@ -393,6 +417,28 @@ def test_a_new_supervisor_adopts_the_pods_and_clears_what_it_does_not_know(tmp_p
     assert ("replace", "tidal-engine-tab-v1", 2) in c.events
     assert c.deployments["tidal-engine-tab-v1"].spec.template.spec.containers[0].image == "vllm/vllm-openai:v0.33.0"
     assert third.fleet.status()["runtime"] == "kubernetes"
+
+
+def test_the_rbac_rules_allow_exactly_what_the_runtime_calls(tmp_path, monkeypatch):
+    w = World(tmp_path, monkeypatch).start()
+    w.fleet.deploy("tab", 2)
+    w.cluster.replace_pod(w.replicas()[0]["pod"])
+    w.heal()
+    w.fleet.restart_replica(w.fleet.group("tab"), w.fleet.group("tab").replicas[1], "test")
+    w.heal()
+    World(tmp_path, monkeypatch, cluster=w.cluster, image="vllm/vllm-openai:v0.33.0").start()
+    w.fleet.scale("tab", 0)
+    needs = {"read_namespaced_deployment": ("apps", "deployments", "get"), "list_namespaced_deployment": ("apps", "deployments", "list"),
+             "create_namespaced_deployment": ("apps", "deployments", "create"), "replace_namespaced_deployment": ("apps", "deployments", "update"),
+             "patch_namespaced_deployment": ("apps", "deployments", "patch"), "delete_namespaced_deployment": ("apps", "deployments", "delete"),
+             "list_namespaced_pod": ("", "pods", "list"), "patch_namespaced_pod": ("", "pods", "patch"),
+             "delete_namespaced_pod": ("", "pods", "delete"), "patch_namespaced_pod_status": ("", "pods/status", "patch")}
+    rules = yaml.safe_load(RULES.read_text())
+    assert round_trips({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "r"}, "rules": rules}, "V1Role")
+    granted = {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    assert {needs[c] for c in w.cluster.calls} == granted  # every call granted, every grant used
+    rbac = (CHART / "templates" / "fleet-supervisor-rbac.yaml").read_text()
+    assert 'Files.Get "files/fleet-supervisor-rules.yaml"' in rbac and "serviceAccounts.fleet.name" in rbac
 
 
 # ---- checkpoints in the pod, and the supervisor's own copies ---------------------------------------

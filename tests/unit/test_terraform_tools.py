@@ -193,3 +193,43 @@ def test_chart_renders_gateway_and_fleet(tmp_path):
     values.write_text(bad)
     refused = subprocess.run([helm, "template", "tidal", str(CHART), "-f", str(values)], capture_output=True, text=True, check=False, timeout=120)
     assert refused.returncode != 0 and "must be one of lora, restart, reload, nccl" in refused.stderr
+
+
+def test_chart_renders_the_fleet_supervisor(tmp_path, monkeypatch):
+    """supervisor.enabled: the supervisor's Deployment, Service and Role instead of the static engines, and a
+    settings file that the supervisor accepts with fleet.runtime 'kubernetes'."""
+    from tidal.settings import load_settings
+
+    helm = _helm()
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({
+        "image": {"repository": "registry.example/tidal", "tag": "0.1.0"},
+        "gateway": {"existingSecret": "tidal-gateway"},
+        "supervisor": {"enabled": True},
+        "settings": {"store": {"url": "s3://tidal-checkpoints"}},
+        "models": [{"name": "tab", "replicas": 2, "updateStrategy": "lora", "gpus": 2, "instanceType": "g6e.12xlarge"}],
+    }))
+    out = subprocess.run([helm, "template", "tidal", str(CHART), "-f", str(values), "--namespace", "tidal"], capture_output=True,
+                         text=True, check=False, timeout=120)
+    assert out.returncode == 0, out.stderr
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out.stdout) if d}
+    assert {("Deployment", "tidal-fleet-supervisor"), ("Service", "tidal-fleet-supervisor"), ("Role", "tidal-fleet-supervisor"),
+            ("RoleBinding", "tidal-fleet-supervisor")} <= set(docs) and ("Deployment", "tidal-vllm-tab") not in docs
+    assert docs[("Role", "tidal-fleet-supervisor")]["rules"] == yaml.safe_load((CHART / "files" / "fleet-supervisor-rules.yaml").read_text())
+    assert docs[("RoleBinding", "tidal-fleet-supervisor")]["subjects"] == [{"kind": "ServiceAccount", "name": "tidal-fleet", "namespace": "tidal"}]
+    sup = docs[("Deployment", "tidal-fleet-supervisor")]["spec"]
+    assert sup["replicas"] == 1 and sup["strategy"]["type"] == "Recreate"
+    pod = sup["template"]["spec"]
+    assert pod["serviceAccountName"] == "tidal-fleet" and pod["automountServiceAccountToken"] is True
+    [c] = pod["containers"]
+    assert c["command"] == ["python", "-m", "serving.supervisor"] and c["securityContext"]["readOnlyRootFilesystem"]
+    assert {e["name"]: e.get("value") for e in c["env"]}["TIDAL_FLEET__HOST"] == "0.0.0.0"
+    path = tmp_path / "tidal.yaml"
+    path.write_text(docs[("ConfigMap", "tidal-settings")]["data"]["tidal.yaml"])
+    for k in [k for k in os.environ if k.startswith("TIDAL_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("TIDAL_CONFIG", str(path))
+    k8s = load_settings().fleet
+    assert k8s.runtime == "kubernetes" and k8s.kubernetes.image.startswith("vllm/vllm-openai:")
+    assert k8s.kubernetes.weights_image == "registry.example/tidal:0.1.0" and k8s.kubernetes.namespace == "tidal"
+    assert k8s.kubernetes.gpus_for("tab") == 2 and k8s.kubernetes.models["tab"].instance_type == "g6e.12xlarge"

@@ -42,5 +42,37 @@ seccompProfile:
 {{- end -}}
 {{- $_ := set $s "models" $models -}}
 {{- $_ := set $s "gateway" (merge (dict "host" "0.0.0.0" "port" (int .Values.gateway.port)) (default (dict) $s.gateway)) -}}
+{{- if .Values.supervisor.enabled -}}
+{{- $_ := set $s "fleet" (merge (dict "runtime" "kubernetes" "kubernetes" (include "tidal.fleetKubernetes" . | fromYaml)) (default (dict) $s.fleet)) -}}
+{{- end -}}
 {{- toYaml $s -}}
+{{- end -}}
+
+{{/* fleet.kubernetes (serving/kube_settings.py): supervisor.kubernetes plus what the rest of the values say. */}}
+{{- define "tidal.fleetKubernetes" -}}
+{{- $v := .Values.vllm -}}
+{{- $k := deepCopy (default (dict) .Values.supervisor.kubernetes) -}}
+{{- $pods := dict -}}
+{{- range .Values.models -}}
+{{- $p := dict "gpus" (int (default 1 .gpus)) -}}
+{{- with .instanceType }}{{ $_ := set $p "instance_type" . }}{{ end -}}
+{{- $_ := set $pods .name $p -}}
+{{- end -}}
+{{- $_ := set $k "namespace" .Release.Namespace -}}
+{{- $_ := set $k "instance" .Release.Name -}}
+{{- $_ := set $k "image" (printf "%s:%s" $v.image.repository $v.image.tag) -}}
+{{- $_ := set $k "weights_image" (include "tidal.image" .) -}}
+{{- $_ := set $k "image_pull_policy" $v.image.pullPolicy -}}
+{{- $_ := set $k "service_account" .Values.serviceAccounts.fleet.name -}}
+{{- $_ := set $k "node_selector" $v.nodeSelector -}}
+{{- $_ := set $k "tolerations" $v.tolerations -}}
+{{- $_ := set $k "cpu_request" $v.resources.requests.cpu -}}
+{{- $_ := set $k "cpu_limit" $v.resources.limits.cpu -}}
+{{- $_ := set $k "memory_request" $v.resources.requests.memory -}}
+{{- $_ := set $k "memory_limit" $v.resources.limits.memory -}}
+{{- $_ := set $k "shm_size" $v.shmSizeLimit -}}
+{{- $_ := set $k "port" (int $v.port) -}}
+{{- $_ := set $k "startup_timeout_s" (int $v.startupTimeoutSeconds) -}}
+{{- $_ := set $k "models" $pods -}}
+{{- toYaml $k -}}
 {{- end -}}
