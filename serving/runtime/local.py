@@ -45,8 +45,10 @@ class LocalRuntime(EngineRuntime):
 
     def start(self, replica: Replica, model_dir: Path, enable_lora: bool) -> None:
         log = self.settings.log_dir / f"replica-{replica.name}.log"
+        strategy = next((m.update_strategy for m in self.settings.models if m.name == replica.model), "")
         replica.proc, replica.info = engine.launch(
-            self.settings.engine, replica.name, model_dir, [replica.base.served_name], replica.host, replica.port, enable_lora, log)
+            self.settings.engine, replica.name, model_dir, [replica.base.served_name], replica.host, replica.port, enable_lora, log,
+            update_strategy=strategy)  # nccl: the weight-transfer flag; reload/nccl: any version's served name
         engine.wait_ready(replica.url, self.settings.fleet.ready_timeout_s, replica.proc, str(log), f"replica {replica.name}",
                           replica.base.served_name)
 
