@@ -41,7 +41,6 @@ log = logging.getLogger("tidal.fleet")
 
 # config.json keys that may differ between two checkpoints one engine can serve in turn.
 _FREE_CONFIG_KEYS = {"_name_or_path", "transformers_version", "torch_dtype", "dtype", "architectures_note"}
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
 
 
 @dataclass(frozen=True)
@@ -93,11 +92,21 @@ def inplace_refusal(old_dir: Path, new_dir: Path) -> str | None:
     differ = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
     if differ:
         return f"the model configuration differs ({', '.join(differ[:8])})"
-    for name in _TOKENIZER_FILES:
-        a, b = old_dir / name, new_dir / name
-        if a.is_file() != b.is_file() or (a.is_file() and a.read_bytes() != b.read_bytes()):
-            return f"the tokenizer differs ({name})"
+    if tokenizer_identity(old_dir) != tokenizer_identity(new_dir):
+        return "the tokenizer differs (vocabulary, merges or added tokens)"
     return None
+
+
+def tokenizer_identity(d: Path) -> tuple | None:
+    """What decides token ids in a tokenizer.json: vocabulary, merges, added tokens. A tokenizer saved again
+    (a trainer's candidate) differs in cosmetic fields (tokenizer class, empty affixes), which do not count."""
+    path = d / "tokenizer.json"
+    if not path.is_file():
+        return None
+    t = json.loads(path.read_text())
+    model = t.get("model") or {}
+    added = sorted((a.get("id"), a.get("content")) for a in t.get("added_tokens") or [])
+    return json.dumps(model.get("vocab"), sort_keys=True), json.dumps(model.get("merges")), tuple(added)
 
 
 def pick_canary(group) -> object:

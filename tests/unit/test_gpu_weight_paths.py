@@ -63,21 +63,37 @@ def test_a_deploy_needs_a_replica_left_on_the_champion():
     assert pick_canary(group).index == 3  # the newest on the base; the one on v2 is already a canary
 
 
-def _checkpoint(d: Path, **config) -> Path:
+def _checkpoint(d: Path, vocab: dict | None = None, prefix: str | None = None, **config) -> Path:
     d.mkdir(parents=True)
     (d / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 64, "transformers_version": "x",
                                                **config}))
-    (d / "tokenizer.json").write_text('{"vocab": 1}')
+    model = {"type": "BPE", "vocab": vocab or {"a": 0, "b": 1}, "merges": [], "continuing_subword_prefix": prefix}
+    (d / "tokenizer.json").write_text(json.dumps({"model": model, "added_tokens": [{"id": 0, "content": "a"}]}))
     return d
 
 
 def test_in_place_needs_the_same_architecture_and_tokenizer(tmp_path):
     a = _checkpoint(tmp_path / "a")
-    assert inplace_refusal(a, _checkpoint(tmp_path / "b", transformers_version="y")) is None
+    # saved again by a trainer: other library version, cosmetic tokenizer fields
+    assert inplace_refusal(a, _checkpoint(tmp_path / "b", prefix="", transformers_version="y")) is None
     assert "hidden_size" in inplace_refusal(a, _checkpoint(tmp_path / "c", hidden_size=128))
-    d = _checkpoint(tmp_path / "d")
-    (d / "tokenizer.json").write_text('{"vocab": 2}')
-    assert "tokenizer" in inplace_refusal(a, d)
+    assert "tokenizer" in inplace_refusal(a, _checkpoint(tmp_path / "d", vocab={"a": 1, "b": 0}))
+
+
+def test_a_checkpoint_saved_again_can_replace_its_parent_in_place(tmp_path):
+    """The real case: a tokenizer trained here, saved with a policy, and saved again by noisy_copy."""
+    from training.policy import PolicyConfig, build_policy, save_policy
+    from training.tokenizer import train_tokenizer
+    from training.variants import noisy_copy
+
+    tok = train_tokenizer(["def f(x):\n    return x + 1\n" * 20], vocab_size=280)
+    model = build_policy(PolicyConfig(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=32,
+                                      max_position_embeddings=64), tok, seed=0)
+    v1 = save_policy(model, tok, tmp_path / "v1")
+    from training.probe import compute_probe, save_probe
+
+    save_probe(compute_probe(model, tok, ["def f(x):"], max_new_tokens=2), v1)
+    assert inplace_refusal(v1, noisy_copy(v1, tmp_path / "v2", seed=1)) is None
 
 
 # ---- the nccl sender -----------------------------------------------------------------------------------------------
