@@ -1,5 +1,5 @@
 """Engine command lines and settings of the GPU paths (weight-transfer flag, FP8, served names), refused where a
-CPU engine cannot serve them. No engine starts."""
+CPU engine cannot serve them, and bench/gpu_check.sh skipping cleanly without a CUDA device. No engine starts."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from serving.engine import engine_args, engine_env, engine_flavor
 from tidal.registry import VersionInfo
 from tidal.settings import EngineSettings, SettingsError
 
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def v(n: int) -> VersionInfo:
@@ -66,6 +67,20 @@ def test_local_runtime_passes_the_model_strategy(monkeypatch, tmp_path):
     settings = TidalSettings(data_dir=tmp_path, models=[ModelSettings(name="big", update_strategy="nccl", replicas=2)])
     LocalRuntime(settings).start(Replica("big", 0, 1, "127.0.0.1", v(1)), tmp_path, enable_lora=False)
     assert seen["update_strategy"] == "nccl"
+
+
+# ---- the GPU check script ---------------------------------------------------------------------------------------------
+
+def test_gpu_check_skips_cleanly_without_a_cuda_device(tmp_path):
+    if subprocess.run("command -v nvidia-smi && nvidia-smi -L", shell=True, capture_output=True).returncode == 0:
+        pytest.skip("a CUDA device is visible: the script would run the real check")
+    out = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh")], capture_output=True, text=True, timeout=60,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].startswith("skipped: no CUDA device (")
+    last = json.loads(lines[-1])
+    assert set(last) == {"skipped"} and last["skipped"].startswith("no CUDA device")
 
 
 INSTALLED_VLLM_CHECK = r'''
