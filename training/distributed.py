@@ -52,6 +52,18 @@ class Launch:
         return self.rank == 0
 
 
+@dataclass(frozen=True)
+class DataParallel:
+    """The processes that split each batch between them: this process's place among them, and the group their
+    sums run over. Plain data parallel: every process (group None = the whole world). The Megatron backend: the
+    processes that hold the same tensor-parallel shard (its data-parallel group), while the processes of one
+    tensor-parallel group see the same rows."""
+
+    rank: int = 0
+    size: int = 1
+    group: Any = None
+
+
 def launch_env(environ: Mapping[str, str] | None = None) -> Launch:
     """Read WORLD_SIZE, RANK and LOCAL_RANK; with WORLD_SIZE > 1 every variable torchrun sets must be there."""
     env = os.environ if environ is None else environ
@@ -112,6 +124,11 @@ def rank() -> int:
     return dist.get_rank() if active() else 0
 
 
+def data_parallel() -> DataParallel:
+    """Plain data parallel: every process of the job splits the batch."""
+    return DataParallel(rank(), world_size(), None)
+
+
 def is_main() -> bool:
     return rank() == 0
 
@@ -141,16 +158,16 @@ def main_first() -> Iterator[None]:
         barrier()
 
 
-def sum_all(t: torch.Tensor) -> torch.Tensor:
-    """Element-wise sum of `t` over ranks (a new tensor; `t` itself for one process)."""
+def sum_all(t: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """Element-wise sum of `t` over the ranks of `group` (None: all; a new tensor; `t` itself for one process)."""
     if not active():
         return t
     out = t.clone()
-    dist.all_reduce(out)
+    dist.all_reduce(out, group=group)
     return out
 
 
-def sum_grads(params: Sequence[torch.Tensor], extra: torch.Tensor) -> torch.Tensor:
+def sum_grads(params: Sequence[torch.Tensor], extra: torch.Tensor, group: Any = None) -> torch.Tensor:
     """Replace every parameter's gradient by its sum over ranks, and return the sum of the 1-d float `extra`
     (e.g. a minibatch's loss terms), in float32 buckets. A parameter without a gradient on this rank (a rank
     with no rows in the minibatch) adds zeros; it still joins every collective, as all ranks must."""
@@ -171,7 +188,7 @@ def sum_grads(params: Sequence[torch.Tensor], extra: torch.Tensor) -> torch.Tens
         last = i == len(buckets) - 1
         parts = [p.grad.reshape(-1).float() for p in bucket] + ([extra.reshape(-1).float()] if last else [])
         flat = torch.cat(parts)  # (elements of the bucket [+ len(extra)],)
-        dist.all_reduce(flat)
+        dist.all_reduce(flat, group=group)
         offset = 0
         for p in bucket:
             p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
@@ -179,12 +196,13 @@ def sum_grads(params: Sequence[torch.Tensor], extra: torch.Tensor) -> torch.Tens
     return flat[offset:].to(extra.dtype)
 
 
-def gather_dicts(part: dict) -> dict:
-    """The union of every rank's `part` (keys disjoint across ranks), on every rank; values travel pickled."""
+def gather_dicts(part: dict, group: Any = None) -> dict:
+    """The union of every rank's `part` (keys disjoint across the ranks of `group`, None: all), on every rank;
+    values travel pickled."""
     if not active():
         return part
-    parts: list[Any] = [None] * world_size()
-    dist.all_gather_object(parts, part)
+    parts: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(parts, part, group=group)
     return {k: v for p in parts for k, v in p.items()}
 
 

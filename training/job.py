@@ -116,38 +116,65 @@ def train(spec: TrainJob) -> None:
     with distributed.main_first():  # rank 0 fills the node's checkpoint cache, then the others find it complete
         dirs = Checkouts(spec, store, registry, settings.data_path / "cache")
     tokenizer = load_tokenizer(dirs.base_dir)
-    model = build_trainable(dirs.champion_dir, dirs.base_dir, cfg).to(distributed.device())
-    trainer = PPOTrainer(model, cfg, tokenizer.pad_token_id)
+    megatron = cfg.backend == "megatron"
+    if megatron:  # tensor-parallel shards; the processes of one shard position split the batches
+        from training.megatron import parallel
+        from training.megatron.parallel import data_parallel, gather_tensor_parallel, tensor_parallel_rank
+        from training.megatron.trainable import build_megatron_trainable, save_megatron_candidate
+
+        model = build_megatron_trainable(dirs.champion_dir, dirs.base_dir, cfg).to(parallel.device())
+        trainer = PPOTrainer(model, cfg, tokenizer.pad_token_id, dp=data_parallel())
+    else:
+        model = build_trainable(dirs.champion_dir, dirs.base_dir, cfg).to(distributed.device())
+        trainer = PPOTrainer(model, cfg, tokenizer.pad_token_id)
+
+    def checkpoint_state() -> dict:
+        """The trainer's state; Megatron: every tensor-parallel rank's, in rank order (a collective)."""
+        return {"tp_shards": gather_tensor_parallel(trainer.state_dict())} if megatron else trainer.state_dict()
+
     key = distributed.broadcast(latest_state_key(store, spec.prefix))  # rank 0's pick: all resume from one state
     state = None if key is None else load_state(store, key)
     if state is not None:
-        trainer.load_state_dict(state)
+        if megatron:
+            shards = state.get("tp_shards") or []
+            if len(shards) != cfg.tensor_parallel:
+                raise LaunchEnvError(f"checkpoint {key} holds {len(shards) or 'no'} tensor-parallel shards, this run "
+                                     f"has tensor_parallel={cfg.tensor_parallel}: resume with the same layout")
+            trainer.load_state_dict(shards[tensor_parallel_rank()])
+        else:
+            trainer.load_state_dict(state)
         start = state["iteration"] + 1
         say(f"{spec.run_key}: resuming after iteration {state['iteration']} of {len(plan)}", flush=True)
     else:
         trainer.compute_reference(picked.kept, rows=(r for batch in plan for r in batch))
         start = 0
-    if not rank0:  # the same iterations, in step with rank 0 (every collective), without its side effects
-        trainer.train(picked.kept, plan, start)
-        return
 
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
-    mlflow = MlflowClient(spec.tracking_uri)
+    mlflow = MlflowClient(spec.tracking_uri) if rank0 else None
 
     def after_iteration(it: int, metrics: dict[str, float]) -> None:
+        due = (it + 1) % spec.train.checkpoint_every == 0 or it + 1 == len(plan)
+        saved = checkpoint_state() if due else None  # every rank joins (Megatron gathers), rank 0 alone writes
+        if not rank0:
+            return
         now = int(time.time() * 1000)
         mlflow.log_batch(spec.mlflow_run_id, metrics=[Metric(k, v, now, it) for k, v in metrics.items()])
-        if (it + 1) % spec.train.checkpoint_every == 0 or it + 1 == len(plan):
-            save_state(store, spec.prefix, it, {**trainer.state_dict(), "final": metrics})
+        if saved is not None:
+            save_state(store, spec.prefix, it, {**saved, "final": metrics})
         print(f"iteration {it + 1}/{len(plan)}: " + ", ".join(
             f"{k.split('/')[1]}={v:.4g}" for k, v in metrics.items() if k in SHOWN), flush=True)
 
+    # every rank runs the same iterations, in step (every collective); rank 0 alone has side effects
     history = trainer.train(picked.kept, plan, start, after_iteration)
     trainer.model.to("cpu")  # the candidate's files load on any machine (critic.pt included)
     with tempfile.TemporaryDirectory() as tmp:
-        out = save_candidate(trainer.model, dirs.champion_dir, dirs.base_dir, Path(tmp) / "candidate", spec.run_key)
+        save = save_megatron_candidate if megatron else save_candidate
+        if megatron or rank0:  # Megatron gathers its shards into one HF checkpoint: every rank joins
+            out = save(trainer.model, dirs.champion_dir, dirs.base_dir, Path(tmp) / "candidate", spec.run_key)
+        if not rank0:
+            return
         upload_dir(store, out, f"{spec.prefix}/candidate")
     final = history[-1] if history else (state or {}).get("final", {})
     result = TrainResult(

@@ -47,6 +47,22 @@ class PPOConfig(BaseModel):
         description="Module names that get adapters (Qwen2 attention and MLP projections).",
     )
 
+    # --- where the forward/backward runs ------------------------------------------------------
+    backend: Literal["hf", "megatron"] = Field(
+        "hf",
+        description="'hf': the Hugging Face model in one process per data-parallel rank. 'megatron': the policy "
+        "converted into Megatron-core shards (training/megatron/), tensor parallel over tensor_parallel processes; "
+        "same PPO loss, candidate gathered back to an HF checkpoint. Needs lora=False.",
+    )
+    tensor_parallel: int = Field(
+        1, description="Megatron backend: processes each layer is split over (torchrun --nproc-per-node must be a "
+        "multiple; the rest is data parallel). Must divide the key/value heads and the MLP width.",
+    )
+    pipeline_parallel: int = Field(
+        1, description="Megatron backend: pipeline stages. Weight conversion supports any divisor of the layer "
+        "count; the PPO step runs one stage (1) for now.",
+    )
+
     # --- batch and epochs ---------------------------------------------------------------------
     batch_size: int = Field(64, description="Samples (prompt + one completion) per PPO iteration.")
     minibatch_size: int = Field(16, description="Samples per optimizer step; must divide batch_size.")
@@ -169,6 +185,16 @@ class PPOConfig(BaseModel):
             need(self.lora_rank >= 1, f"lora_rank={self.lora_rank}: must be >= 1")
             need(self.lora_alpha > 0, f"lora_alpha={self.lora_alpha}: must be > 0")
             need(bool(self.lora_targets), "lora_targets is empty: name modules to adapt, or set lora=False")
+        if self.backend == "megatron":
+            need(not self.lora, "backend='megatron' trains every weight: set lora=False and serve the model with a "
+                 "full-weight update strategy (restart, reload or nccl)")
+            need(self.tensor_parallel >= 1, f"tensor_parallel={self.tensor_parallel}: must be >= 1")
+            need(self.pipeline_parallel == 1, f"pipeline_parallel={self.pipeline_parallel}: the Megatron PPO step runs "
+                 "one pipeline stage; use tensor_parallel to split a larger policy")
+        else:
+            need(self.tensor_parallel == 1 and self.pipeline_parallel == 1,
+                 f"tensor_parallel={self.tensor_parallel}, pipeline_parallel={self.pipeline_parallel}: model "
+                 "parallelism needs backend='megatron'")
         if problems:
             raise ValueError("invalid PPOConfig:\n  - " + "\n  - ".join(problems))
         return self

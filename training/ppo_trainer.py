@@ -102,8 +102,10 @@ class PPOTrainer:
     The model may sit on a GPU (each process of a data-parallel run on its own); batches follow it there, while
     the reference log-probs and the state_dict stay on the CPU."""
 
-    def __init__(self, model: PolicyWithValue, cfg: PPOConfig, pad_token_id: int):
+    def __init__(self, model: PolicyWithValue, cfg: PPOConfig, pad_token_id: int,
+                 dp: distributed.DataParallel | None = None):
         self.model, self.cfg, self.pad_token_id = model, cfg, pad_token_id
+        self.dp = dp if dp is not None else distributed.data_parallel()  # the processes that split each batch
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.Adam(model.param_groups(cfg.learning_rate, cfg.critic_learning_rate))
         self.ref_logprobs: dict[int, torch.Tensor] = {}  # training row -> (T_i,) log pi_ref of its tokens, on the CPU
@@ -135,9 +137,9 @@ class PPOTrainer:
         changes from batch to batch, and the checkpoint (state_dict) is the same in every process and the same
         as one process's, so a run resumes with any number of processes."""
         rows = sorted(set(range(len(samples)) if rows is None else rows))
-        mine = rows[distributed.rank() :: distributed.world_size()]
+        mine = rows[self.dp.rank :: self.dp.size]
         self.ref_logprobs = dict(sorted(distributed.gather_dicts(
-            dict(zip(mine, self.token_logprobs([samples[r] for r in mine])))).items()))
+            dict(zip(mine, self.token_logprobs([samples[r] for r in mine]))), self.dp.group).items()))
 
     def _ref_batch(self, rows: Sequence[int], T: int) -> torch.Tensor:
         out = torch.zeros((len(rows), T))  # (B, T), 0 on padding
@@ -149,12 +151,12 @@ class PPOTrainer:
     @torch.no_grad()
     def rollout(self, samples: Sequence[RewardSample], rows: Sequence[int]) -> Rollout:
         """Roll out this process's shard rows[rank::world] of the batch `rows` (every row for one process)."""
-        cfg, world = self.cfg, distributed.world_size()
+        cfg, world = self.cfg, self.dp.size
         if len(rows) < world:
             raise ValueError(f"a batch of {len(rows)} rows cannot be split over {world} processes: raise "
                              f"train.ppo.batch_size to at least {world}, or start fewer processes")
         self.model.eval()
-        mine = list(rows)[distributed.rank() :: world]
+        mine = list(rows)[self.dp.rank :: world]
         batch = collate([samples[r] for r in mine], self.pad_token_id).to(self.device)
         logits, values = self.model(batch.input_ids, batch.attention_mask)
         mask = batch.mask  # (B, T)
@@ -166,7 +168,7 @@ class PPOTrainer:
         rewards = kl_penalized_rewards(batch.rewards, logp_old, logp_ref, mask, cfg.kl_coef, is_weight=w)
         advantages, returns = gae(rewards, values_old, mask, cfg.gamma, cfg.gae_lambda)
         if cfg.whiten_advantages:  # over the whole batch: every process's tokens
-            advantages = masked_whiten(advantages, mask, sum_all=distributed.sum_all if world > 1 else None)
+            advantages = masked_whiten(advantages, mask, sum_all=self._sum_all if world > 1 else None)
         lengths = torch.tensor([len(samples[r].completion_token_ids) for r in rows], dtype=torch.float32,
                                device=self.device)  # (B_all,) = the whole batch's mask.sum(1)
         return Rollout(batch, lengths, logp_old, values_old, logp_ref, w, advantages, returns)
@@ -174,7 +176,7 @@ class PPOTrainer:
     def update(self, ro: Rollout, iteration: int) -> dict[str, float]:
         """`epochs` passes of minibatch PPO steps over one rollout; returns the iteration's metrics."""
         cfg, b = self.cfg, ro.batch
-        world, rank = distributed.world_size(), distributed.rank()
+        world, rank = self.dp.size, self.dp.rank
         self.model.train()
         B, sums, steps, stopped = len(ro.lengths), {}, 0, False
         for epoch in range(cfg.epochs):
@@ -203,9 +205,9 @@ class PPOTrainer:
                 else:
                     stats = torch.zeros(1 + len(_STATS), device=b.mask.device)
                 # (1 + len(_STATS),) the whole minibatch's loss and LossParts; gradients summed over processes
-                stats = distributed.sum_grads(self.trainable, stats.detach())
+                stats = distributed.sum_grads(self.trainable, stats.detach(), self.dp.group)
                 self._check_finite(stats[0], iteration, "loss")
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, cfg.max_grad_norm)
+                grad_norm = self._clip_grad_norm(cfg.max_grad_norm)
                 self._check_finite(grad_norm, iteration, "gradient norm")
                 self.optimizer.step()
                 steps += 1
@@ -223,7 +225,7 @@ class PPOTrainer:
         metrics = {f"ppo/{k}": v / steps for k, v in sums.items()}
         m, w = b.mask, ro.is_weight
         # sums over the whole batch's real tokens, then the means masked_mean would give on one process
-        kl_w, w_sum, value_sum, adv_sum, tokens, reward_sum = distributed.sum_all(torch.stack([
+        kl_w, w_sum, value_sum, adv_sum, tokens, reward_sum = self._sum_all(torch.stack([
             (w * (ro.logp_old - ro.logp_ref) * m).sum(), (w * m).sum(), (ro.values_old * m).sum(),
             (ro.advantages.abs() * m).sum(), m.sum(), b.rewards.sum()])).unbind()
         tokens = tokens.clamp_min(1.0)
@@ -237,6 +239,14 @@ class PPOTrainer:
             "ppo/advantage_abs_mean": float(adv_sum / tokens),
         })
         return metrics
+
+    def _sum_all(self, t: torch.Tensor) -> torch.Tensor:
+        return distributed.sum_all(t, self.dp.group)
+
+    def _clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        # A model split over processes (the Megatron backend's tensor-parallel shards) knows its global norm
+        clip = getattr(self.model, "clip_grad_norm", None)
+        return clip(max_norm) if clip is not None else torch.nn.utils.clip_grad_norm_(self.trainable, max_norm)
 
     def _check_finite(self, value: torch.Tensor, iteration: int, what: str) -> None:
         if not torch.isfinite(value).all():

@@ -4,6 +4,7 @@ parallel layouts) and real megatron-core GPTModel shards, on CPU over gloo, givi
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -126,3 +127,77 @@ def test_megatron_shards_compute_the_hf_models_logits_and_values(tmp_path, tp, t
     for rank in range(tp):
         diff = torch.load(tmp_path / f"rank{rank}.pt")
         assert diff["logits"] < 1e-5 and diff["values"] < 1e-5, (rank, diff)
+
+
+# ---- the same PPO steps on both backends ------------------------------------------------------------------
+def ppo_samples(n: int = 20) -> list:
+    from data_contracts.samples import RewardSample
+
+    gen, out = torch.Generator().manual_seed(5), []
+    for i in range(n):
+        p, t = 2 + i % 6, 1 + i % 5  # ragged prompts and completions: left and right padding in every batch
+        out.append(RewardSample(
+            request_id=f"r{i}", model="tab", version=1, arm="control", user_hash="u",
+            prompt_token_ids=torch.randint(1, 101, (p,), generator=gen).tolist(),
+            completion_token_ids=torch.randint(1, 101, (t,), generator=gen).tolist(),
+            behaviour_logprobs=(-4.0 - torch.rand(t, generator=gen)).tolist(),
+            reward=0.75 if i % 3 == 0 else -0.25, event="accepted" if i % 3 == 0 else "rejected",
+            completion_text="x", accepted_chars=0, reward_rule="test", completion_time_ms=0, feedback_time_ms=0))
+    return out
+
+
+def ppo_cfg(**kw):
+    from training.ppo_config import PPOConfig
+
+    return PPOConfig(**{"lora": False, "batch_size": 10, "minibatch_size": 5, "epochs": 2, "passes": 1,
+                        "learning_rate": 1e-3, "critic_learning_rate": 1e-2, "target_kl": None, "seed": 0,
+                        "max_grad_norm": 0.5, **kw})
+
+
+def _megatron_ppo(rank: int, world: int, port: int, champion: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from training.megatron.parallel import data_parallel
+    from training.megatron.trainable import build_megatron_trainable, gather_hf_policy
+    from training.ppo_trainer import PPOTrainer, iteration_plan
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    c = ppo_cfg(backend="megatron", tensor_parallel=world)
+    model = build_megatron_trainable(Path(champion), Path(champion), c)
+    trainer, samples = PPOTrainer(model, c, 0, dp=data_parallel()), ppo_samples()
+    trainer.compute_reference(samples)
+    history = trainer.train(samples, iteration_plan(len(samples), c))
+    hf = gather_hf_policy(model, Path(champion), Path(champion))
+    if rank == 0:
+        torch.save({"weights": hf.state_dict(), "head": model.value_head.state_dict(), "history": history},
+                   f"{out}/megatron.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_ppo_on_megatron_shards_takes_the_hf_backends_steps(tmp_path, tp):
+    """Two PPO iterations (clipped surrogate, value loss, KL to the reference, global gradient clipping, Adam) from
+    one champion: the Megatron shards, gathered back, hold the weights the HF backend reaches."""
+    from training.candidate import build_trainable
+    from training.ppo_trainer import PPOTrainer, iteration_plan
+
+    champion = tmp_path / "champion"
+    start = tiny_hf(tied=True)
+    start.save_pretrained(champion)
+    c = ppo_cfg()
+    trainer, samples = PPOTrainer(build_trainable(champion, champion, c), c, 0), ppo_samples()
+    trainer.compute_reference(samples)
+    want_history = trainer.train(samples, iteration_plan(len(samples), c))
+    want = trainer.model.policy.state_dict()
+
+    torch.multiprocessing.spawn(_megatron_ppo, args=(tp, _free_port(), str(champion), str(tmp_path)), nprocs=tp)
+    got = torch.load(tmp_path / "megatron.pt")
+    assert [h["ppo/grad_norm"] for h in want_history] == pytest.approx(
+        [h["ppo/grad_norm"] for h in got["history"]], rel=1e-4)
+    assert want_history[-1]["ppo/policy_loss"] == pytest.approx(got["history"][-1]["ppo/policy_loss"], abs=1e-5)
+    moved = max(float((want[k] - start.state_dict()[k]).abs().max()) for k in want)
+    assert moved > 1e-3  # the steps changed the weights, so the comparison below means something
+    for k, v in got["weights"].items():
+        assert torch.allclose(v, want[k], atol=2e-5), (k, float((v - want[k]).abs().max()))
+    for k, v in got["head"].items():
+        assert torch.allclose(v, trainer.model.value_head.state_dict()[k], atol=2e-5), k

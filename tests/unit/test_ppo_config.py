@@ -62,3 +62,13 @@ def test_lora_config_follows_the_settings() -> None:
     assert (lc.r, lc.lora_alpha, set(lc.target_modules), lc.lora_dropout) == (4, 8, set(LORA_TARGETS), 0.0)
     with pytest.raises(ValueError, match="lora=False"):
         PPOConfig(lora=False).lora_config()
+
+
+def test_backend_and_model_parallel_combinations_are_checked() -> None:
+    PPOConfig(backend="megatron", lora=False, tensor_parallel=2)
+    with pytest.raises(ValueError, match="backend='megatron' trains every weight: set lora=False"):
+        PPOConfig(backend="megatron", lora=True)
+    with pytest.raises(ValueError, match="pipeline_parallel=2: the Megatron PPO step runs one pipeline stage"):
+        PPOConfig(backend="megatron", lora=False, pipeline_parallel=2)
+    with pytest.raises(ValueError, match="model parallelism needs backend='megatron'"):
+        PPOConfig(tensor_parallel=2)

@@ -131,10 +131,10 @@ def test_a_checkpoint_of_two_processes_resumes_in_one(two_processes, champion_di
     assert_close(resumed, straight)
 
 
-def test_a_batch_smaller_than_the_processes_is_refused(champion_dir, samples, monkeypatch) -> None:
+def test_a_batch_smaller_than_the_processes_is_refused(champion_dir, samples) -> None:
     trainer = make_trainer(champion_dir, cfg(batch_size=1, minibatch_size=1))
     trainer.compute_reference(samples[:1])
-    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    trainer.dp = distributed.DataParallel(rank=0, size=2)
     with pytest.raises(ValueError, match="a batch of 1 rows cannot be split over 2 processes: raise train.ppo.batch_size"):
         trainer.rollout(samples, [0])
 

@@ -30,7 +30,10 @@ def init_model_parallel(tp: int = 1, pp: int = 1, seed: int = 0) -> None:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise RuntimeError("started by torchrun but no process group is open: open it (training.distributed) "
                                "before the Megatron backend")
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if torch.cuda.is_available():
+            torch.cuda.set_device(0)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     world = dist.get_world_size()
     if world % (tp * pp):
         raise ValueError(f"{world} processes do not split into tensor_parallel={tp} x pipeline_parallel={pp}: "
@@ -58,7 +61,40 @@ def _answer_cuda_device_with_cpu() -> None:
     torch.cuda.current_device = lambda: torch.device("cpu")  # noqa: the one shim, see the docstring
 
 
+def device() -> torch.device:
+    """Where the shards live: megatron-core computes on the current CUDA device wherever one exists (its RoPE
+    tables and buffers go there), so a Megatron run uses the GPU even as one process; else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
 def destroy_model_parallel() -> None:
     from megatron.core import parallel_state as ps
 
     ps.destroy_model_parallel()
+
+
+def data_parallel():
+    """The processes that split each batch: Megatron's data-parallel group (one rank per tensor-parallel shard
+    position); the processes of one tensor-parallel group see the same rows."""
+    from megatron.core import parallel_state as ps
+
+    from training.distributed import DataParallel
+
+    return DataParallel(ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(), ps.get_data_parallel_group())
+
+
+def tensor_parallel_rank() -> int:
+    from megatron.core import parallel_state as ps
+
+    return ps.get_tensor_model_parallel_rank()
+
+
+def gather_tensor_parallel(obj):
+    """Every tensor-parallel rank's `obj`, in rank order, on every rank of the group (pickled: states, shards)."""
+    from megatron.core import parallel_state as ps
+
+    if ps.get_tensor_model_parallel_world_size() == 1:
+        return [obj]
+    out = [None] * ps.get_tensor_model_parallel_world_size()
+    dist.all_gather_object(out, obj, group=ps.get_tensor_model_parallel_group())
+    return out
