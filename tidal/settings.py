@@ -241,6 +241,13 @@ class TidalSettings(BaseSettings):
             problems = self.trainer.kubernetes.problems(stores, self.mlflow.host)
             if problems:
                 raise ValueError("trainer.launcher 'kubernetes':" + "".join(f"\n    - {p}" for p in problems))
+        # every trainer process holds one tensor-parallel shard; the processes must fill whole shard groups
+        processes = self.trainer.local_processes if self.trainer.launcher == "local" else max(1, self.trainer.kubernetes.gpus_per_node)
+        tp = self.train.ppo.tensor_parallel
+        if processes % tp:
+            where = "trainer.local_processes" if self.trainer.launcher == "local" else "trainer.kubernetes.gpus_per_node"
+            raise ValueError(f"train.ppo.tensor_parallel={tp} needs a multiple of {tp} trainer processes, but {where}="
+                             f"{processes}: set {where} to {tp} (or a multiple)")
         return self
 
     # Derived locations, one place each.

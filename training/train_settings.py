@@ -138,3 +138,7 @@ class LaunchSettings(Section):
         "(needs trainer.kubernetes.image, an s3:// store and an MLflow the pods reach; checked at start-up)."))
     kubernetes: KubernetesJobSettings = Field(default_factory=KubernetesJobSettings, description=(
         "The trainer Job, with launcher 'kubernetes'."))
+    local_processes: int = Field(1, ge=1, le=64, description=(
+        "With launcher 'local': trainer processes on this machine. Above 1 the flow runs `torchrun --standalone "
+        "--nproc-per-node N -m training.job` (data parallel, or the Megatron backend's tensor-parallel shards: a "
+        "multiple of train.ppo.tensor_parallel), one GPU each where CUDA exists, else gloo on the CPU."))

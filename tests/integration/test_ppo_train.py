@@ -4,6 +4,7 @@ the offline gate, one registered candidate, and what it learned on held-out rows
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -275,3 +276,35 @@ def test_unusable_datasets_and_a_diverging_learning_rate_register_nothing(settin
     text = diverging.stdout + diverging.stderr
     assert diverging.returncode != 0 and "PPO diverged at iteration" in text and "lower train.ppo.learning_rate" in text
     assert set(registry.versions("tab")) == before
+
+
+def test_the_megatron_backend_trains_tensor_parallel_shards_into_one_gated_candidate(settings, registry, checkpoints,
+                                                                                   dataset_id):
+    """train.ppo.backend=megatron, tensor_parallel=2, two local trainer processes (torchrun over gloo): the flow
+    registers one full-weight candidate gathered from both shards, gated like any other, whose served-weight probe
+    the HF model reproduces."""
+    from training.policy import load_policy, load_tokenizer
+    from training.probe import compute_probe, load_probe
+
+    before = set(registry.versions("tab"))
+    env = {"TIDAL_TRAIN__PPO__BACKEND": "megatron", "TIDAL_TRAIN__PPO__LORA": "false",
+           "TIDAL_TRAIN__PPO__TENSOR_PARALLEL": "2", "TIDAL_TRAINER__LOCAL_PROCESSES": "2",
+           "TIDAL_TRAIN__PPO__MAX_ITERATIONS": "4", "TIDAL_TRAIN__PPO__LEARNING_RATE": "1e-5"}
+    run = tidal(settings, "train", "tab", "--dataset", dataset_id, env=env)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    [version] = set(registry.versions("tab")) - before
+    info = registry.get("tab", version)
+    assert info.kind == "full" and info.tags["tidal.gate.passed"] == "true"
+    hparams = json.loads(info.tags["tidal.hparams"])
+    assert (hparams["backend"], hparams["tensor_parallel"], hparams["lora"]) == ("megatron", 2, False)
+    log = (settings.log_dir / "train-tab.log").read_text().split(f"--- train {info.tags['tidal.train_run']}")[-1]
+    assert "iteration 4/4" in log and "resuming" not in log  # one run of two processes, printed once
+    assert log.count("iteration 4/4") == 1
+    # the gathered checkpoint is a plain HF model: loading it gives the probe the trainer wrote for it
+    local = checkpoints.local_dir(info)
+    probe = load_probe(local)
+    tok = load_tokenizer(local)
+    again = compute_probe(load_policy(local), tok, [tok.decode(i.prompt_token_ids) for i in probe.items],
+                          max_new_tokens=probe.max_new_tokens)
+    for a, b in zip(again.items, probe.items):
+        assert a.completion_token_ids == b.completion_token_ids

@@ -431,3 +431,22 @@ def test_a_train_deployment_gets_its_service_account_and_api_token():
     assert pod["serviceAccountName"] == "tidal-trainer" and pod["automountServiceAccountToken"] is True
     assert pod["containers"][0]["resources"]["limits"]["memory"] == "8Gi"
     assert config["env"] == {"TIDAL_TRAINER__LAUNCHER": "kubernetes"}  # the worker adds these to the container's env
+
+
+def test_local_processes_run_the_trainer_under_torchrun_and_must_fill_tensor_parallel_groups(tmp_path):
+    from training.launch import launcher_for
+    from training.train_settings import LaunchSettings
+
+    one = launcher_for(LaunchSettings(), None).command("train", tmp_path / "spec.json")
+    assert one[1:] == ["-m", "training.job", "train", str(tmp_path / "spec.json")]
+    two = launcher_for(LaunchSettings(local_processes=2), None).command("train", tmp_path / "spec.json")
+    assert two[1:4] == ["-m", "torch.distributed.run", "--standalone"] and two[two.index("--nproc-per-node") + 1] == "2"
+    assert two[-4:] == ["-m", "training.job", "train", str(tmp_path / "spec.json")]
+    megatron = {"ppo": {"backend": "megatron", "lora": False, "tensor_parallel": 2}}
+    with pytest.raises(SettingsError, match="tensor_parallel=2 needs a multiple of 2 trainer processes, but "
+                                            "trainer.local_processes=1: set trainer.local_processes to 2"):
+        load_settings(train=megatron)
+    assert load_settings(train=megatron, trainer={"local_processes": 4}).trainer.local_processes == 4
+    with pytest.raises(SettingsError, match="trainer.kubernetes.gpus_per_node=1"):
+        load_settings(train=megatron, trainer={"kubernetes": {"gpus_per_node": 1, "image": IMAGE}, "launcher": "kubernetes"},
+                      store={"url": "s3://b/t"}, mlflow={"host": "tidal-mlflow"})

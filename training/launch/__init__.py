@@ -22,7 +22,7 @@ def launcher_for(cfg: LaunchSettings, store: ObjectStore) -> TrainerLauncher:
     if cfg.launcher == "local":
         from training.launch.local import LocalLauncher
 
-        return LocalLauncher()
+        return LocalLauncher(cfg.local_processes)
     if cfg.launcher == "kubernetes":
         from training.launch.kubernetes import KubernetesLauncher
 

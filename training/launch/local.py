@@ -17,8 +17,21 @@ if TYPE_CHECKING:
 class LocalLauncher(TrainerLauncher):
     name = "local"
 
+    def __init__(self, processes: int = 1):
+        self.processes = processes
+
+    def command(self, command: str, spec_path: Path) -> list[str]:
+        job = ["-m", "training.job", command, str(spec_path)]
+        if self.processes == 1:
+            return [sys.executable, *job]
+        # torchrun of the flow's own interpreter (torch.distributed.run is what the `torchrun` script calls)
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+                "--nproc-per-node", str(self.processes), *job]
+
     def _run(self, command: str, spec: TrainJob, spec_path: Path, log: BinaryIO) -> int:
         # Same interpreter as the flow; a kill -9 of the trainer shows here as a negative code (a crash, retried).
-        proc = subprocess.run([sys.executable, "-m", "training.job", command, str(spec_path)], cwd=PROJECT_ROOT,
+        # Under torchrun any failed process makes the job exit 1: a bad input or divergence is then retried as a
+        # crash (each retry fails the same way), since torchrun does not pass a worker's own exit code on.
+        proc = subprocess.run(self.command(command, spec_path), cwd=PROJECT_ROOT,
                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=False)
         return proc.returncode
