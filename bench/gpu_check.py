@@ -9,7 +9,7 @@
     A, B, C    the same prompts and sampled completions scored on float32 (A), bfloat16 (B), bfloat16 + FP8
                weights (C): mean/max |Δ log-prob| and the share of tokens whose truncated importance weight
                min(π_old/μ, C) the trainer caps (training/ppo_loss.py truncated_is_weight, C = is_truncation)
-    megatron   one PPO step, if training.megatron exposes `gpu_check_step(policy_dir) -> dict`
+    megatron   one Megatron-core PPO step on the GPU, its logits against the HF model's (training/megatron/check.py)
 
 Prints a summary, then one JSON line of named figures (last line). Exit status 1 when a required figure failed.
 """
@@ -173,14 +173,9 @@ def mismatch(reference: list[list[float]], behaviour: list[list[float]]) -> dict
 
 
 def megatron_step(policy_dir: Path, timeout_s: float) -> dict:
-    code = ("import json, sys\n"
-            "try:\n import training.megatron as m\n"
-            "except Exception as e:\n print(json.dumps({'skipped': f'training.megatron does not import: {e!r}'[:300]})); sys.exit()\n"
-            "f = getattr(m, 'gpu_check_step', None)\n"
-            "print(json.dumps({'skipped': 'training.megatron has no gpu_check_step(policy_dir) yet'} if f is None "
-            "else f(sys.argv[1])))\n")
-    if not (ROOT / "training" / "megatron" / "__init__.py").is_file():
-        return {"skipped": "training/megatron/ does not exist"}
+    """training/megatron/check.py in its own process (Megatron's process-group state stays out of this one)."""
+    code = ("import json, sys\nfrom training.megatron.check import gpu_check_step\n"
+            "print(json.dumps(gpu_check_step(sys.argv[1])))\n")
     out = subprocess.run([sys.executable, "-c", code, str(policy_dir)], capture_output=True, text=True,
                          timeout=timeout_s, cwd=ROOT)
     if out.returncode != 0:

@@ -2,7 +2,7 @@
 # The GPU paths on one CUDA machine, in at most 8 minutes (GPU_CHECK_BUDGET_S, default 480: an overall deadline,
 # and `timeout` on every step): `reload` and `nccl` weight updates with their served-weight probes, FP8 against
 # BF16 served log-probs (and the share of tokens the trainer's truncated importance weight caps), and one
-# Megatron-core PPO step when training/megatron offers it. Details: bench/gpu_check.py.
+# Megatron-core PPO step (training/megatron/check.py). Details: bench/gpu_check.py.
 #
 #   bash bench/gpu_check.sh
 #

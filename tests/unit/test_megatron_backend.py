@@ -201,3 +201,20 @@ def test_ppo_on_megatron_shards_takes_the_hf_backends_steps(tmp_path, tp):
         assert torch.allclose(v, want[k], atol=2e-5), (k, float((v - want[k]).abs().max()))
     for k, v in got["head"].items():
         assert torch.allclose(v, trainer.model.value_head.state_dict()[k], atol=2e-5), k
+
+
+def test_the_device_scripts_megatron_step_runs_and_matches_hf_on_this_machine(tmp_path):
+    """bench/gpu_check.py's Megatron figures come from training/megatron/check.py; on a CPU it runs the same code."""
+    import json
+    import subprocess
+    import sys
+
+    tiny_hf().save_pretrained(tmp_path / "policy")
+    code = "import json, sys\nfrom training.megatron.check import gpu_check_step\nprint(json.dumps(gpu_check_step(sys.argv[1])))"
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "policy")], capture_output=True, text=True,
+                         timeout=300, cwd=Path(__file__).parents[2])
+    assert out.returncode == 0, out.stderr[-2000:]
+    figures = json.loads(out.stdout.strip().splitlines()[-1])
+    assert figures["megatron_device"] == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert figures["megatron_hf_logit_max_diff"] < 1e-4
+    assert figures["megatron_grad_norm"] > 0 and figures["megatron_step_s"] > 0
