@@ -60,7 +60,7 @@ def _answer_cuda_device_with_cpu() -> None:
     use the same megatron code as GPU runs instead of a copy of it. A CUDA machine is left untouched."""
     if torch.cuda.is_available():
         return
-    torch.cuda.current_device = lambda: torch.device("cpu")  # noqa: the one shim, see the docstring
+    torch.cuda.current_device = lambda: torch.device("cpu")  # the one shim: see the docstring
 
 
 def device() -> torch.device:
