@@ -9,25 +9,13 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from tidal.section import Section
-from training.train_settings import _QUANTITY, GPU_RESOURCE, Toleration, quantity_bytes
+from tidal.kube import unpinned
+from training.train_settings import _QUANTITY, GPU_RESOURCE, Toleration, _gpu_toleration, quantity_bytes
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "0.0.0.0")
 POD_STRATEGIES = ("lora", "restart")  # the update strategies engine pods support
 
 
-def _gpu_toleration() -> list[Toleration]:
-    # The taint infra/terraform puts on the GPU node groups (modules/cluster: gpu_taint).
-    return [Toleration(key=GPU_RESOURCE, operator="Equal", value="true", effect="NoSchedule")]
-
-
-def unpinned(setting: str, image: str) -> str | None:
-    """Why `image` cannot be used by pods a controller may recreate at any time, or None."""
-    last = image.rsplit("/", 1)[-1]
-    if not image:
-        return f"set {setting} (repository:tag or @sha256 digest, pushed where the nodes pull from)"
-    if "@" not in last and (":" not in last or last.endswith(":latest")):
-        return f"{setting} {image!r} has no fixed tag: use an immutable tag or @sha256 digest, not latest"
-    return None
 
 
 class ModelPod(Section):

@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from serving.canary_policy import CanaryConfig
 from sim.users import SimUsersConfig
+from tidal.kube import unpinned
 from tidal.section import Section
 from training.ppo_config import PPOConfig
 from training.train_settings import GateConfig, TrainSettings
@@ -36,12 +37,11 @@ class FlywheelSettings(Section):
 
     @model_validator(mode="after")
     def _pool_needs_an_image(self):
-        last = self.image.rsplit("/", 1)[-1]
         if self.work_pool and not self.image:
             raise ValueError(f"flywheel.work_pool={self.work_pool!r} needs flywheel.image: the Tidal image its "
                              "workers run (repository:tag)")
-        if self.work_pool and "@" not in last and (":" not in last or last.endswith(":latest")):
-            raise ValueError(f"flywheel.image {self.image!r} has no fixed tag: use an immutable tag or @sha256 digest")
+        if self.work_pool and (problem := unpinned("flywheel.image", self.image)):
+            raise ValueError(problem)
         return self
 
 

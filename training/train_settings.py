@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from tidal.kube import unpinned
 from tidal.section import Section
 from training.ppo_config import PPOConfig
 
@@ -117,11 +118,10 @@ class KubernetesJobSettings(Section):
     def problems(self, stores: dict[str, str], mlflow_host: str) -> list[str]:
         """What stops a pod from running the trainer, each with its fix. `stores`: area -> store URL it uses."""
         out = []
-        last = self.image.rsplit("/", 1)[-1]
         if not self.image:
             out.append("set trainer.kubernetes.image to the Tidal image (repository:tag) pushed where the nodes pull from")
-        elif "@" not in last and (":" not in last or last.endswith(":latest")):
-            out.append(f"trainer.kubernetes.image {self.image!r} has no fixed tag: use an immutable tag or @sha256 digest, not latest")
+        elif problem := unpinned("trainer.kubernetes.image", self.image):
+            out.append(problem)
         local = sorted(f"{area} ({url or 'local disk'})" for area, url in stores.items() if not url.startswith("s3://"))
         if local:
             out.append(f"the trainer pod cannot read this machine's disk, but store areas {', '.join(local)} are local: "

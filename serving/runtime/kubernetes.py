@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from serving.engine import EngineError
 from serving.runtime.base import ClusterError, EngineRuntime
+from tidal.kube import api_client
 from serving.runtime.k8s_manifest import (DELETION_COST, DIGEST, GATE, engine_ready, engine_restarts, gate_value,
                                           render_deployment, selector, selector_text, terminating, trouble)
 from serving.runtime.weights import fetch_remote
@@ -100,19 +101,11 @@ class KubernetesRuntime(EngineRuntime):
     @property
     def apis(self) -> tuple[Any, Any]:
         if self._apis is None:
-            from kubernetes import client, config
+            from kubernetes import client
 
-            conf = client.Configuration()
-            try:
-                config.load_incluster_config(client_configuration=conf)  # the supervisor pod's service account token
-                api = client.ApiClient(conf)
-            except config.ConfigException:
-                try:
-                    api = config.new_client_from_config(context=self.cfg.kube_context, persist_config=False)
-                except (config.ConfigException, OSError) as e:
-                    raise ClusterError(f"no Kubernetes credentials for fleet.runtime 'kubernetes' ({e}): run the supervisor "
-                                       "in a pod whose service account mounts its token (the chart's fleet supervisor), or "
-                                       "point KUBECONFIG/fleet.kubernetes.kube_context at the cluster") from e
+            api = api_client(self.cfg.kube_context, ClusterError, "fleet.runtime 'kubernetes'",
+                             "run the supervisor in a pod whose service account mounts its token (the chart's fleet "
+                             "supervisor), or point KUBECONFIG/fleet.kubernetes.kube_context at the cluster")
             self._apis = client.AppsV1Api(api), client.CoreV1Api(api)
         return self._apis
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from tidal.kube import api_client
 from training.launch.base import EXIT_NOT_RUN, STORE_REF, LaunchError, TrainerLauncher, note, spec_key
 from training.launch.k8s_manifest import CONTAINER, job_finished, job_labels, job_name, outcome, render_job
 
@@ -35,19 +36,11 @@ class KubernetesLauncher(TrainerLauncher):
         self.cfg, self.store, self._apis, self.clock, self.sleep = cfg, store, apis, clock, sleep
 
     def _connect(self) -> tuple[Any, Any]:
-        from kubernetes import client, config
+        from kubernetes import client
 
-        conf = client.Configuration()
-        try:
-            config.load_incluster_config(client_configuration=conf)  # a pod's service account token
-            api = client.ApiClient(conf)
-        except config.ConfigException:
-            try:
-                api = config.new_client_from_config(context=self.cfg.kube_context, persist_config=False)
-            except (config.ConfigException, OSError) as e:
-                raise LaunchError(f"no Kubernetes credentials for trainer.launcher 'kubernetes' ({e}): run the flow in a "
-                                  "pod with a service account token, or point KUBECONFIG/trainer.kubernetes.kube_context "
-                                  "at the cluster") from e
+        api = api_client(self.cfg.kube_context, LaunchError, "trainer.launcher 'kubernetes'",
+                         "run the flow in a pod with a service account token, or point "
+                         "KUBECONFIG/trainer.kubernetes.kube_context at the cluster")
         return client.BatchV1Api(api), client.CoreV1Api(api)
 
     def _run(self, command: str, spec: TrainJob, spec_path: Path, log: BinaryIO) -> int:
