@@ -10,7 +10,9 @@ engine that serves wrong weights). Everything that happens lands in `events`, in
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
+import threading
 import uuid
 from datetime import datetime, timedelta, timezone
 
@@ -60,6 +62,7 @@ class FakeCluster:
         self.ready = ready  # False: new pods stay Pending, unschedulable
         self.wrong_weights = 0  # the next N pods created serve wrong weights
         self._n, self._ips = itertools.count(1), itertools.count(10)
+        self.lock = threading.RLock()  # replicas boot in parallel threads: one API call at a time, as a server's store
 
     # ---- AppsV1Api ----
     def read_namespaced_deployment(self, name, namespace):
@@ -200,6 +203,18 @@ class FakeCluster:
             if c.type == GATE:
                 return c.status == "True"
         return None
+
+
+def _serialized(method):
+    @functools.wraps(method)
+    def call(self, *args, **kw):
+        with self.lock:
+            return method(self, *args, **kw)
+    return call
+
+
+for _name in [n for n in vars(FakeCluster) if "_namespaced_" in n]:  # every API call the runtime makes
+    setattr(FakeCluster, _name, _serialized(getattr(FakeCluster, _name)))
 
 
 def client_factory(cluster: FakeCluster):
