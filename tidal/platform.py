@@ -55,7 +55,9 @@ class Platform:
                 "prefect", [py, "-m", "prefect", "server", "start", "--host", s.prefect.host, "--port", str(s.prefect.port)],
                 s.prefect.host, s.prefect.port, "prefect.port", f"{s.prefect.api_url}/health", s.prefect.ready_timeout_s,
                 f"http://{s.prefect.host}:{s.prefect.port}",
-                {**TELEMETRY_OFF, "PREFECT_HOME": str(data / "prefect"), "PREFECT_API_URL": s.prefect.api_url}),
+                {**TELEMETRY_OFF, "PREFECT_HOME": str(data / "prefect"), "PREFECT_API_URL": s.prefect.api_url,
+                 "PREFECT_SERVER_DATABASE_TIMEOUT": str(s.prefect.database_timeout_s),
+                 "PREFECT_SERVER_DATABASE_CONNECTION_TIMEOUT": str(s.prefect.database_timeout_s)}),
             "mlflow": Service(
                 "mlflow", [py, "-m", "mlflow", "server", "--host", s.mlflow.host, "--port", str(s.mlflow.port),
                            "--workers", str(s.mlflow.workers), "--backend-store-uri", f"sqlite:///{data / 'mlflow' / 'mlflow.db'}",

@@ -59,6 +59,9 @@ class PrefectSettings(Section):
     port: int = Field(4200, ge=1, le=65535, description="Prefect API/UI port.")
     runner_port: int = Field(4201, ge=1, le=65535, description="Health port of the runner that executes scheduled flows.")
     ready_timeout_s: float = Field(180.0, gt=0, description="How long `tidal up` waits for the server.")
+    database_timeout_s: float = Field(30.0, gt=0, description=(
+        "How long the server's statements wait for its SQLite database (PREFECT_SERVER_DATABASE_TIMEOUT); Prefect's "
+        "10 s is short while a trainer holds both cores of a small machine."))
 
     @property
     def api_url(self) -> str:

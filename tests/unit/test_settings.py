@@ -235,3 +235,11 @@ def test_hinted_variable_fixes_a_bad_model_field(monkeypatch: pytest.MonkeyPatch
     assert var == "TIDAL_MODELS"  # a list item is set through the whole list
     monkeypatch.setenv(var, '[{"name": "tab", "replicas": 2}]')
     assert load_settings().models[0].replicas == 2
+
+
+def test_prefect_server_gets_its_database_wait_from_settings(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
+    from tidal.platform import Platform
+
+    monkeypatch.setenv("TIDAL_PREFECT__DATABASE_TIMEOUT_S", "45")
+    env = Platform(load_settings()).services()["prefect"].env
+    assert env["PREFECT_SERVER_DATABASE_TIMEOUT"] == env["PREFECT_SERVER_DATABASE_CONNECTION_TIMEOUT"] == "45.0"
