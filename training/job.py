@@ -153,14 +153,17 @@ def train(spec: TrainJob) -> None:
     from mlflow.tracking import MlflowClient
 
     mlflow = MlflowClient(spec.tracking_uri) if rank0 else None
+    mlflow_s = 0.0  # wall seconds in MLflow calls, reported with the result
 
     def after_iteration(it: int, metrics: dict[str, float]) -> None:
+        nonlocal mlflow_s
         due = (it + 1) % spec.train.checkpoint_every == 0 or it + 1 == len(plan)
         saved = checkpoint_state() if due else None  # every rank joins (Megatron gathers), rank 0 alone writes
         if not rank0:
             return
-        now = int(time.time() * 1000)
+        now, t = int(time.time() * 1000), time.perf_counter()
         mlflow.log_batch(spec.mlflow_run_id, metrics=[Metric(k, v, now, it) for k, v in metrics.items()])
+        mlflow_s += time.perf_counter() - t
         if saved is not None:
             save_state(store, spec.prefix, it, {**saved, "final": metrics})
         print(f"iteration {it + 1}/{len(plan)}: " + ", ".join(
@@ -181,7 +184,7 @@ def train(spec: TrainJob) -> None:
         iterations=len(plan), resumed_from=None if state is None else state["iteration"],
         train_rows=len(picked.kept), heldout_rows=len(heldout), dropped=dropped, final=final,
         tokens_per_s=sum(h["charts/tokens_per_s"] for h in history) / max(len(history), 1),
-        kind=candidate_kind(cfg))
+        kind=candidate_kind(cfg), mlflow_s=round(mlflow_s, 3))
     put_json(store, f"{spec.prefix}/result.json", result.model_dump())  # last: the run is complete
 
 
