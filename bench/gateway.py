@@ -21,6 +21,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from serving.logsink import LogSinkSettings  # noqa: E402
 from tidal.sandbox import sandbox_platform  # noqa: E402
 
 PROMPT = "import os\n\ndef read_config(path):\n    with open(path) as f:\n        return"
@@ -104,7 +105,11 @@ def main() -> None:
                     help="give the engine CPU 0 to itself (on a small machine: helps at high concurrency, hurts at 1)")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
-    with sandbox_platform([{"name": "tab", "replicas": 1}], pretrain_seconds=20, gateway=True) as (settings, platform):
+    # The log sink as deployed (LogSinkSettings defaults), not the sandbox's quick uploads for tests: with 1 s
+    # segments, uploading Parquet every second was most of the gateway's CPU at concurrency 1.
+    logsink = LogSinkSettings().model_dump(mode="json")
+    with sandbox_platform([{"name": "tab", "replicas": 1}], pretrain_seconds=20, gateway=True,
+                          gateway_settings={"logsink": logsink}) as (settings, platform):
         (replica,) = platform.fleet_client().replicas("tab")
         served = next(iter(replica["served"]))
         key = settings.gateway.clients[0].key
@@ -125,7 +130,8 @@ def main() -> None:
     top = by_c[str(max(levels))]
     print(json.dumps({"added_p50_ms": top["added_p50_ms"], "added_p99_ms": top["added_p99_ms"],
                       "throughput_ratio": top["throughput_ratio"], "by_concurrency": by_c, "cpus": os.cpu_count(), "engine_cpu_isolated": isolated,
-                      "max_tokens": args.max_tokens, "requests": args.requests, "rounds": args.rounds}))
+                      "max_tokens": args.max_tokens, "requests": args.requests, "rounds": args.rounds,
+                      "logsink": {k: logsink[k] for k in ("segment_max_age_s", "upload_interval_s", "commit_interval_ms")}}))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ from contextlib import asynccontextmanager
 import orjson
 import uvicorn
 from fastapi import Depends, FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
@@ -65,6 +67,32 @@ class BodyLimit:
         body = b'{"error":{"message":"request body exceeds %d bytes","type":"invalid_request_error","code":413}}' % self.max_bytes
         await send({"type": "http.response.start", "status": 413, "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": body})
+
+
+def direct_route(body_model: type, authenticate) -> type[APIRoute]:
+    """A route class for the completion endpoints: its handler authenticates, parses the body with pydantic's
+    JSON parser and calls the endpoint itself. The endpoint's declared signature still gives the OpenAPI schema;
+    the hot path skips FastAPI's dependency solving and stdlib-json body parse (~0.15 ms of the ~0.6 ms of
+    gateway CPU per completion, measured in-process). Errors are the framework's: GatewayError from
+    `authenticate` or the endpoint, 422 RequestValidationError with `body` locations."""
+
+    class DirectRoute(APIRoute):
+        def get_route_handler(self):
+            endpoint = self.endpoint
+
+            async def handler(request: Request) -> Response:
+                client_id = await authenticate(request.headers.get("authorization", ""))
+                try:
+                    body = body_model.model_validate_json(await request.body())
+                except ValidationError as e:
+                    # without the offending input: it may be bytes, NaN or a secret, none of which belongs in a reply
+                    raise RequestValidationError([{"type": err["type"], "loc": ("body", *err["loc"]), "msg": err["msg"]}
+                                                  for err in e.errors(include_url=False, include_context=False)]) from None
+                return await endpoint(body, client_id)
+
+            return handler
+
+    return DirectRoute
 
 
 def build_app(gw: Gateway, clients: dict[str, str], admin: str, limiter: RateLimiter, max_body_bytes: int) -> FastAPI:
@@ -121,13 +149,16 @@ def build_app(gw: Gateway, clients: dict[str, str], admin: str, limiter: RateLim
         meta = {"X-Tidal-Request-Id": result["tidal"]["request_id"], "X-Tidal-Version": str(result["tidal"]["version"])}
         return Response(orjson.dumps(result), media_type="application/json", headers=meta)
 
-    @app.post("/v1/completions")
     async def completions(req: CompletionRequest, client_id: str = Depends(client)):
         return answer(await gw.complete(req, client_id), "/v1/completions")
 
-    @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatRequest, client_id: str = Depends(client)):
         return answer(await gw.complete(req, client_id, chat=True), "/v1/chat/completions")
+
+    app.router.add_api_route("/v1/completions", completions, methods=["POST"],
+                             route_class_override=direct_route(CompletionRequest, client))
+    app.router.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"],
+                             route_class_override=direct_route(ChatRequest, client))
 
     @app.post("/v1/feedback", response_model=FeedbackResponse)
     async def feedback(req: FeedbackRequest, client_id: str = Depends(client)) -> FeedbackResponse:

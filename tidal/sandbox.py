@@ -60,22 +60,35 @@ def write_config(root: Path, models: list[dict], base_port: int | None = None, p
         "bootstrap": {"pretrain": {"max_seconds": pretrain_seconds, "eval_bytes": 50_000}, "probe_prompts": 3},
         # records reach the store within segment age + upload interval (1.5 s) of their completion
         "collect": {"upload_grace_s": 2.0},
-        **extra,
     }
+    merge(config, extra)
     path = root / "tidal.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
 
 
+def merge(config: dict, extra: dict) -> None:
+    """Deep-merge extra into config: a section given in both keeps the sandbox's keys it does not name."""
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(config.get(key), dict):
+            merge(config[key], value)
+        else:
+            config[key] = value
+
+
 @contextmanager
-def sandbox_platform(models: list[dict], base_port: int | None = None, fleet: bool = True, gateway: bool = False, **config):
-    """A whole platform for a benchmark: servers, a short bootstrap, fleet, gateway; always torn down."""
+def sandbox_platform(models: list[dict], base_port: int | None = None, fleet: bool = True, gateway: bool = False,
+                     gateway_settings: dict | None = None, **config):
+    """A whole platform for a benchmark: servers, a short bootstrap, fleet, gateway; always torn down.
+    gateway_settings merge into the sandbox's `gateway` section (config's other sections likewise)."""
     from tidal.platform import Platform, use_platform_env
     from tidal.settings import load_settings
 
     root = Path(tempfile.mkdtemp(prefix="tidal-sandbox-"))
     for key in [k for k in os.environ if k.startswith("TIDAL_")]:
         del os.environ[key]  # the sandbox's own configuration only
+    if gateway_settings:
+        config["gateway"] = gateway_settings
     os.environ["TIDAL_CONFIG"] = str(write_config(root, models, base_port, **config))
     settings = load_settings()
     use_platform_env(settings)

@@ -118,3 +118,21 @@ def test_routes_need_the_admin_token_and_a_served_version(tmp_path):
     assert client.post("/admin/routes/tab/canary", json=body).status_code == 401
     r = client.post("/admin/routes/tab/canary", json=body, headers={"Authorization": "Bearer admin-token-0123456789"})
     assert r.status_code == 409 and "tab@v2" in r.json()["error"]["message"]  # not served by any replica
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("body", [b"", b"{", b"\xff\xfe", b"[]", b'{"model": "tab", "prompt": 5}',
+                                  b'{"model": "tab", "prompt": "x", "temperature": NaN}',
+                                  b'{"model": "tab", "prompt": "sk-secret", "max_tokens": 1e400}'])
+def test_malformed_completion_bodies_get_422_naming_the_field_without_echoing_it(tmp_path, path, body):
+    from fastapi.testclient import TestClient
+
+    client = TestClient(_app_without_engines(tmp_path, rate=100, burst=100))
+    r = client.post(path, content=body, headers={"Authorization": "Bearer alice-key-0123456789",
+                                                 "Content-Type": "application/json"})
+    assert r.status_code == 422, r.text
+    errors = r.json()["detail"]
+    assert errors and all(e["loc"][0] == "body" and e["msg"] and "input" not in e for e in errors)
+    assert "sk-secret" not in r.text
+    # authentication still comes first
+    assert client.post(path, content=body, headers={"Authorization": "Bearer wrong"}).status_code == 401

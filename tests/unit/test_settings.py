@@ -243,3 +243,15 @@ def test_prefect_server_gets_its_database_wait_from_settings(monkeypatch: pytest
     monkeypatch.setenv("TIDAL_PREFECT__DATABASE_TIMEOUT_S", "45")
     env = Platform(load_settings()).services()["prefect"].env
     assert env["PREFECT_SERVER_DATABASE_TIMEOUT"] == env["PREFECT_SERVER_DATABASE_CONNECTION_TIMEOUT"] == "45.0"
+
+
+def test_sandbox_config_sections_merge_with_the_sandboxes_own(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
+    from tidal.sandbox import write_config
+
+    path = write_config(clean_env, [{"name": "tab"}], base_port=21000,
+                        gateway={"logsink": {"segment_max_age_s": 5.0}}, canary={"steps": [0.5]})
+    monkeypatch.setenv("TIDAL_CONFIG", str(path))
+    s = load_settings()
+    assert s.gateway.logsink.segment_max_age_s == 5.0 and s.gateway.logsink.upload_interval_s == 0.5  # merged, not replaced
+    assert s.gateway.port == 21004 and [c.client_id for c in s.gateway.clients] == ["alice", "bob"]
+    assert s.canary.steps == [0.5]
