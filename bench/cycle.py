@@ -38,13 +38,12 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.soak import CANARY as QUICK_CANARY  # noqa: E402  the soak's short cycle: one 2-minute 50% step
+from bench.soak import TRAIN as QUICK_TRAIN  # noqa: E402  and a 6-iteration PPO run
+
 Interval = tuple[float, float]  # (start, end), epoch seconds
 STAGES = ("collect", "train", "promote")
 CONTRACT_TASKS = {"validate_logs", "quarantine_failures", "publish_data_docs"}
-QUICK_TRAIN = {"ppo": {"max_iterations": 6, "batch_size": 32, "minibatch_size": 8, "kl_coef": 0.1}, "retry_delay_s": 0.0,
-               "gate": {"eval_bytes": 20_000, "bpb_tolerance": 0.2}}
-QUICK_CANARY = {"steps": [0.5], "min_samples": 60, "max_step_s": 120, "poll_s": 2, "feedback_wait_s": 5,
-                "unload_grace_s": 0, "mixture_sd": 0.5}
 
 
 def say(msg: str) -> None:
