@@ -75,6 +75,7 @@ def main() -> None:
     from tidal.settings import load_settings
     from tidal.store import open_store
     from training.candidate import build_trainable
+    from training.hindsight import HindsightRows, hindsight_samples
     from training.policy import load_policy, load_tokenizer
     from training.ppo_trainer import PPOTrainer, iteration_plan
     from training.reward_data import load_dataset, split
@@ -99,8 +100,11 @@ def main() -> None:
     rows = [r.model_copy(update={"reward": float(v), "reward_rule": rule.id}) for r, v in zip(rows, rewards)]
     train_rows, _ = split(rows, settings.train.heldout_fraction)
     picked = select_samples(train_rows, args.version, cfg.max_stale_versions).kept
-    head = {"datasets": ids, "rows": len(rows), "train_rows": len(picked), "rule": rule.model_dump(mode="json"),
-            "ppo": cfg.model_dump(mode="json", include={"learning_rate", "kl_coef", "batch_size", "epochs", "max_iterations"})}
+    hindsight = hindsight_samples(picked, tok, rule, cfg.hindsight_stop) if cfg.hindsight_partials else HindsightRows([])
+    picked += hindsight.samples
+    head = {"datasets": ids, "rows": len(rows), "train_rows": len(picked), "hindsight_rows": len(hindsight.samples),
+            "rule": rule.model_dump(mode="json"), "ppo": cfg.model_dump(mode="json", include={
+                "learning_rate", "kl_coef", "batch_size", "epochs", "max_iterations", "hindsight_partials"})}
     print(json.dumps({"at": 0, **head, **evaluate(load_policy(args.checkpoint), tok, cases, rule, users)}), flush=True)
 
     trainer = PPOTrainer(build_trainable(args.checkpoint, args.checkpoint, cfg), cfg, tok.pad_token_id)

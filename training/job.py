@@ -83,6 +83,7 @@ class Checkouts:
 
 def train(spec: TrainJob) -> None:
     from training.candidate import build_trainable, candidate_kind, save_candidate
+    from training.hindsight import HindsightRows, hindsight_samples
     from training.policy import load_tokenizer
     from training.ppo_trainer import PPOTrainer, iteration_plan
     from training.rollout import select_samples
@@ -109,13 +110,22 @@ def train(spec: TrainJob) -> None:
                            f"held out {len(heldout)}, dropped {dropped}) < train.min_train_rows={spec.train.min_train_rows}: "
                            "collect more traffic with feedback")
 
-    plan = iteration_plan(len(picked.kept), cfg)
-    if len(plan[0]) < world:  # every batch has min(batch_size, rows) rows
-        raise LaunchEnvError(f"batches of {len(plan[0])} rows cannot be split over {world} processes: raise "
-                             f"train.ppo.batch_size to at least {world}, or start fewer (trainer.kubernetes.gpus_per_node)")
     with distributed.main_first():  # rank 0 fills the node's checkpoint cache, then the others find it complete
         dirs = Checkouts(spec, store, registry, settings.data_path / "cache")
     tokenizer = load_tokenizer(dirs.base_dir)
+    hindsight = HindsightRows([])
+    if cfg.hindsight_partials:
+        if data.rule is None:
+            raise DatasetError(f"dataset {spec.dataset_id}: its manifest records no reward rule, which hindsight rows "
+                               "need for their reward; re-run collect, or set train.ppo.hindsight_partials=false")
+        hindsight = hindsight_samples(picked.kept, tokenizer, data.rule, cfg.hindsight_stop)
+        say(f"{spec.run_key}: {len(hindsight.samples)} hindsight rows from partial verdicts"
+            + (f" (skipped {hindsight.skipped})" if hindsight.skipped else ""), flush=True)
+    samples = picked.kept + hindsight.samples  # served rows, then hindsight rows
+    plan = iteration_plan(len(samples), cfg)
+    if len(plan[0]) < world:  # every batch has min(batch_size, rows) rows
+        raise LaunchEnvError(f"batches of {len(plan[0])} rows cannot be split over {world} processes: raise "
+                             f"train.ppo.batch_size to at least {world}, or start fewer (trainer.kubernetes.gpus_per_node)")
     megatron = cfg.backend == "megatron"
     if megatron:  # tensor-parallel shards; the processes of one shard position split the batches
         from training.megatron import parallel
@@ -146,7 +156,7 @@ def train(spec: TrainJob) -> None:
         start = state["iteration"] + 1
         say(f"{spec.run_key}: resuming after iteration {state['iteration']} of {len(plan)}", flush=True)
     else:
-        trainer.compute_reference(picked.kept, rows=(r for batch in plan for r in batch))
+        trainer.compute_reference(samples, rows=(r for batch in plan for r in batch))
         start = 0
 
     from mlflow.entities import Metric
@@ -170,7 +180,7 @@ def train(spec: TrainJob) -> None:
             f"{k.split('/')[1]}={v:.4g}" for k, v in metrics.items() if k in SHOWN), flush=True)
 
     # every rank runs the same iterations, in step (every collective); rank 0 alone has side effects
-    history = trainer.train(picked.kept, plan, start, after_iteration)
+    history = trainer.train(samples, plan, start, after_iteration)
     trainer.model.to("cpu")  # the candidate's files load on any machine (critic.pt included)
     with tempfile.TemporaryDirectory() as tmp:
         save = save_megatron_candidate if megatron else save_candidate
@@ -182,7 +192,8 @@ def train(spec: TrainJob) -> None:
     final = history[-1] if history else (state or {}).get("final", {})
     result = TrainResult(
         iterations=len(plan), resumed_from=None if state is None else state["iteration"],
-        train_rows=len(picked.kept), heldout_rows=len(heldout), dropped=dropped, final=final,
+        train_rows=len(samples), heldout_rows=len(heldout), dropped=dropped, final=final,
+        hindsight_rows=len(hindsight.samples), hindsight_skipped=hindsight.skipped,
         tokens_per_s=sum(h["charts/tokens_per_s"] for h in history) / max(len(history), 1),
         kind=candidate_kind(cfg), mlflow_s=round(mlflow_s, 3))
     put_json(store, f"{spec.prefix}/result.json", result.model_dump())  # last: the run is complete

@@ -57,6 +57,8 @@ class TrainResult(BaseModel):
     final: dict[str, float] = Field(description="Metrics of the last iteration.")
     tokens_per_s: float = Field(description="Mean charts/tokens_per_s over the iterations of the last process.")
     kind: str = Field(description="'lora' or 'full': how the candidate is served.")
+    hindsight_rows: int = Field(0, description="Hindsight rows added from partial verdicts (part of train_rows).")
+    hindsight_skipped: dict[str, int] = Field(default_factory=dict, description="Partials without a hindsight row, by reason.")
     mlflow_s: float = Field(0.0, description=(
         "Wall seconds the last process spent in MLflow calls (its per-iteration metric batches); bench/cycle.py "
         "counts them as orchestration time."))

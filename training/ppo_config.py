@@ -120,6 +120,17 @@ class PPOConfig(BaseModel):
         "older than the policy being trained, or newer than it. None keeps every version.",
     )
 
+    # --- hindsight rows (training/hindsight.py) --------------------------------------------------
+    hindsight_partials: bool = Field(
+        False,
+        description="Add one row per `partial` verdict: the characters the user kept, ended with `hindsight_stop`, "
+        "rewarded as an accepted suggestion of that text (behaviour = pi_old, IS weight 1). Teaches where to stop, "
+        "which on-policy logs rarely show. Only training rows get one; the held-out rows stay as served.",
+    )
+    hindsight_stop: str = Field(
+        "\n", description="Text that ends a suggestion (the clients' stop string); one token of the policy's tokenizer."
+    )
+
     @model_validator(mode="after")
     def _check(self) -> PPOConfig:
         return self.validate()
@@ -181,6 +192,8 @@ class PPOConfig(BaseModel):
             self.max_stale_versions is None or self.max_stale_versions >= 0,
             f"max_stale_versions={self.max_stale_versions}: must be >= 0, or None to keep all versions",
         )
+        need(not self.hindsight_partials or bool(self.hindsight_stop),
+             "hindsight_partials=True needs hindsight_stop: the text that ends a suggestion (e.g. a line break)")
         if self.lora:
             need(self.lora_rank >= 1, f"lora_rank={self.lora_rank}: must be >= 1")
             need(self.lora_alpha > 0, f"lora_alpha={self.lora_alpha}: must be > 0")

@@ -163,8 +163,9 @@ class PPOTrainer:
         logp_old = token_logprobs(batch.completion_view(logits), batch.completion_ids) * mask  # (B, T)
         values_old = batch.completion_view(values).float() * mask  # (B, T) V of each token's context
         logp_ref = self._ref_batch(mine, mask.shape[1])  # (B, T)
-        # (B, T) behaviour log-probs mu from the serving engine, as logged
-        w = truncated_is_weight(logp_old, batch.behaviour_logprobs, mask, cfg.is_truncation, cfg.is_level)
+        # (B, T) behaviour log-probs mu from the serving engine, as logged; pi_old for rows mu did not draw (w = 1)
+        mu = torch.where(batch.served[:, None], batch.behaviour_logprobs, logp_old)
+        w = truncated_is_weight(logp_old, mu, mask, cfg.is_truncation, cfg.is_level)
         rewards = kl_penalized_rewards(batch.rewards, logp_old, logp_ref, mask, cfg.kl_coef, is_weight=w)
         advantages, returns = gae(rewards, values_old, mask, cfg.gamma, cfg.gae_lambda)
         if cfg.whiten_advantages:  # over the whole batch: every process's tokens

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from pydantic import ValidationError
 
 from data_contracts.dataset import dataset_prefix, read_manifest, read_watermark
+from data_contracts.rewards import RewardRule
 from data_contracts.samples import REWARD_SAMPLE_SCHEMA, RewardSample
 from tidal.store import ObjectStore
 
@@ -32,6 +33,7 @@ class RewardDataset:
     digest: str  # "sha256:<hex>" of the Parquet file, as in the manifest
     reward_rule: str  # "name@version"
     samples: list[RewardSample]
+    rule: RewardRule | None  # the rule that computed the rewards, as the manifest recorded it (collect always does)
 
 
 def latest_dataset_id(store: ObjectStore, model: str) -> str:
@@ -82,7 +84,16 @@ def load_dataset(store: ObjectStore, model: str, ds_id: str) -> RewardDataset:
     if wrong:
         raise DatasetError(f"dataset {ds_id} holds rows of other models {sorted(wrong)}; expected only {model}")
     rules = {s.reward_rule for s in samples}
-    return RewardDataset(ds_id, manifest["digest"], ",".join(sorted(rules)), samples)
+    rule = None
+    if (recorded := (manifest.get("reward_rule") or {}).get("rule")) is not None:
+        try:
+            rule = RewardRule.model_validate(recorded)
+        except ValidationError as e:
+            raise DatasetError(f"dataset {ds_id}: the manifest's reward_rule.rule is not a RewardRule: "
+                               f"{e.errors()[0]['msg']} at {e.errors()[0]['loc']}") from None
+        if rules != {rule.id}:
+            raise DatasetError(f"dataset {ds_id}: rows were rewarded by {sorted(rules)}, the manifest names {rule.id}")
+    return RewardDataset(ds_id, manifest["digest"], ",".join(sorted(rules)), samples, rule)
 
 
 def _type_name(t: pa.DataType) -> str:

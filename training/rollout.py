@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from data_contracts.samples import RewardSample
+from training.hindsight import HindsightSample
 
 
 @dataclass
@@ -57,7 +58,8 @@ class RolloutBatch:
     attention_mask: torch.Tensor  # (B, P + T) long, 1 on real prompt and completion tokens
     completion_ids: torch.Tensor  # (B, T) long, pad after each completion's end
     mask: torch.Tensor  # (B, T) float32, 1 on real completion tokens
-    behaviour_logprobs: torch.Tensor  # (B, T) float32 mu, 0 on padding
+    behaviour_logprobs: torch.Tensor  # (B, T) float32 mu, 0 on padding, NaN where mu did not draw the token
+    served: torch.Tensor  # (B,) bool: every token drawn by mu (False: a hindsight row, see training/hindsight.py)
     rewards: torch.Tensor  # (B,) float32 terminal rewards
     versions: torch.Tensor  # (B,) long behaviour versions
     prompt_width: int  # P
@@ -107,5 +109,6 @@ def collate(samples: Sequence[RewardSample], pad_token_id: int) -> RolloutBatch:
         behaviour_logprobs=behaviour,
         rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32),
         versions=torch.tensor([s.version for s in samples], dtype=torch.long),
+        served=torch.tensor([not isinstance(s, HindsightSample) for s in samples], dtype=torch.bool),
         prompt_width=P,
     )

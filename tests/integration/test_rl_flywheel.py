@@ -11,6 +11,10 @@ import httpx
 import pytest
 
 from sim.users import SimTraffic, SimUsersConfig
+from tidal.store import get_json, open_store
+from training.job_spec import TrainResult
+from training.reward_data import load_dataset, split
+from training.rollout import select_samples
 
 pytestmark = pytest.mark.slow
 
@@ -27,6 +31,7 @@ def test_one_flywheel_cycle_end_to_end(settings, platform, registry, gateway, ke
     # A short PPO run (the users keep typing meanwhile, so the trainer shares two cores with three replicas),
     # and a short canary: one 50% step, decided (or inconclusive, then rolled back) within two minutes.
     monkeypatch.setenv("TIDAL_TRAIN__PPO__MAX_ITERATIONS", "6")
+    monkeypatch.setenv("TIDAL_TRAIN__PPO__HINDSIGHT_PARTIALS", "true")  # as the demo trains
     monkeypatch.setenv("TIDAL_CANARY", json.dumps({"steps": [0.5], "min_samples": 60, "max_step_s": 120, "poll_s": 2,
                                                    "feedback_wait_s": 5, "unload_grace_s": 0, "mixture_sd": 0.5}))
     from flows.flywheel import flywheel
@@ -56,6 +61,15 @@ def test_one_flywheel_cycle_end_to_end(settings, platform, registry, gateway, ke
     assert report["decision"] in {"promoted", "rolled_back", "gate_failed"}, report
     cand = registry.get("tab", report["candidate"])
     assert cand.tags["tidal.dataset_id"] == report["dataset_id"] and cand.tags["tidal.parent_version"] == str(champion_before)
+
+    # Every partial verdict among the training rows became a hindsight row (or was counted as skipped).
+    data = load_dataset(open_store(settings), "tab", report["dataset_id"])
+    train_rows, _ = split(data.samples, settings.train.heldout_fraction)
+    kept = select_samples(train_rows, champion_before, settings.train.ppo.max_stale_versions).kept
+    partials = sum(s.event == "partial" for s in kept)
+    result = TrainResult.model_validate(get_json(open_store(settings), f"training/model=tab/{cand.tags['tidal.train_run']}/result.json"))
+    assert result.hindsight_rows + sum(result.hindsight_skipped.values()) == partials, (result, partials)
+    assert partials == 0 or result.hindsight_rows > 0, result
 
     # Registry and routes agree with the decision; no canary is left behind.
     aliases = registry.aliases("tab")

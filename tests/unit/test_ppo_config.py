@@ -34,6 +34,7 @@ def test_defaults_are_valid_and_documented() -> None:
         ({"epochs": 0}, "epochs=0"),
         ({"lora_targets": []}, "set lora=False"),
         ({"max_stale_versions": -1}, "max_stale_versions=-1"),
+        ({"hindsight_partials": True, "hindsight_stop": ""}, "needs hindsight_stop: the text that ends a suggestion"),
     ],
 )
 def test_validate_rejects_bad_settings_with_a_fix(update: dict, message: str) -> None:

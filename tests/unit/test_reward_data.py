@@ -8,6 +8,7 @@ import pyarrow as pa
 import pytest
 
 from data_contracts.dataset import write_dataset, write_watermark
+from data_contracts.rewards import RewardRule
 from data_contracts.samples import RewardSample, samples_table
 from data_contracts.scope import Watermark
 from tidal.store import LocalStore
@@ -115,3 +116,16 @@ def test_run_key_changes_with_what_determines_the_result() -> None:
     assert key == run_key("tab", "sha256:a", 1, TrainSettings(retries=9, torch_threads=1))  # operational knobs only
     assert key != run_key("tab", "sha256:b", 1, cfg) and key != run_key("tab", "sha256:a", 2, cfg)
     assert key != run_key("tab", "sha256:a", 1, TrainSettings(ppo={"learning_rate": 1e-3}))
+
+
+def test_the_manifests_reward_rule_comes_with_the_dataset(store) -> None:
+    rule = RewardRule(accept_scale_by_chars=True)
+    write_dataset(store, "tab", "ds-r", samples_table([row(0)]), {"reward_rule": {"id": rule.id, "rule": rule.model_dump(mode="json")}})
+    assert load_dataset(store, "tab", "ds-r").rule == rule
+    other = RewardRule(version=2)
+    write_dataset(store, "tab", "ds-m", samples_table([row(0)]), {"reward_rule": {"id": other.id, "rule": other.model_dump(mode="json")}})
+    with pytest.raises(DatasetError, match=r"rewarded by \['cursor-tab@1'\], the manifest names cursor-tab@2"):
+        load_dataset(store, "tab", "ds-m")
+    write_dataset(store, "tab", "ds-b", samples_table([row(0)]), {"reward_rule": {"id": "x", "rule": {"accepted": "lots"}}})
+    with pytest.raises(DatasetError, match=r"reward_rule.rule is not a RewardRule: .* at \('accepted',\)"):
+        load_dataset(store, "tab", "ds-b")
