@@ -51,7 +51,7 @@ def run_key(model: str, dataset_digest: str, champion_version: int, train: Train
 class TrainResult(BaseModel):
     iterations: int = Field(description="PPO iterations in the plan (all done).")
     resumed_from: int | None = Field(description="Iteration the last process resumed after (None: ran from the start).")
-    train_rows: int = Field(description="Rows trained on, after the stale/empty filter.")
+    train_rows: int = Field(description="Rows trained on: served rows after the stale/empty filter, plus hindsight rows.")
     heldout_rows: int = Field(description="Rows kept out for the gate.")
     dropped: dict[str, int] = Field(description="Training rows left out, by reason (stale, newer, empty).")
     final: dict[str, float] = Field(description="Metrics of the last iteration.")
