@@ -4,7 +4,7 @@ send feedback judged only against the code they were about to type — never fro
 The verdict (one user, one suggestion s, intended rest of the line t):
     s empty                                        → no feedback (nothing was shown)
     s is a prefix of t and len(s) >= min_chars     → accepted
-    s and t share a prefix of k >= min_chars chars → partial, accepted_chars = k (kept word by word)
+    s and t share a prefix of k >= min_chars chars → partial, accepted_chars = k (kept up to the first mismatch)
     otherwise                                      → rejected
 Users differ: each has its own minimum length (a one-character suggestion is not worth a keystroke),
 its own pause between requests (typing speed) and its own feedback delay, all drawn from a seeded
