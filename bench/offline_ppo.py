@@ -12,7 +12,9 @@ Rewards are recomputed with the given reward rule, so rules can be compared on t
 Usage (a data directory left by `tidal demo`):
   .venv/bin/python bench/offline_ppo.py --data-dir .tidal --checkpoint .tidal/store/checkpoints/model=tab/version=1 \
       --iterations 60 --eval-at 20,40 --ppo '{"kl_coef": 0.05}' --rule '{"accept_scale_by_chars": true}'
-Prints one JSON line per evaluation (`"at": iteration`, 0 = the checkpoint itself), the last one final.
+Prints one JSON line per evaluation (`"at": iteration`, 0 = the checkpoint itself), the last one final. Each
+line carries `bpb_delta`: held-out code bits/byte against the checkpoint, as the offline gate measures it with
+the demo's gate settings (the gate refuses a candidate above `bpb_tolerance`).
 """
 
 from __future__ import annotations
@@ -44,14 +46,14 @@ def completions(model, tok, cases, max_tokens: int, temperature: float, batch: i
     return out
 
 
-def evaluate(model, tok, cases, rule, users) -> dict:
+def evaluate(model, tok, cases, rule, users, bpb) -> dict:
     from sim.evaluate import score
 
     t0 = time.perf_counter()
     s = score(cases, completions(model, tok, cases, users.max_tokens, users.temperature), rule)
     return {**{k: round(e.mean, 4) for k, e in s.items()},
             **{f"{k}_ci": [round(e.low, 4), round(e.high, 4)] for k, e in s.items()},
-            "eval_s": round(time.perf_counter() - t0, 1)}
+            "bpb": round(bpb(model), 4), "eval_s": round(time.perf_counter() - t0, 1)}
 
 
 def main() -> None:
@@ -73,11 +75,14 @@ def main() -> None:
     from data_contracts.rewards import RewardRule
     from sim.evaluate import eval_cases
     from tidal.settings import load_settings
+    from training import corpus
+    from training.pretrain import bits_per_byte
     from tidal.store import open_store
     from training.candidate import build_trainable
     from training.hindsight import HindsightRows, hindsight_samples
     from training.policy import load_policy, load_tokenizer
     from training.ppo_trainer import PPOTrainer, iteration_plan
+    from training.ptx import PtxLoss, ptx_stream
     from training.reward_data import load_dataset, split
     from training.rollout import select_samples
 
@@ -89,6 +94,14 @@ def main() -> None:
     cfg = settings.demo.train.ppo.model_copy(update={**json.loads(args.ppo), "max_iterations": args.iterations})
     tok = load_tokenizer(args.checkpoint)
     tok.padding_side = "left"  # generation pads prompts on the left
+    root = corpus.stdlib_root()
+    _, code_files = corpus.split_files(corpus.source_files(root), root, settings.bootstrap.heldout_fraction)
+    code, gate = corpus.read_texts(code_files), settings.demo.train.gate
+
+    def bpb(model) -> float:
+        model.eval()
+        return bits_per_byte(model, tok, code, gate.eval_bytes, gate.seq_len)[0]
+
     cases = eval_cases(users, settings.bootstrap.heldout_fraction, args.eval_requests, seed=11)
 
     ids = [d for d in args.datasets.split(",") if d] or sorted(
@@ -104,18 +117,23 @@ def main() -> None:
     picked += hindsight.samples
     head = {"datasets": ids, "rows": len(rows), "train_rows": len(picked), "hindsight_rows": len(hindsight.samples),
             "rule": rule.model_dump(mode="json"), "ppo": cfg.model_dump(mode="json", include={
-                "learning_rate", "kl_coef", "batch_size", "epochs", "max_iterations", "hindsight_partials"})}
-    print(json.dumps({"at": 0, **head, **evaluate(load_policy(args.checkpoint), tok, cases, rule, users)}), flush=True)
+                "learning_rate", "kl_coef", "batch_size", "epochs", "max_iterations", "hindsight_partials", "ptx_coef"})}
+    base = evaluate(load_policy(args.checkpoint), tok, cases, rule, users, bpb)
+    print(json.dumps({"at": 0, **head, **base, "bpb_delta": 0.0}), flush=True)
 
-    trainer = PPOTrainer(build_trainable(args.checkpoint, args.checkpoint, cfg), cfg, tok.pad_token_id)
+    ptx = PtxLoss(ptx_stream(tok, settings.bootstrap.heldout_fraction, cfg.ptx_corpus_bytes), cfg.ptx_batch,
+                  cfg.ptx_seq_len, cfg.seed) if cfg.ptx_coef > 0 else None
+    trainer = PPOTrainer(build_trainable(args.checkpoint, args.checkpoint, cfg), cfg, tok.pad_token_id, ptx=ptx)
     plan = iteration_plan(len(picked), cfg)
     trainer.compute_reference(picked, rows=(r for batch in plan for r in batch))
     looks = {int(x) for x in args.eval_at.split(",") if x} | {len(plan)}
 
     def after(it: int, metrics: dict[str, float]) -> None:
         if it + 1 in looks:
-            kl = {k.split("/")[1]: round(v, 4) for k, v in metrics.items() if k in ("ppo/kl_ref", "ppo/approx_kl")}
-            print(json.dumps({"at": it + 1, **kl, **evaluate(trainer.model.policy, tok, cases, rule, users)}), flush=True)
+            kl = {k.split("/")[1]: round(v, 4) for k, v in metrics.items()
+                  if k in ("ppo/kl_ref", "ppo/approx_kl", "ppo/ptx_loss")}
+            now = evaluate(trainer.model.policy, tok, cases, rule, users, bpb)
+            print(json.dumps({"at": it + 1, **kl, **now, "bpb_delta": round(now["bpb"] - base["bpb"], 4)}), flush=True)
             trainer.model.train()
 
     trainer.train(picked, plan, 0, after)

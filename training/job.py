@@ -136,7 +136,13 @@ def train(spec: TrainJob) -> None:
         trainer = PPOTrainer(model, cfg, tokenizer.pad_token_id, dp=data_parallel())
     else:
         model = build_trainable(dirs.champion_dir, dirs.base_dir, cfg).to(distributed.device())
-        trainer = PPOTrainer(model, cfg, tokenizer.pad_token_id)
+        ptx = None
+        if cfg.ptx_coef > 0:
+            from training.ptx import PtxLoss, ptx_stream
+
+            ptx = PtxLoss(ptx_stream(tokenizer, settings.bootstrap.heldout_fraction, cfg.ptx_corpus_bytes),
+                          cfg.ptx_batch, cfg.ptx_seq_len, cfg.seed)
+        trainer = PPOTrainer(model, cfg, tokenizer.pad_token_id, ptx=ptx)
 
     def checkpoint_state() -> dict:
         """The trainer's state; Megatron: every tensor-parallel rank's, in rank order (a collective)."""

@@ -131,6 +131,19 @@ class PPOConfig(BaseModel):
         "\n", description="Text that ends a suggestion (the clients' stop string); one token of the policy's tokenizer."
     )
 
+    # --- language modelling on the training code (PPO-ptx, training/ptx.py) ------------------------
+    ptx_coef: float = Field(
+        0.0,
+        description="Weight of a next-token loss on windows of the corpus's training code, added to every PPO step "
+        "(InstructGPT's PPO-ptx). Keeps the policy a code model while RL moves its suggestions; the offline gate's "
+        "bits/byte check is what it protects. 0 turns it off.",
+    )
+    ptx_batch: int = Field(4, description="Code windows per PPO step (split over the processes of a data-parallel run).")
+    ptx_seq_len: int = Field(128, description="Tokens per code window.")
+    ptx_corpus_bytes: int = Field(
+        2_000_000, description="Bytes of training code tokenized for the windows (the first files of the training split)."
+    )
+
     @model_validator(mode="after")
     def _check(self) -> PPOConfig:
         return self.validate()
@@ -194,6 +207,15 @@ class PPOConfig(BaseModel):
         )
         need(not self.hindsight_partials or bool(self.hindsight_stop),
              "hindsight_partials=True needs hindsight_stop: the text that ends a suggestion (e.g. a line break)")
+        need(math.isfinite(self.ptx_coef) and self.ptx_coef >= 0,
+             f"ptx_coef={self.ptx_coef}: must be a finite number >= 0 (0 turns the code loss off)")
+        if self.ptx_coef > 0:
+            need(self.ptx_batch >= 1, f"ptx_batch={self.ptx_batch}: must be >= 1 with ptx_coef > 0")
+            need(self.ptx_seq_len >= 2, f"ptx_seq_len={self.ptx_seq_len}: must be >= 2 with ptx_coef > 0")
+            need(self.ptx_corpus_bytes >= 10_000, f"ptx_corpus_bytes={self.ptx_corpus_bytes}: must be >= 10000, "
+                 "enough code for distinct windows")
+            need(self.backend == "hf", "ptx_coef > 0 is implemented for backend='hf' only: set ptx_coef=0 "
+                 "with backend='megatron'")
         if self.lora:
             need(self.lora_rank >= 1, f"lora_rank={self.lora_rank}: must be >= 1")
             need(self.lora_alpha > 0, f"lora_alpha={self.lora_alpha}: must be > 0")

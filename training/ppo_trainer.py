@@ -8,7 +8,8 @@ Per iteration (one batch of logged samples):
     rewards   terminal reward from the dataset on the last token, -kl_coef * (log pi_old - log pi_ref) on each
     GAE       advantages and returns over completion tokens, advantages whitened per batch
     update    `epochs` passes of shuffled minibatches: w-weighted clipped surrogate + clipped value loss
-              - entropy bonus, gradient clipping, early stop when approx KL > 1.5 * target_kl
+              - entropy bonus (+ ptx_coef * next-token loss on code windows, training/ptx.py), gradient
+              clipping, early stop when approx KL > 1.5 * target_kl
 
 Determinism: batches and minibatches come from generators seeded by (seed, pass) and
 (seed, iteration, epoch), never from a running RNG, so a run resumed at iteration k replays
@@ -30,6 +31,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -47,6 +49,9 @@ from training.ppo_loss import (
 )
 from training.rollout import RolloutBatch, collate
 from training.value_head import PolicyWithValue
+
+if TYPE_CHECKING:
+    from training.ptx import PtxLoss
 
 
 # LossParts fields summed over processes and averaged over steps into the iteration's ppo/ metrics.
@@ -69,7 +74,8 @@ def iteration_plan(n: int, cfg: PPOConfig) -> list[list[int]]:
     return batches[: cfg.max_iterations] if cfg.max_iterations else batches
 
 
-def _seeded(*parts: int) -> torch.Generator:
+def seeded_generator(*parts: int) -> torch.Generator:
+    """A generator seeded by a pure function of `parts` (the same in every process and every run)."""
     seed = 0
     for p in parts:
         seed = (seed * 1_000_003 + p) % (2**63)
@@ -79,7 +85,7 @@ def _seeded(*parts: int) -> torch.Generator:
 def minibatch_order(n: int, cfg: PPOConfig, iteration: int, epoch: int) -> tuple[torch.Tensor, ...]:
     """Positions 0..n-1 of an iteration's batch, shuffled for (seed, iteration, epoch) and cut into minibatches
     of minibatch_size: the same in every process of a data-parallel run."""
-    return torch.randperm(n, generator=_seeded(cfg.seed, iteration, epoch)).split(cfg.minibatch_size)
+    return torch.randperm(n, generator=seeded_generator(cfg.seed, iteration, epoch)).split(cfg.minibatch_size)
 
 
 @dataclass
@@ -103,8 +109,11 @@ class PPOTrainer:
     the reference log-probs and the state_dict stay on the CPU."""
 
     def __init__(self, model: PolicyWithValue, cfg: PPOConfig, pad_token_id: int,
-                 dp: distributed.DataParallel | None = None):
-        self.model, self.cfg, self.pad_token_id = model, cfg, pad_token_id
+                 dp: distributed.DataParallel | None = None, ptx: PtxLoss | None = None):
+        if (cfg.ptx_coef > 0) != (ptx is not None):
+            raise ValueError(f"ptx_coef={cfg.ptx_coef} needs a PtxLoss over the training code (training/ptx.py), and "
+                             "a PtxLoss needs ptx_coef > 0: pass both or neither")
+        self.model, self.cfg, self.pad_token_id, self.ptx = model, cfg, pad_token_id, ptx
         self.dp = dp if dp is not None else distributed.data_parallel()  # the processes that split each batch
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.Adam(model.param_groups(cfg.learning_rate, cfg.critic_learning_rate))
@@ -181,7 +190,7 @@ class PPOTrainer:
         self.model.train()
         B, sums, steps, stopped = len(ro.lengths), {}, 0, False
         for epoch in range(cfg.epochs):
-            for mb in minibatch_order(B, cfg, iteration, epoch):  # positions in the whole batch
+            for step, mb in enumerate(minibatch_order(B, cfg, iteration, epoch)):  # positions in the whole batch
                 # this process's rows of the minibatch: position j is row j // world of shard j % world (maybe none)
                 mine = (mb[mb % world == rank] // world).to(b.mask.device)
                 # its share of the minibatch's real tokens: the loss terms are means over all of them, so the
@@ -205,14 +214,20 @@ class PPOTrainer:
                     stats = torch.stack([loss.detach(), *(getattr(parts, k).detach() for k in _STATS)]) * share
                 else:
                     stats = torch.zeros(1 + len(_STATS), device=b.mask.device)
-                # (1 + len(_STATS),) the whole minibatch's loss and LossParts; gradients summed over processes
-                stats = distributed.sum_grads(self.trainable, stats.detach(), self.dp.group)
+                ptx = self.ptx.loss(self.model, iteration, epoch, step, rank, world) if self.ptx else None
+                if ptx is not None:  # this process's share of the step's code windows
+                    (cfg.ptx_coef * ptx).backward()
+                    stats[0] += cfg.ptx_coef * ptx.detach()
+                ptx = torch.zeros((), device=stats.device) if ptx is None else ptx.detach()
+                stats = torch.cat([stats.detach(), ptx.view(1)])
+                # (2 + len(_STATS),) the whole minibatch's loss, LossParts and ptx loss; gradients summed over processes
+                stats = distributed.sum_grads(self.trainable, stats, self.dp.group)
                 self._check_finite(stats[0], iteration, "loss")
                 grad_norm = self._clip_grad_norm(cfg.max_grad_norm)
                 self._check_finite(grad_norm, iteration, "gradient norm")
                 self.optimizer.step()
                 steps += 1
-                for name, value in zip(_STATS, stats[1:].tolist()):
+                for name, value in zip((*_STATS, "ptx_loss"), stats[1:].tolist()):
                     sums[name] = sums.get(name, 0.0) + value
                 sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(grad_norm)
                 if cfg.target_kl is not None and float(stats[1 + _STATS.index("approx_kl")]) > 1.5 * cfg.target_kl:
@@ -223,6 +238,8 @@ class PPOTrainer:
         for p in self.trainable:
             if not torch.isfinite(p).all():
                 self._check_finite(torch.tensor(math.nan), iteration, "weights")
+        if self.ptx is None:
+            del sums["ptx_loss"]  # not computed: no metric rather than a zero
         metrics = {f"ppo/{k}": v / steps for k, v in sums.items()}
         m, w = b.mask, ro.is_weight
         # sums over the whole batch's real tokens, then the means masked_mean would give on one process

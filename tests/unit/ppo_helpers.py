@@ -8,8 +8,12 @@ from pathlib import Path
 import torch
 
 from training.candidate import build_trainable
+from training.corpus import read_texts, stdlib_root
+from training.policy import load_tokenizer
 from training.ppo_config import PPOConfig
 from training.ppo_trainer import PPOTrainer
+from training.pretrain import token_stream
+from training.ptx import PtxLoss
 
 
 def cfg(**kw) -> PPOConfig:
@@ -19,7 +23,12 @@ def cfg(**kw) -> PPOConfig:
 
 
 def make_trainer(champion_dir: Path, c: PPOConfig) -> PPOTrainer:
-    return PPOTrainer(build_trainable(champion_dir, champion_dir, c), c, pad_token_id=0)
+    """A trainer of the tiny policy; with ptx_coef > 0 its code windows come from heapq.py (what it learned)."""
+    ptx = None
+    if c.ptx_coef > 0:
+        code = token_stream(load_tokenizer(champion_dir), read_texts([stdlib_root() / "heapq.py"]))
+        ptx = PtxLoss(code, c.ptx_batch, c.ptx_seq_len, c.seed)
+    return PPOTrainer(build_trainable(champion_dir, champion_dir, c), c, pad_token_id=0, ptx=ptx)
 
 
 def trainable_weights(trainer: PPOTrainer) -> dict[str, torch.Tensor]:

@@ -35,6 +35,9 @@ def test_defaults_are_valid_and_documented() -> None:
         ({"lora_targets": []}, "set lora=False"),
         ({"max_stale_versions": -1}, "max_stale_versions=-1"),
         ({"hindsight_partials": True, "hindsight_stop": ""}, "needs hindsight_stop: the text that ends a suggestion"),
+        ({"ptx_coef": -0.1}, "ptx_coef=-0.1: must be a finite number >= 0"),
+        ({"ptx_coef": 1.0, "ptx_seq_len": 1}, "ptx_seq_len=1: must be >= 2"),
+        ({"ptx_coef": 1.0, "backend": "megatron", "lora": False}, "set ptx_coef=0 with backend='megatron'"),
     ],
 )
 def test_validate_rejects_bad_settings_with_a_fix(update: dict, message: str) -> None:

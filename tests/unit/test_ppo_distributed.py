@@ -1,6 +1,7 @@
 """Data-parallel PPO (training/distributed.py) on the tiny policy: two gloo processes end with the weights of one
-process over the same plan, with uneven shards, minibatches in which a process has no row, and an early stop;
-their checkpoint resumes in one process. Plus the torchrun variables and the single-process identity."""
+process over the same plan, with uneven shards, minibatches in which a process has no row, an early stop and the
+ptx code loss split unevenly; their checkpoint resumes in one process. Plus the torchrun variables and the
+single-process identity."""
 
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ SCENARIOS = {
     # 1.3e-2: each stops in its second epoch (of 3), at the first step > 1.5 * target_kl = 5.1e-3 (2x margins)
     "early_stop": dict(lora=False, batch_size=5, minibatch_size=1, epochs=3, passes=1, max_iterations=2,
                        target_kl=3.4e-3, learning_rate=3e-4),
+    # the code loss of PPO-ptx: 3 windows a step, 2 on one process and 1 on the other
+    "ptx": dict(batch_size=9, minibatch_size=3, epochs=2, passes=1, max_iterations=2, ptx_coef=1.0, ptx_batch=3,
+                ptx_seq_len=32),
 }
 ATOL = 1e-5
 

@@ -1,0 +1,73 @@
+"""PPO-ptx: a language-modelling loss on the training code, mixed into every PPO step.
+
+InstructGPT (Ouyang et al. 2022, §3.5) mixes pretraining gradients into PPO so that RL on one task does not
+undo what the model knew. Tidal needs the same: Tab verdicts mostly teach where a suggestion should stop, and
+that lesson spreads to every position of the code model. Measured on a demo's logs (bench/offline_ppo.py, 60
+iterations at kl_coef 0.05 with hindsight rows), held-out code bits/byte rose by 0.07 after 20 iterations and
+0.29 after 60, past the offline gate's tolerance, while the KL penalty on completion tokens stayed small: the
+penalty only sees the logged completions, not the code around them.
+
+The windows come from the corpus's training split only: the offline gate scores bits/byte on the held-out files
+and the simulated users draw their sites from those, so neither ever sees text this loss trained on.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedTokenizerBase
+
+from training import corpus
+from training.ppo_trainer import seeded_generator
+from training.pretrain import sample_batch, token_stream
+
+_PTX_STREAM = 0x707478  # separates these draws from the minibatch order's (seed, iteration, epoch)
+
+
+def ptx_stream(tokenizer: PreTrainedTokenizerBase, heldout_fraction: float, max_bytes: int) -> torch.Tensor:
+    """1-D token stream (eos-separated) of the corpus's training files, in file order, up to ~max_bytes of text.
+
+    heldout_fraction must be the bootstrap's (settings.bootstrap.heldout_fraction): it decides which files are
+    held out for the gate and the simulated users."""
+    root = corpus.stdlib_root()
+    train_files, _ = corpus.split_files(corpus.source_files(root), root, heldout_fraction)
+    texts, size = [], 0
+    for text in corpus.read_texts(train_files):
+        if size >= max_bytes:
+            break
+        texts.append(text[: max_bytes - size])
+        size += len(texts[-1].encode())
+    return token_stream(tokenizer, texts)
+
+
+class PtxLoss:
+    """Draws each PPO step's code windows and computes this process's part of their mean next-token loss.
+
+    Windows are a pure function of (seed, iteration, epoch, step), like the minibatch order, so a resumed run
+    draws what an uninterrupted one would. Data parallel, every process draws the same `batch` windows and takes
+    windows[rank::world]; each returns its summed token loss divided by the tokens of all windows, so the summed
+    gradients are those of the mean over the whole draw (and a process with no window contributes nothing)."""
+
+    def __init__(self, data: torch.Tensor, batch: int, seq_len: int, seed: int):
+        if len(data) <= seq_len + 1:
+            raise ValueError(f"ptx corpus of {len(data)} tokens is shorter than one window of {seq_len + 1}: raise "
+                             "train.ppo.ptx_corpus_bytes or lower train.ppo.ptx_seq_len")
+        self.data, self.batch, self.seq_len, self.seed = data, batch, seq_len, seed
+
+    def windows(self, iteration: int, epoch: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(batch, seq_len) inputs and next-token targets of one step, the same in every process."""
+        gen = seeded_generator(self.seed, iteration, epoch, step, _PTX_STREAM)
+        return sample_batch(self.data, self.batch, self.seq_len, gen)
+
+    def loss(self, model: torch.nn.Module, iteration: int, epoch: int, step: int, rank: int = 0,
+             world: int = 1) -> torch.Tensor | None:
+        """This process's share of the step's mean token cross-entropy (nats); None when it has no window."""
+        x, y = self.windows(iteration, epoch, step)
+        x, y = x[rank::world], y[rank::world]
+        if not len(x):
+            return None
+        device = next(model.parameters()).device
+        x, y = x.to(device), y.to(device)
+        logits, _ = model(x, torch.ones_like(x))  # (b, L, V); the value head's output is not used
+        total = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum")
+        return total / (self.batch * self.seq_len)
