@@ -56,10 +56,11 @@ def _demo_train() -> TrainSettings:
     # One short PPO run per cycle on a laptop's share of two cores (the fleet keeps serving meanwhile). Measured with
     # bench/offline_ppo.py on a demo's logs (v1, 600 held-out requests): hindsight rows carry what a cycle's logs
     # can teach a weak base model (without them accept rate stayed flat at kl_coef 0.02 and 0.1), but alone they
-    # raised held-out code bits/byte by 0.17 in 40 iterations, past the gate's tolerance; the code loss (ptx_coef 1)
-    # kept it within 0.005 and halved the gain (accept rate 0% -> 1.0% at 40 iterations, 2.4% without it).
+    # raised held-out code bits/byte by 0.07 in 20 iterations and 0.17 in 40, past the gate's tolerance; the code
+    # loss (ptx_coef 1) kept it within 0.005 and halved the gain (accept rate 0% -> 0.7% at 20 iterations, 1.0% at
+    # 40). 30 iterations keep three cycles within the demo's hour.
     return TrainSettings(ppo=PPOConfig(learning_rate=1e-3, critic_learning_rate=1e-2, batch_size=32, minibatch_size=8,
-                                       epochs=2, passes=2, max_iterations=40, kl_coef=0.05, hindsight_partials=True,
+                                       epochs=2, passes=2, max_iterations=30, kl_coef=0.05, hindsight_partials=True,
                                        ptx_coef=1.0),
                          gate=GateConfig(eval_bytes=20_000, bpb_tolerance=0.1), checkpoint_every=10)
 
