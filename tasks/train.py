@@ -196,7 +196,8 @@ def publish_train_report(plan: TrainPlan, info: VersionInfo, result: TrainResult
     final = "\n".join(f"| `{k}` | {v:.4g} |" for k, v in sorted(result.final.items()))
     create_markdown_artifact(key=f"{info.model.replace('_', '-')}-train", description=f"Training run {plan.spec.run_key}", markdown=(
         f"# {info.model} v{info.version} from v{plan.champion.version}: gate {'passed' if gate.passed else 'FAILED'}\n\n"
-        f"Dataset `{plan.spec.dataset_id}` ({result.train_rows} training rows, {result.hindsight_rows} of them hindsight "
-        f"rows from partial verdicts, {result.heldout_rows} held out, dropped {result.dropped}); {result.iterations} PPO iterations; MLflow run `{plan.spec.mlflow_run_id}`.\n\n"
+        f"Dataset `{plan.spec.dataset_id}` ({result.train_rows} training rows, {result.hindsight_rows} of them "
+        f"hindsight rows from partial verdicts, {result.heldout_rows} held out, dropped {result.dropped}); "
+        f"{result.iterations} PPO iterations; MLflow run `{plan.spec.mlflow_run_id}`.\n\n"
         f"## Offline gate\n\n| check | result | detail |\n|---|---|---|\n{rows}\n\n"
         f"## Last iteration\n\n| metric | value |\n|---|---|\n{final}\n"))
