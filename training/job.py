@@ -210,6 +210,7 @@ def _silent(*args, **kwargs) -> None:
 
 
 SHOWN = {"ppo/policy_loss", "ppo/value_loss", "ppo/approx_kl", "ppo/clipfrac", "ppo/is_weight_mean", "ppo/reward_mean",
+         "ppo/ptx_loss",
          "charts/tokens_per_s"}
 
 
