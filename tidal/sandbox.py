@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from tidal.procs import port_free
+from tidal.section import deep_merge
 
 
 def free_port() -> int:
@@ -61,19 +62,10 @@ def write_config(root: Path, models: list[dict], base_port: int | None = None, p
         # records reach the store within segment age + upload interval (1.5 s) of their completion
         "collect": {"upload_grace_s": 2.0},
     }
-    merge(config, extra)
+    deep_merge(config, extra)
     path = root / "tidal.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
-
-
-def merge(config: dict, extra: dict) -> None:
-    """Deep-merge extra into config: a section given in both keeps the sandbox's keys it does not name."""
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(config.get(key), dict):
-            merge(config[key], value)
-        else:
-            config[key] = value
 
 
 @contextmanager

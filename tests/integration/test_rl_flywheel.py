@@ -31,7 +31,9 @@ def test_one_flywheel_cycle_end_to_end(settings, platform, registry, gateway, ke
     # A short PPO run (the users keep typing meanwhile, so the trainer shares two cores with three replicas),
     # and a short canary: one 50% step, decided (or inconclusive, then rolled back) within two minutes.
     monkeypatch.setenv("TIDAL_TRAIN__PPO__MAX_ITERATIONS", "6")
-    monkeypatch.setenv("TIDAL_TRAIN__PPO__HINDSIGHT_PARTIALS", "true")  # as the demo trains
+    # the opt-in learning aids, end to end: hindsight rows from partial verdicts and the code loss (PPO-ptx)
+    monkeypatch.setenv("TIDAL_TRAIN__PPO__HINDSIGHT_PARTIALS", "true")
+    monkeypatch.setenv("TIDAL_TRAIN__PPO__PTX_COEF", "1.0")
     monkeypatch.setenv("TIDAL_CANARY", json.dumps({"steps": [0.5], "min_samples": 60, "max_step_s": 120, "poll_s": 2,
                                                    "feedback_wait_s": 5, "unload_grace_s": 0, "mixture_sd": 0.5}))
     from flows.flywheel import flywheel
@@ -70,6 +72,7 @@ def test_one_flywheel_cycle_end_to_end(settings, platform, registry, gateway, ke
     result = TrainResult.model_validate(get_json(open_store(settings), f"training/model=tab/{cand.tags['tidal.train_run']}/result.json"))
     assert result.hindsight_rows + sum(result.hindsight_skipped.values()) == partials, (result, partials)
     assert partials == 0 or result.hindsight_rows > 0, result
+    assert result.final["ppo/ptx_loss"] > 0, result.final  # the trainer took the code loss
 
     # Registry and routes agree with the decision; no canary is left behind.
     aliases = registry.aliases("tab")

@@ -89,6 +89,18 @@ def test_env_wins_over_yaml_and_nested_sections_merge(monkeypatch: pytest.Monkey
     assert s.fleet.admin_port == 9001  # from the file, same section
 
 
+def test_one_demo_setting_keeps_the_demos_other_defaults(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
+    default = load_settings().demo
+    assert default.train.ppo.max_iterations != TidalSettings().train.ppo.max_iterations  # the demo's own defaults
+    write_config(clean_env / "tidal.yaml", "demo:\n  canary:\n    min_samples: 99\n")
+    monkeypatch.setenv("TIDAL_DEMO__TRAIN__PPO__HINDSIGHT_PARTIALS", "true")
+    demo = load_settings().demo
+    assert demo.train.ppo.hindsight_partials and demo.canary.min_samples == 99
+    want_ppo = default.train.ppo.model_dump() | {"hindsight_partials": True}
+    assert demo.train.ppo.model_dump() == want_ppo and demo.train.gate == default.train.gate
+    assert demo.canary.model_dump() == default.canary.model_dump() | {"min_samples": 99}
+
+
 def test_nested_model_list_from_yaml(clean_env: Path) -> None:
     write_config(clean_env / "tidal.yaml",
                  "models:\n"
