@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -161,6 +162,17 @@ def leave_consistent(platform, model: str) -> None:
         print(f"{model}: the interrupted canary was rolled back; the champion serves everyone")
 
 
+def stop_on_signals() -> None:
+    """SIGTERM (a supervisor, `kill`) and SIGINT stop the demo as Ctrl-C does: the running cycle is cancelled and a
+    canary rolled back. SIGINT is restored too: a process started in the background by a non-interactive shell
+    inherits it ignored, and would otherwise never see Ctrl-C's signal."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def run_cycle(model: str, n: int) -> None:
     """One cycle through the `flywheel-<model>` deployment (the runner executes it; the Prefect UI shows it),
     with a status line of the stage in progress. An interrupt cancels the run."""
@@ -200,6 +212,7 @@ def cmd_demo(settings: TidalSettings, args) -> None:
     from tidal.store import open_store
     from tidal.tokens import client_keys
 
+    stop_on_signals()
     settings = demo_profile(settings)
     demo, model = settings.demo, args.model or settings.models[0].name
     cycles = args.cycles or demo.cycles

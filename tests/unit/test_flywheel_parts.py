@@ -1,4 +1,4 @@
-"""Flywheel reporting: per-version figures from a dataset's rows, the cycle table, the demo's settings profile."""
+"""Flywheel reporting: per-version figures from a dataset's rows, the cycle table, the demo's settings profile and stop signals."""
 
 from __future__ import annotations
 
@@ -53,3 +53,22 @@ def test_plot_has_a_panel_per_metric(tmp_path):
             for label, kind, x in (("v1", "version", 0.1), ("v4", "version", 0.2), ("v1 cut@3", "baseline", 0.15))]
     png = plot_versions(rows, tmp_path / "out" / "plot.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_demo_stops_on_sigterm_and_an_inherited_ignored_sigint_as_on_ctrl_c():
+    import os
+    import signal
+
+    from tidal.demo import stop_on_signals
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a background job of a non-interactive shell starts
+        stop_on_signals()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), sig)
+                signal.sigtimedwait([], 0.5)  # let the handler run (it runs between bytecodes of this thread)
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
