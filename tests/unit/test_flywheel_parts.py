@@ -1,4 +1,5 @@
-"""Flywheel reporting: per-version figures from a dataset's rows, the cycle table, the demo's settings profile and stop signals."""
+"""Flywheel reporting: per-version figures from a dataset's rows, the cycle table, the demo's settings profile
+and stop signals."""
 
 from __future__ import annotations
 
