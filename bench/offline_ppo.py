@@ -75,14 +75,14 @@ def main() -> None:
     from data_contracts.rewards import RewardRule
     from sim.evaluate import eval_cases
     from tidal.settings import load_settings
-    from training import corpus
-    from training.pretrain import bits_per_byte
     from tidal.store import open_store
+    from training import corpus
     from training.candidate import build_trainable
     from training.hindsight import HindsightRows, hindsight_samples
     from training.policy import load_policy, load_tokenizer
+    from training.pretrain import bits_per_byte
     from training.ppo_trainer import PPOTrainer, iteration_plan
-    from training.ptx import PtxLoss, ptx_stream
+    from training.ptx import ptx_loss_for
     from training.reward_data import load_dataset, split
     from training.rollout import select_samples
 
@@ -121,8 +121,7 @@ def main() -> None:
     base = evaluate(load_policy(args.checkpoint), tok, cases, rule, users, bpb)
     print(json.dumps({"at": 0, **head, **base, "bpb_delta": 0.0}), flush=True)
 
-    ptx = PtxLoss(ptx_stream(tok, settings.bootstrap.heldout_fraction, cfg.ptx_corpus_bytes), cfg.ptx_batch,
-                  cfg.ptx_seq_len, cfg.seed) if cfg.ptx_coef > 0 else None
+    ptx = ptx_loss_for(cfg, tok, settings.bootstrap.heldout_fraction)
     trainer = PPOTrainer(build_trainable(args.checkpoint, args.checkpoint, cfg), cfg, tok.pad_token_id, ptx=ptx)
     plan = iteration_plan(len(picked), cfg)
     trainer.compute_reference(picked, rows=(r for batch in plan for r in batch))

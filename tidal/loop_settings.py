@@ -54,8 +54,8 @@ def _demo_canary() -> CanaryConfig:
 
 def _demo_train() -> TrainSettings:
     # One short PPO run per cycle on a laptop's share of two cores (the fleet keeps serving meanwhile): three cycles
-    # took 38.8 minutes with these settings. Hindsight rows with the code loss (hindsight_partials, ptx_coef 1) raised the held-out
-    # accept rate offline (bench/offline_ppo.py on a demo's logs: 0% -> 1.0% in 40 iterations, bits/byte flat), but
+    # took 38.8 minutes with these settings. Hindsight rows with the code loss (hindsight_partials, ptx_coef 1)
+    # raised the held-out accept rate offline (bench/offline_ppo.py on a demo's logs: 0% -> 1.0% in 40 iterations, bits/byte flat), but
     # a demo cycle with them at 30 iterations took 20 minutes (train 8, canary 8.5), three cycles over the hour,
     # and its canary could not tell the candidate from v1; they stay opt-in (see the README's knobs).
     return TrainSettings(ppo=PPOConfig(learning_rate=1e-3, critic_learning_rate=1e-2, batch_size=32, minibatch_size=8,

@@ -136,12 +136,9 @@ def train(spec: TrainJob) -> None:
         trainer = PPOTrainer(model, cfg, tokenizer.pad_token_id, dp=data_parallel())
     else:
         model = build_trainable(dirs.champion_dir, dirs.base_dir, cfg).to(distributed.device())
-        ptx = None
-        if cfg.ptx_coef > 0:
-            from training.ptx import PtxLoss, ptx_stream
+        from training.ptx import ptx_loss_for
 
-            ptx = PtxLoss(ptx_stream(tokenizer, settings.bootstrap.heldout_fraction, cfg.ptx_corpus_bytes),
-                          cfg.ptx_batch, cfg.ptx_seq_len, cfg.seed)
+        ptx = ptx_loss_for(cfg, tokenizer, settings.bootstrap.heldout_fraction)
         trainer = PPOTrainer(model, cfg, tokenizer.pad_token_id, ptx=ptx)
 
     def checkpoint_state() -> dict:

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
 from training import corpus
+from training.ppo_config import PPOConfig
 from training.ppo_trainer import seeded_generator
 from training.pretrain import sample_batch, token_stream
 
@@ -71,3 +72,11 @@ class PtxLoss:
         logits, _ = model(x, torch.ones_like(x))  # (b, L, V); the value head's output is not used
         total = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum")
         return total / (self.batch * self.seq_len)
+
+
+def ptx_loss_for(cfg: PPOConfig, tokenizer: PreTrainedTokenizerBase, heldout_fraction: float) -> PtxLoss | None:
+    """The run's code loss over the corpus's training split as `cfg` describes it; None when ptx_coef is 0."""
+    if cfg.ptx_coef <= 0:
+        return None
+    return PtxLoss(ptx_stream(tokenizer, heldout_fraction, cfg.ptx_corpus_bytes), cfg.ptx_batch, cfg.ptx_seq_len,
+                   cfg.seed)
