@@ -78,9 +78,9 @@ def main() -> None:
     from tidal.store import open_store
     from training import corpus
     from training.candidate import build_trainable
-    from training.hindsight import HindsightRows, hindsight_samples
     from training.policy import load_policy, load_tokenizer
     from training.pretrain import bits_per_byte
+    from training.partial_credit import partial_rows
     from training.ppo_trainer import PPOTrainer, iteration_plan
     from training.ptx import ptx_loss_for
     from training.reward_data import load_dataset, split
@@ -113,11 +113,12 @@ def main() -> None:
     rows = [r.model_copy(update={"reward": float(v), "reward_rule": rule.id}) for r, v in zip(rows, rewards)]
     train_rows, _ = split(rows, settings.train.heldout_fraction)
     picked = select_samples(train_rows, args.version, cfg.max_stale_versions).kept
-    hindsight = hindsight_samples(picked, tok, rule, cfg.hindsight_stop) if cfg.hindsight_partials else HindsightRows([])
-    picked += hindsight.samples
-    head = {"datasets": ids, "rows": len(rows), "train_rows": len(picked), "hindsight_rows": len(hindsight.samples),
+    shaped = partial_rows(picked, tok, rule, cfg)
+    picked = shaped.samples
+    head = {"datasets": ids, "rows": len(rows), "train_rows": len(picked), "hindsight_rows": len(shaped.hindsight.samples),
+            "credited_partials": shaped.credit.credited if shaped.credit else 0,
             "rule": rule.model_dump(mode="json"), "ppo": cfg.model_dump(mode="json", include={
-                "learning_rate", "kl_coef", "batch_size", "epochs", "max_iterations", "hindsight_partials", "ptx_coef"})}
+                "learning_rate", "kl_coef", "batch_size", "epochs", "max_iterations", "hindsight_partials", "partial_credit", "ptx_coef"})}
     base = evaluate(load_policy(args.checkpoint), tok, cases, rule, users, bpb)
     print(json.dumps({"at": 0, **head, **base, "bpb_delta": 0.0}), flush=True)
 

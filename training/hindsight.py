@@ -39,15 +39,21 @@ class HindsightRows:
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> partials without a hindsight row
 
 
-def kept_token_ids(tokenizer, token_ids: Sequence[int], kept_text: str) -> tuple[list[int], int] | None:
-    """(token ids that decode to kept_text, how many of them are served tokens), or None when the
-    tokenizer cannot reproduce kept_text exactly."""
+def served_prefix(tokenizer, token_ids: Sequence[int], kept_text: str) -> tuple[int, str]:
+    """(j, its text): the longest prefix token_ids[:j] whose decoded text is a prefix of kept_text."""
     reused, text = 0, ""
-    for j in range(1, len(token_ids) + 1):  # longest served prefix whose text is a prefix of kept_text
+    for j in range(1, len(token_ids) + 1):
         t = tokenizer.decode(list(token_ids[:j]))
         if not kept_text.startswith(t):
             break
         reused, text = j, t
+    return reused, text
+
+
+def kept_token_ids(tokenizer, token_ids: Sequence[int], kept_text: str) -> tuple[list[int], int] | None:
+    """(token ids that decode to kept_text, how many of them are served tokens), or None when the
+    tokenizer cannot reproduce kept_text exactly."""
+    reused, text = served_prefix(tokenizer, token_ids, kept_text)
     rest = tokenizer.encode(kept_text[len(text):], add_special_tokens=False) if len(text) < len(kept_text) else []
     ids = list(token_ids[:reused]) + list(rest)
     return (ids, reused) if tokenizer.decode(ids) == kept_text else None

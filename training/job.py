@@ -83,7 +83,7 @@ class Checkouts:
 
 def train(spec: TrainJob) -> None:
     from training.candidate import build_trainable, candidate_kind, save_candidate
-    from training.hindsight import HindsightRows, hindsight_samples
+    from training.partial_credit import partial_rows
     from training.policy import load_tokenizer
     from training.ppo_trainer import PPOTrainer, iteration_plan
     from training.rollout import select_samples
@@ -113,15 +113,19 @@ def train(spec: TrainJob) -> None:
     with distributed.main_first():  # rank 0 fills the node's checkpoint cache, then the others find it complete
         dirs = Checkouts(spec, store, registry, settings.data_path / "cache")
     tokenizer = load_tokenizer(dirs.base_dir)
-    hindsight = HindsightRows([])
+    if (cfg.hindsight_partials or cfg.partial_credit != "last_token") and data.rule is None:
+        raise DatasetError(f"dataset {spec.dataset_id}: its manifest records no reward rule, which hindsight rows and "
+                           "split credit need for their rewards; re-run collect, or set train.ppo.hindsight_partials="
+                           "false and train.ppo.partial_credit=last_token")
+    shaped = partial_rows(picked.kept, tokenizer, data.rule, cfg)
+    hindsight, credit = shaped.hindsight, shaped.credit
     if cfg.hindsight_partials:
-        if data.rule is None:
-            raise DatasetError(f"dataset {spec.dataset_id}: its manifest records no reward rule, which hindsight rows "
-                               "need for their reward; re-run collect, or set train.ppo.hindsight_partials=false")
-        hindsight = hindsight_samples(picked.kept, tokenizer, data.rule, cfg.hindsight_stop)
         say(f"{spec.run_key}: {len(hindsight.samples)} hindsight rows from partial verdicts"
             + (f" (skipped {hindsight.skipped})" if hindsight.skipped else ""), flush=True)
-    samples = picked.kept + hindsight.samples  # served rows, then hindsight rows
+    if credit is not None:
+        say(f"{spec.run_key}: {credit.credited} partials credited along their kept prefix ({credit.kept_tokens} "
+            "tokens kept)" + (f" (skipped {credit.skipped})" if credit.skipped else ""), flush=True)
+    samples = shaped.samples  # served rows, then hindsight rows
     plan = iteration_plan(len(samples), cfg)
     if len(plan[0]) < world:  # every batch has min(batch_size, rows) rows
         raise LaunchEnvError(f"batches of {len(plan[0])} rows cannot be split over {world} processes: raise "
@@ -197,6 +201,7 @@ def train(spec: TrainJob) -> None:
         iterations=len(plan), resumed_from=None if state is None else state["iteration"],
         train_rows=len(samples), heldout_rows=len(heldout), dropped=dropped, final=final,
         hindsight_rows=len(hindsight.samples), hindsight_skipped=hindsight.skipped,
+        credited_partials=credit.credited if credit else 0,
         tokens_per_s=sum(h["charts/tokens_per_s"] for h in history) / max(len(history), 1),
         kind=candidate_kind(cfg), mlflow_s=round(mlflow_s, 3))
     put_json(store, f"{spec.prefix}/result.json", result.model_dump())  # last: the run is complete

@@ -130,6 +130,12 @@ class PPOConfig(BaseModel):
     hindsight_stop: str = Field(
         "\n", description="Text that ends a suggestion (the clients' stop string); one token of the policy's tokenizer."
     )
+    partial_credit: Literal["last_token", "kept_prefix"] = Field(
+        "last_token",
+        description="Where a `partial` verdict's reward goes. 'last_token': on the suggestion's last token, like every "
+        "other row. 'kept_prefix': the accept reward of the kept characters on the last token kept, the rest (what "
+        "going on cost) on the first token not kept, nothing after it (training/partial_credit.py).",
+    )
 
     # --- language modelling on the training code (PPO-ptx, training/ptx.py) ------------------------
     ptx_coef: float = Field(

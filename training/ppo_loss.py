@@ -79,7 +79,7 @@ def _lengths(mask: torch.Tensor) -> torch.Tensor:
 
 
 def kl_penalized_rewards(
-    terminal_reward: torch.Tensor,
+    task_reward: torch.Tensor,
     logp_old: torch.Tensor,
     logp_ref: torch.Tensor,
     mask: torch.Tensor,
@@ -87,7 +87,8 @@ def kl_penalized_rewards(
     is_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-token rewards (B, T): -kl_coef * w * (logp_old - logp_ref) on every real token, plus the
-    terminal reward (B,) on each sequence's last real token.
+    task reward: (B,) on each sequence's last real token, or (B, T) per token as given (a partial's reward
+    split along the suggestion, training/partial_credit.py; its padding is ignored).
 
     (logp_old - logp_ref) is the single-sample estimate of KL(pi_old || pi_ref) at a token drawn from
     pi_old; as a reward it pulls the policy back towards the reference (the champion), as in Ziegler
@@ -101,8 +102,10 @@ def kl_penalized_rewards(
     w = m if is_weight is None else is_weight.float() * m  # (B, T)
     rewards = -kl_coef * w * (logp_old.float() - logp_ref.float())  # (B, T)
     lengths = _lengths(mask)  # (B,)
+    if task_reward.dim() == 2:
+        return (rewards + task_reward.float() * m).detach()
     rows = torch.nonzero(lengths > 0).squeeze(-1)  # rows that have a last token
-    rewards[rows, lengths[rows] - 1] += terminal_reward.float()[rows]
+    rewards[rows, lengths[rows] - 1] += task_reward.float()[rows]
     return rewards.detach()
 
 

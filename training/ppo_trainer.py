@@ -5,7 +5,8 @@ Per iteration (one batch of logged samples):
     rollout   pi_old log-probs and values V_old of the logged tokens (no grad), reference log-probs
               (the champion, computed once per sample before training)
     weights   w = min(pi_old / mu, C): mu is what the *served* weights gave each token (from the log)
-    rewards   terminal reward from the dataset on the last token, -kl_coef * (log pi_old - log pi_ref) on each
+    rewards   the dataset's reward on the last token (a partial's split along it: training/partial_credit.py),
+              -kl_coef * w * (log pi_old - log pi_ref) on every token
     GAE       advantages and returns over completion tokens, advantages whitened per batch
     update    `epochs` passes of shuffled minibatches: w-weighted clipped surrogate + clipped value loss
               - entropy bonus (+ ptx_coef * next-token loss on code windows, training/ptx.py), gradient
@@ -175,7 +176,7 @@ class PPOTrainer:
         # (B, T) behaviour log-probs mu from the serving engine, as logged; pi_old for rows mu did not draw (w = 1)
         mu = torch.where(batch.served[:, None], batch.behaviour_logprobs, logp_old)
         w = truncated_is_weight(logp_old, mu, mask, cfg.is_truncation, cfg.is_level)
-        rewards = kl_penalized_rewards(batch.rewards, logp_old, logp_ref, mask, cfg.kl_coef, is_weight=w)
+        rewards = kl_penalized_rewards(batch.token_rewards, logp_old, logp_ref, mask, cfg.kl_coef, is_weight=w)
         advantages, returns = gae(rewards, values_old, mask, cfg.gamma, cfg.gae_lambda)
         if cfg.whiten_advantages:  # over the whole batch: every process's tokens
             advantages = masked_whiten(advantages, mask, sum_all=self._sum_all if world > 1 else None)

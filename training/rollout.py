@@ -19,6 +19,7 @@ import torch
 
 from data_contracts.samples import RewardSample
 from training.hindsight import HindsightSample
+from training.partial_credit import CreditedSample
 
 
 @dataclass
@@ -60,7 +61,8 @@ class RolloutBatch:
     mask: torch.Tensor  # (B, T) float32, 1 on real completion tokens
     behaviour_logprobs: torch.Tensor  # (B, T) float32 mu, 0 on padding, NaN where mu did not draw the token
     served: torch.Tensor  # (B,) bool: every token drawn by mu (False: a hindsight row, see training/hindsight.py)
-    rewards: torch.Tensor  # (B,) float32 terminal rewards
+    rewards: torch.Tensor  # (B,) float32 each row's reward from the dataset
+    token_rewards: torch.Tensor  # (B, T) float32 that reward per token: on the last one, or split (training/partial_credit.py)
     versions: torch.Tensor  # (B,) long behaviour versions
     prompt_width: int  # P
 
@@ -95,12 +97,17 @@ def collate(samples: Sequence[RewardSample], pad_token_id: int) -> RolloutBatch:
     input_ids = torch.full((B, P + T), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((B, P + T), dtype=torch.long)
     behaviour = torch.zeros((B, T), dtype=torch.float32)
+    token_rewards = torch.zeros((B, T), dtype=torch.float32)
     for i, s in enumerate(samples):
         p, t = len(s.prompt_token_ids), len(s.completion_token_ids)
         input_ids[i, P - p : P] = torch.tensor(s.prompt_token_ids)
         input_ids[i, P : P + t] = torch.tensor(s.completion_token_ids)
         attention_mask[i, P - p : P + t] = 1
         behaviour[i, :t] = torch.tensor(s.behaviour_logprobs)
+        if isinstance(s, CreditedSample):
+            token_rewards[i, :t] = torch.tensor(s.token_rewards())
+        elif t:
+            token_rewards[i, t - 1] = s.reward
     return RolloutBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -108,6 +115,7 @@ def collate(samples: Sequence[RewardSample], pad_token_id: int) -> RolloutBatch:
         mask=attention_mask[:, P:].to(torch.float32),
         behaviour_logprobs=behaviour,
         rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32),
+        token_rewards=token_rewards,
         versions=torch.tensor([s.version for s in samples], dtype=torch.long),
         served=torch.tensor([not isinstance(s, HindsightSample) for s in samples], dtype=torch.bool),
         prompt_width=P,

@@ -31,8 +31,9 @@ def test_one_flywheel_cycle_end_to_end(settings, platform, registry, gateway, ke
     # A short PPO run (the users keep typing meanwhile, so the trainer shares two cores with three replicas),
     # and a short canary: one 50% step, decided (or inconclusive, then rolled back) within two minutes.
     monkeypatch.setenv("TIDAL_TRAIN__PPO__MAX_ITERATIONS", "6")
-    # the opt-in learning aids, end to end: hindsight rows from partial verdicts and the code loss (PPO-ptx)
+    # the opt-in learning aids, end to end: hindsight rows and split credit from partial verdicts, the code loss
     monkeypatch.setenv("TIDAL_TRAIN__PPO__HINDSIGHT_PARTIALS", "true")
+    monkeypatch.setenv("TIDAL_TRAIN__PPO__PARTIAL_CREDIT", "kept_prefix")
     monkeypatch.setenv("TIDAL_TRAIN__PPO__PTX_COEF", "1.0")
     monkeypatch.setenv("TIDAL_CANARY", json.dumps({"steps": [0.5], "min_samples": 60, "max_step_s": 120, "poll_s": 2,
                                                    "feedback_wait_s": 5, "unload_grace_s": 0, "mixture_sd": 0.5}))
@@ -64,7 +65,8 @@ def test_one_flywheel_cycle_end_to_end(settings, platform, registry, gateway, ke
     cand = registry.get("tab", report["candidate"])
     assert cand.tags["tidal.dataset_id"] == report["dataset_id"] and cand.tags["tidal.parent_version"] == str(champion_before)
 
-    # Every partial verdict among the training rows became a hindsight row (or was counted as skipped).
+    # Every partial verdict among the training rows became a hindsight row and a credited row (or was counted as
+    # skipped).
     data = load_dataset(open_store(settings), "tab", report["dataset_id"])
     train_rows, _ = split(data.samples, settings.train.heldout_fraction)
     kept = select_samples(train_rows, champion_before, settings.train.ppo.max_stale_versions).kept
@@ -72,6 +74,8 @@ def test_one_flywheel_cycle_end_to_end(settings, platform, registry, gateway, ke
     result = TrainResult.model_validate(get_json(open_store(settings), f"training/model=tab/{cand.tags['tidal.train_run']}/result.json"))
     assert result.hindsight_rows + sum(result.hindsight_skipped.values()) == partials, (result, partials)
     assert partials == 0 or result.hindsight_rows > 0, result
+    no_chars = sum(s.event == "partial" and not s.accepted_chars for s in kept)
+    assert result.credited_partials == partials - no_chars, (result, partials, no_chars)
     assert result.final["ppo/ptx_loss"] > 0, result.final  # the trainer took the code loss
 
     # Registry and routes agree with the decision; no canary is left behind.
