@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
+
+# Idempotent calls are re-sent after a transport error: the server may close an idle keep-alive connection just
+# as the client re-uses it (the request then fails with a reset or a disconnect, though the server is healthy).
+IDEMPOTENT = frozenset({"GET", "PUT"})
+RETRY_DELAYS_S = (0.2, 1.0)
 
 
 class AdminError(RuntimeError):
@@ -18,7 +25,17 @@ class _AdminClient:
         self.http = httpx.Client(base_url=url, timeout=timeout_s, headers={"Authorization": f"Bearer {token}"})
 
     def _call(self, method: str, path: str, **kw) -> dict:
-        r = self.http.request(method, path, **kw)
+        delays = RETRY_DELAYS_S if method in IDEMPOTENT else ()
+        for delay in delays:
+            try:
+                r = self.http.request(method, path, **kw)
+                break
+            except httpx.TransportError as e:
+                if isinstance(e, httpx.TimeoutException):  # a slow server is not a dropped connection
+                    raise
+                time.sleep(delay)
+        else:
+            r = self.http.request(method, path, **kw)
         if not r.is_success:
             try:
                 body = r.json()

@@ -1,0 +1,79 @@
+"""The admin clients re-send an idempotent call whose connection the server dropped (a keep-alive connection
+closed just as it was re-used), and never re-send one that is not idempotent."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+
+import httpx
+import pytest
+
+from serving.client import AdminError, RoutesClient
+
+
+class DropFirst(threading.Thread):
+    """A loopback HTTP server that resets its first `drops` connections without answering, then answers every
+    request with `status` and `body`. Counts the connections it saw."""
+
+    def __init__(self, drops: int, status: bytes = b"200 OK", body: bytes = b'{"routes": {}}'):
+        super().__init__(daemon=True)
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port, self.drops, self.connections = self.sock.getsockname()[1], drops, 0
+        self.status, self.body = status, body
+
+    def run(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            with conn:
+                conn.recv(65536)  # the request
+                if self.connections <= self.drops:  # RST instead of an answer
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    continue
+                conn.sendall(b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (self.status, len(self.body), self.body))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture()
+def server(request):
+    s = DropFirst(request.param)
+    s.start()
+    yield s
+    s.close()
+
+
+@pytest.mark.parametrize("server", [2], indirect=True)
+def test_a_dropped_connection_under_a_read_is_retried(server) -> None:
+    assert RoutesClient(f"http://127.0.0.1:{server.port}", "t", timeout_s=5).show() == {"routes": {}}
+    assert server.connections == 3
+
+
+@pytest.mark.parametrize("server", [3], indirect=True)
+def test_a_read_gives_up_after_its_retries_with_the_transport_error(server) -> None:
+    with pytest.raises(httpx.TransportError):
+        RoutesClient(f"http://127.0.0.1:{server.port}", "t", timeout_s=5).show()
+    assert server.connections == 3
+
+
+@pytest.mark.parametrize("server", [1], indirect=True)
+def test_a_route_change_that_is_not_idempotent_is_never_resent(server) -> None:
+    with pytest.raises(httpx.TransportError):
+        RoutesClient(f"http://127.0.0.1:{server.port}", "t", timeout_s=5).rollback("tab", reason="x")
+    assert server.connections == 1
+
+
+def test_an_error_answer_is_not_retried_and_names_the_service() -> None:
+    server = DropFirst(0, b"404 Not Found", b'{"detail": "no such model"}')
+    server.start()
+    with pytest.raises(AdminError, match="gateway answered 404: no such model"):
+        RoutesClient(f"http://127.0.0.1:{server.port}", "t", timeout_s=5).show()
+    server.close()
+    assert server.connections == 1
