@@ -21,8 +21,8 @@ from serving.logsink import LogSinkSettings
 from tidal.loop_settings import DemoSettings, FlywheelSettings
 from tidal.section import Section
 from serving.routes import RouteLimits
-from training.policy import PolicyConfig
-from training.pretrain import PretrainConfig
+from training.policy_config import PolicyConfig
+from training.pretrain_config import PretrainConfig
 from training.train_settings import LaunchSettings, TrainSettings
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
