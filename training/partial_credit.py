@@ -61,10 +61,10 @@ def credit_partials(samples: Sequence[RewardSample], tokenizer, rule: RewardRule
     credited = kept_total = 0
     skipped = {"no_chars_kept": 0}
     for s in samples:
-        k = min(s.accepted_chars or 0, len(s.completion_text))
         if s.event != "partial" or not s.completion_token_ids:
             out.append(s)
             continue
+        k = min(s.accepted_chars or 0, len(s.completion_text))
         if k == 0:
             skipped["no_chars_kept"] += 1
             out.append(s)
