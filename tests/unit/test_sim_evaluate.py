@@ -8,7 +8,7 @@ import random
 import pytest
 
 from data_contracts.rewards import RewardRule
-from sim.evaluate import EvalCase, best_truncation, mean_ci, ratio_ci, score
+from sim.evaluate import EvalCase, best_truncation, mean_ci, proportion_ci, score
 from sim.tab_sites import TabSite
 
 
@@ -24,10 +24,27 @@ def test_mean_interval_covers_the_truth_at_about_95_percent():
     assert 0.92 <= hits / 400 <= 0.98
 
 
-def test_ratio_interval_is_the_ratio_of_sums():
-    e = ratio_ci([1, 0, 1, 0, 0, 1], [1, 1, 1, 0, 1, 1])
-    assert e.mean == pytest.approx(3 / 5) and e.low < 0.6 < e.high
-    assert math.isnan(ratio_ci([0, 0], [0, 0]).mean)
+def test_proportion_interval_is_wilsons():
+    e = proportion_ci(3, 5)
+    # Wilson's 95% interval for 3 of 5 (Agresti & Coull 1998, table 1 form): [0.231, 0.882]
+    assert e.mean == pytest.approx(0.6) and e.low == pytest.approx(0.2307, abs=1e-3) and e.high == pytest.approx(0.8824, abs=1e-3)
+    assert math.isnan(proportion_ci(0, 0).mean)
+
+
+def test_no_accepts_still_bound_the_rate_above_zero():
+    # A normal interval would be [0, 0]; 0 of 600 rules out only rates above ~0.64%.
+    e = proportion_ci(0, 600)
+    assert e.mean == 0 and e.low == pytest.approx(0, abs=1e-12) and e.high == pytest.approx(0.00636, abs=2e-4)
+    full = proportion_ci(600, 600)
+    assert full.high == pytest.approx(1) and full.low == pytest.approx(1 - 0.00636, abs=2e-4)
+
+
+def test_proportion_interval_covers_the_truth_at_about_95_percent():
+    rng, hits = random.Random(1), 0
+    for _ in range(400):
+        e = proportion_ci(sum(rng.random() < 0.02 for _ in range(600)), 600)
+        hits += e.low <= 0.02 <= e.high
+    assert 0.92 <= hits / 400 <= 0.99
 
 
 def test_score_applies_the_verdict_and_the_reward_rule():
