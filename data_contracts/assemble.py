@@ -115,10 +115,13 @@ def build_samples(work: Work, rule: RewardRule) -> pa.Table:
         prompt_ids = pa.array([o if r is None else r for o, r in zip(original, replaced)], pa.list_(pa.int32()))
     chars = work.accepted_chars[rows]
     when = work.feedback_time[rows]
+    sampling = src["sampling"].combine_chunks()
     table = pa.table({
         "request_id": src["request_id"], "model": src["model"], "version": src["version"], "arm": src["arm"],
         "user_hash": src["user_hash"], "prompt_token_ids": prompt_ids, "completion_token_ids": src["completion_token_ids"],
-        "behaviour_logprobs": src["behaviour_logprobs"], "completion_text": src["completion_text"],
+        "behaviour_logprobs": src["behaviour_logprobs"],
+        "temperature": pc.struct_field(sampling, "temperature"), "top_p": pc.struct_field(sampling, "top_p"),
+        "completion_text": src["completion_text"],
         "event": pa.array(work.event[rows].astype(str), pa.string()),
         "accepted_chars": pa.array(np.nan_to_num(chars).astype(np.int64), pa.int64(), mask=np.isnan(chars)),
         "reward": pa.array(work.reward[rows], pa.float64()),

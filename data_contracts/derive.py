@@ -22,7 +22,7 @@ COMPLETION_SCALARS = ["request_id", "time_ms", "model", "version", "served_name"
                       "finish_reason", "latency_ms", "replica"]
 FEEDBACK_SCALARS = ["request_id", "time_ms", "model", "event", "accepted_chars", "client_id"]
 SAMPLE_SCALARS = ["request_id", "model", "version", "arm", "user_hash", "event", "accepted_chars", "reward", "reward_rule",
-                  "completion_time_ms", "feedback_time_ms"]
+                  "completion_time_ms", "feedback_time_ms", "temperature", "top_p"]
 
 
 def _col(table: pa.Table, name: str) -> pa.Array:
@@ -109,6 +109,10 @@ def completion_frame(table: pa.Table) -> tuple[pd.DataFrame, np.ndarray]:
     frame["negative_token_ids"] = count_where(p_ids < 0, p_rows, n) + count_where(c_ids < 0, c_rows, n)
     frame["max_logprob"] = per_row_max(lp, lp_rows, n)
     frame["nonfinite_logprobs"] = count_where(~np.isfinite(lp), lp_rows, n)
+    # The distribution mu was drawn from: PPO scores pi at the same temperature (null struct -> null fields)
+    sampling = _col(table, "sampling")
+    frame["temperature"] = _float(pc.struct_field(sampling, "temperature"))
+    frame["top_p"] = _float(pc.struct_field(sampling, "top_p"))
     expected_name = pc.binary_join_element_wise(_col(table, "model"), pc.cast(_col(table, "version"), pa.string()), "@v")
     same = pc.equal(_col(table, "served_name"), expected_name)
     frame["served_name_matches"] = nullable_bool(pc.fill_null(same, False).to_numpy(zero_copy_only=False),

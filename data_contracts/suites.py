@@ -44,6 +44,13 @@ def _time(p: ContractParams, column: str) -> list:
             gxe.ExpectColumnValuesToBeBetween(column=column, min_value=p.oldest_ms, meta=_meta("too_old"))]
 
 
+def _sampling() -> list:
+    # mu is a probability under these parameters; outside the ranges the engines accept, it means nothing
+    return [gxe.ExpectColumnValuesToBeBetween(column="temperature", min_value=0.0, max_value=2.0, meta=_meta("bad_temperature")),
+            gxe.ExpectColumnValuesToBeBetween(column="top_p", min_value=0.0, max_value=1.0, strict_min=True,
+                                              meta=_meta("bad_top_p"))]
+
+
 def _logprobs(p: ContractParams) -> list:
     return [
         gxe.ExpectColumnPairValuesToBeEqual(column_A="completion_tokens", column_B="logprob_count",
@@ -65,7 +72,9 @@ def completion_suite(p: ContractParams) -> gx.ExpectationSuite:
         *_not_null({c: c for c in ["request_id", "time_ms", "model", "version", "served_name", "arm", "user_hash", "client_id",
                                    "finish_reason", "latency_ms", "replica"]}),
         *_not_null({"prompt_chars": "prompt_text", "completion_chars": "completion_text", "prompt_tokens": "prompt_token_ids",
-                    "completion_tokens": "completion_token_ids", "logprob_count": "behaviour_logprobs"}),
+                    "completion_tokens": "completion_token_ids", "logprob_count": "behaviour_logprobs",
+                    "temperature": "sampling.temperature", "top_p": "sampling.top_p"}),
+        *_sampling(),
         gxe.ExpectColumnValuesToBeUnique(column="distinct_record_id", meta=_meta("duplicate_request_id")),
         gxe.ExpectColumnValuesToBeInSet(column="model", value_set=[p.model], meta=_meta("wrong_model")),
         gxe.ExpectColumnValuesToBeInSet(column="version", value_set=list(p.known_versions), meta=_meta("unknown_version")),
@@ -103,7 +112,8 @@ def reward_sample_suite(p: ContractParams, rule: RewardRule) -> gx.ExpectationSu
     low, high = rule.bounds()
     return _suite("reward_samples", [
         *_not_null({c: c for c in ["request_id", "model", "version", "arm", "user_hash", "event", "reward", "reward_rule",
-                                   "completion_time_ms", "completion_tokens", "logprob_count"]}),
+                                   "completion_time_ms", "completion_tokens", "logprob_count", "temperature", "top_p"]}),
+        *_sampling(),
         gxe.ExpectColumnValuesToBeUnique(column="request_id", meta=_meta("duplicate_request_id")),
         gxe.ExpectColumnValuesToBeInSet(column="model", value_set=[p.model], meta=_meta("wrong_model")),
         gxe.ExpectColumnValuesToBeInSet(column="version", value_set=list(p.known_versions), meta=_meta("unknown_version")),

@@ -71,7 +71,10 @@ def engine_args(settings: EngineSettings, model_dir: Path | str, served_names: l
     """The vLLM OpenAI server's arguments: the same for a local subprocess and a Kubernetes pod."""
     args = ["--model", str(model_dir), "--served-model-name", *served_names,
             "--host", host, "--port", str(port), "--dtype", settings.dtype,
-            "--max-model-len", str(settings.max_model_len), "--disable-uvicorn-access-log"]
+            "--max-model-len", str(settings.max_model_len), "--disable-uvicorn-access-log",
+            # Log-probs of the distribution each token was drawn from (after temperature and top-p): the logged mu
+            # of PPO's importance weight. vLLM's default, raw log-probs, is that distribution only at T=1, top-p 1.
+            "--logprobs-mode", "processed_logprobs"]
     if settings.enforce_eager:
         args.append("--enforce-eager")
     if enable_lora:

@@ -104,7 +104,7 @@ def train(spec: TrainJob) -> None:
                            f"{spec.dataset_digest[:19]}…); start a new run")
     train_rows, heldout = split(data.samples, spec.train.heldout_fraction)
     picked = select_samples(train_rows, spec.champion_version, cfg.max_stale_versions)
-    dropped = {"stale": picked.stale, "newer": picked.newer, "empty": picked.empty}
+    dropped = {"stale": picked.stale, "newer": picked.newer, "empty": picked.empty, "greedy": picked.greedy}
     if len(picked.kept) < spec.train.min_train_rows:
         raise DatasetError(f"dataset {spec.dataset_id}: {len(picked.kept)} usable training rows (of {len(data.samples)}; "
                            f"held out {len(heldout)}, dropped {dropped}) < train.min_train_rows={spec.train.min_train_rows}: "

@@ -41,7 +41,7 @@ def _completion_logits(model: PreTrainedModel, samples: Sequence[RewardSample], 
         b = collate(samples[i : i + chunk], pad_id)
         out = model(input_ids=b.input_ids, attention_mask=b.attention_mask,
                     position_ids=position_ids_from_mask(b.attention_mask), use_cache=False)
-        yield b, b.completion_view(out.logits).float()
+        yield b, b.sampled_logits(out.logits)  # at each row's sampling temperature: where mu was drawn
 
 
 @torch.no_grad()
@@ -58,14 +58,18 @@ def kl_and_ope(candidate: PreTrainedModel, champion: PreTrainedModel, samples: S
         kl = (lp_cand.exp() * (lp_cand - lp_champ)).sum(-1)  # (b, T) exact KL per position
         kl_sum += float((kl * m).sum())
         tokens += float(m.sum())
+        sampled = b.temperatures > 0  # (b,) a greedy row's choice had no density: no importance weight
         for name, logits in (("candidate", cand), ("champion", champ)):
             lp = token_logprobs(logits, b.completion_ids)  # (b, T)
-            log_w[name] += ((lp - b.behaviour_logprobs) * m).sum(1).tolist()
-        rewards += b.rewards.tolist()
+            log_w[name] += ((lp - b.behaviour_logprobs) * m).sum(1)[sampled].tolist()
+        rewards += b.rewards[sampled].tolist()
     out = {"kl_per_token": kl_sum / max(tokens, 1.0), "heldout_rows": float(len(rewards)),
            "logged_reward": sum(rewards) / max(len(rewards), 1)}
     r = torch.tensor(rewards, dtype=torch.float64)
     for name, lw in log_w.items():
+        if not lw:  # only greedy rows: nothing to estimate from (ESS 0 reads as inconclusive)
+            out[f"ope_{name}"], out[f"ess_{name}"] = math.nan, 0.0
+            continue
         lw_t = torch.tensor(lw, dtype=torch.float64)
         w = torch.exp(lw_t - lw_t.max())  # scale-free: SNIS and ESS do not change with a common factor
         out[f"ope_{name}"] = float((w * r).sum() / w.sum())

@@ -133,7 +133,7 @@ class PPOTrainer:
         for i in range(0, len(samples), chunk):
             batch = collate(samples[i : i + chunk], self.pad_token_id).to(self.device)
             logits, _ = self.model(batch.input_ids, batch.attention_mask)
-            logp = token_logprobs(batch.completion_view(logits), batch.completion_ids)  # (b, T)
+            logp = token_logprobs(batch.sampled_logits(logits), batch.completion_ids)  # (b, T)
             lengths = batch.mask.sum(1).long().tolist()
             out += [logp[j, :n].to("cpu", copy=True) for j, n in enumerate(lengths)]
         return out
@@ -170,7 +170,7 @@ class PPOTrainer:
         batch = collate([samples[r] for r in mine], self.pad_token_id).to(self.device)
         logits, values = self.model(batch.input_ids, batch.attention_mask)
         mask = batch.mask  # (B, T)
-        logp_old = token_logprobs(batch.completion_view(logits), batch.completion_ids) * mask  # (B, T)
+        logp_old = token_logprobs(batch.sampled_logits(logits), batch.completion_ids) * mask  # (B, T)
         values_old = batch.completion_view(values).float() * mask  # (B, T) V of each token's context
         logp_ref = self._ref_batch(mine, mask.shape[1])  # (B, T)
         # (B, T) behaviour log-probs mu from the serving engine, as logged; pi_old for rows mu did not draw (w = 1)
@@ -200,7 +200,7 @@ class PPOTrainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 if len(mine):
                     logits, values = self.model(b.input_ids[mine], b.attention_mask[mine])
-                    logits = b.completion_view(logits)  # (b, T, V)
+                    logits = b.sampled_logits(logits, mine)  # (b, T, V) at each row's sampling temperature
                     parts = ppo_losses(
                         logp_new=token_logprobs(logits, b.completion_ids[mine]),
                         logp_old=ro.logp_old[mine], advantages=ro.advantages[mine],

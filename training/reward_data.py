@@ -70,7 +70,11 @@ def load_dataset(store: ObjectStore, model: str, ds_id: str) -> RewardDataset:
     if want != got:
         diff = sorted(n for n in want.keys() | got.keys() if want.get(n) != got.get(n))
         detail = "; ".join(f"{n}: expected {want.get(n, 'absent')}, got {got.get(n, 'absent')}" for n in diff)
-        raise DatasetError(f"dataset {ds_id}: schema is not the RewardSample schema ({detail})")
+        hint = ""
+        if {"temperature", "top_p"} & set(diff) and not {"temperature", "top_p"} & got.keys():
+            hint = ("; it predates rows carrying their sampling temperature (and engines logging mu after it), so "
+                    "PPO cannot weigh its rows: train on a dataset collected since")
+        raise DatasetError(f"dataset {ds_id}: schema is not the RewardSample schema ({detail}){hint}")
     if table.num_rows == 0:
         raise DatasetError(f"dataset {ds_id} of {model} has no rows: collect more traffic with feedback before training")
     samples: list[RewardSample] = []

@@ -30,25 +30,28 @@ class SampleSelection:
     stale: int  # behaviour version more than max_stale_versions older than the trained policy
     newer: int  # behaviour version newer than the trained policy (another lineage, e.g. a canary)
     empty: int  # no completion tokens: no token to credit the reward to
+    greedy: int = 0  # sampled at temperature 0: a deterministic choice explores nothing, and has no density ratio
 
 
 def select_samples(
     samples: Sequence[RewardSample], current_version: int, max_stale_versions: int | None
 ) -> SampleSelection:
-    """Keep samples with 0 <= current_version - version <= max_stale_versions (None: any version)
-    and at least one completion token; count the rest by reason."""
+    """Keep samples with 0 <= current_version - version <= max_stale_versions (None: any version),
+    at least one completion token and a sampling temperature above 0; count the rest by reason."""
     kept: list[RewardSample] = []
-    stale = newer = empty = 0
+    stale = newer = empty = greedy = 0
     for s in samples:
         if not s.completion_token_ids:
             empty += 1
+        elif s.temperature == 0:
+            greedy += 1
         elif s.version > current_version:
             newer += 1
         elif max_stale_versions is not None and current_version - s.version > max_stale_versions:
             stale += 1
         else:
             kept.append(s)
-    return SampleSelection(kept=kept, stale=stale, newer=newer, empty=empty)
+    return SampleSelection(kept=kept, stale=stale, newer=newer, empty=empty, greedy=greedy)
 
 
 @dataclass
@@ -64,7 +67,17 @@ class RolloutBatch:
     rewards: torch.Tensor  # (B,) float32 each row's reward from the dataset
     token_rewards: torch.Tensor  # (B, T) float32 that reward per token: on the last one, or split (training/partial_credit.py)
     versions: torch.Tensor  # (B,) long behaviour versions
+    temperatures: torch.Tensor  # (B,) float32 sampling temperature of each row: pi is scored at it (0 = greedy)
     prompt_width: int  # P
+
+    def sampled_logits(self, logits: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """(b, P + T, V) model logits of the batch's `rows` (default: all) -> (b, T, V) float32 logits of the
+        distribution each completion token was drawn from: divided by the row's temperature, as the engine did
+        before sampling (its logged mu is the log-prob after that scaling). Greedy rows stay unscaled, as the
+        engine scores them."""
+        t = self.temperatures if rows is None else self.temperatures[rows]
+        t = torch.where(t > 0, t, torch.ones_like(t))
+        return self.completion_view(logits).float() / t[:, None, None]
 
     def completion_view(self, x: torch.Tensor) -> torch.Tensor:
         """(B, P + T, ...) -> (B, T, ...): the columns whose outputs score completion tokens."""
@@ -117,6 +130,7 @@ def collate(samples: Sequence[RewardSample], pad_token_id: int) -> RolloutBatch:
         rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32),
         token_rewards=token_rewards,
         versions=torch.tensor([s.version for s in samples], dtype=torch.long),
+        temperatures=torch.tensor([s.temperature for s in samples], dtype=torch.float32),
         served=torch.tensor([not isinstance(s, HindsightSample) for s in samples], dtype=torch.bool),
         prompt_width=P,
     )

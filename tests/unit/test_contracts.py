@@ -44,6 +44,9 @@ COMPLETION_DEFECTS: dict[str, tuple[dict, set[str]]] = {
     "too-many-tokens": ({"prompt_token_ids": list(range(70))}, {"too_many_tokens"}),
     "bad-enums": ({"arm": "blue", "finish_reason": "bored"}, {"bad_arm", "bad_finish_reason"}),
     "negative-latency": ({"latency_ms": -3.0}, {"negative_latency"}),
+    "bad-sampling": ({"sampling": {"temperature": 3.0, "top_p": 0.0, "max_tokens": 4, "stop": [], "seed": None}},
+                     {"bad_temperature", "bad_top_p"}),
+    "no-sampling": ({"sampling": None}, {"null:sampling.temperature", "null:sampling.top_p"}),
     "several": ({"behaviour_logprobs": [0.5], "prompt_text": "AKIAABCDEFGHIJKLMNOP x@y.org"},
                 {"positive_logprob", "logprob_length_mismatch", "secret:aws_access_key", "pii:email"}),
     "null-time": ({"time_ms": None}, {"null:time_ms"}),
@@ -151,11 +154,11 @@ def test_counts_reconcile_exactly(run):
         assert c["in"] == c["kept"] + c["quarantined"] + c["filtered"]
         assert c["filtered"] == sum(c["filtered_by_reason"].values())
     c = counts["completions"]
-    # 8 good + 15 defects + 2 conflicting + 1 replay + 1 stale + 1 future + 2 rows of the bad file
-    assert c["in"] == 30 and c["kept"] == 6 and c["quarantined"] == 15 + 2 + 1 + 2
+    # 8 good + 17 defects + 2 conflicting + 1 replay + 1 stale + 1 future + 2 rows of the bad file
+    assert c["in"] == 32 and c["kept"] == 6 and c["quarantined"] == 17 + 2 + 1 + 2
     assert c["filtered_by_reason"] == {"duplicate": 1, "no_feedback": 2, "stale": 1}
     assert counts["feedback"]["in"] == 12 and counts["feedback"]["kept"] == 6
-    assert counts["total"]["in"] == 42
+    assert counts["total"]["in"] == 44
 
 
 def test_reward_sample_type_matches_its_stored_schema():

@@ -25,10 +25,11 @@ def sample(prompt: list[int], completion: list[int], reward: float = 0.0, versio
 
 
 def test_select_samples_drops_and_counts_by_reason() -> None:
-    rows = [sample([1], [2], version=v) for v in (5, 4, 3, 2, 6)] + [sample([1], [], version=5)]
+    greedy = sample([1, 1], [2], version=5).model_copy(update={"temperature": 0.0})
+    rows = [sample([1], [2], version=v) for v in (5, 4, 3, 2, 6)] + [sample([1], [], version=5), greedy]
     sel = select_samples(rows, current_version=5, max_stale_versions=2)
     assert [s.version for s in sel.kept] == [5, 4, 3]
-    assert (sel.stale, sel.newer, sel.empty) == (1, 1, 1)
+    assert (sel.stale, sel.newer, sel.empty, sel.greedy) == (1, 1, 1, 1)
     assert len(select_samples(rows, 5, None).kept) == 4
 
 

@@ -62,6 +62,13 @@ def test_wrong_schema_names_the_columns(store) -> None:
         load_dataset(store, "tab", "ds-s")
 
 
+def test_a_dataset_from_before_sampling_temperatures_says_so(store) -> None:
+    write_dataset(store, "tab", "ds-old", samples_table([row(0)]).drop_columns(["temperature", "top_p"]), {})
+    with pytest.raises(DatasetError, match=r"temperature: expected double, got absent.*predates rows carrying their "
+                                           r"sampling temperature.*train on a dataset collected since"):
+        load_dataset(store, "tab", "ds-old")
+
+
 def test_changed_data_file_fails_the_digest_check(store, tmp_path) -> None:
     manifest = write_dataset(store, "tab", "ds-d", samples_table([row(0), row(1)]), {})
     other = tmp_path / "other.parquet"
