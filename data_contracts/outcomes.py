@@ -9,6 +9,7 @@ Only rows of the two versions under test, in their own arm, count.
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 
@@ -22,20 +23,36 @@ from serving.canary_policy import Outcome
 from tidal.store import ObjectStore
 
 
+# A gateway's object key names its WAL segment, whose id opens with the segment's creation time in ms
+# (serving/wal.py); every record in it was written within the segment's lifetime.
+_SEGMENT_OPENED = re.compile(r"/part-(\d{13})-\d+-\d+\.parquet$")
+
+
 class LogReader:
     """The model's log objects since a time, read once each: objects are immutable (their keys derive from
-    segment ids; a re-upload rewrites the same rows), so each look only reads what is new."""
+    segment ids; a re-upload rewrites the same rows), so each look only reads what is new.
 
-    def __init__(self, store: ObjectStore, model: str, since_ms: int):
+    With `segment_span_s` (how long a gateway keeps a segment open, `gateway.logsink.segment_max_age_s`, plus
+    slack for clock skew between the gateway and this process), objects of segments opened longer than that
+    before `since_ms` hold only older records and are skipped unread: a canary's first look then reads the
+    minutes since its start, not the whole hour of logs (one object per segment, each a few seconds long).
+    Objects whose names carry no segment time are always read."""
+
+    def __init__(self, store: ObjectStore, model: str, since_ms: int, segment_span_s: float | None = None):
         self.store, self.model, self.since_ms = store, model, since_ms
+        self.opened_after_ms = None if segment_span_s is None else since_ms - int(segment_span_s * 1000)
         self._tables: dict[str, dict[str, pa.Table]] = {"completions": {}, "feedback": {}}
+
+    def _closed_before_start(self, key: str) -> bool:
+        m = _SEGMENT_OPENED.search(key) if self.opened_after_ms is not None else None
+        return m is not None and int(m.group(1)) < self.opened_after_ms
 
     def table(self, kind: str, columns: list[str]) -> pa.Table | None:
         seen, start = self._tables[kind], floor_hour(self.since_ms)
         with tempfile.TemporaryDirectory() as tmp:
             for key in self.store.list(f"logs/{kind}/model={self.model}/"):
                 part = parse_key(key, self.model)
-                if key in seen or part is None or part.hour_ms < start:
+                if key in seen or part is None or part.hour_ms < start or self._closed_before_start(key):
                     continue
                 local = Path(tmp) / "part.parquet"
                 self.store.get_file(key, local)

@@ -33,7 +33,10 @@ def promote(model: str = "tab", candidate: str = "@candidate", require_gate: boo
 
     release = resolve_release(registry, model, candidate, require_gate, settings.model(model).update_strategy)
     deploy_and_verify(fleet, registry, release)
-    look = run_canary(release, cfg, routes, fleet, registry, store, settings.collect.rule_for(model), gateway_url)
+    # a gateway segment is open at most segment_max_age_s; a minute more covers clock skew between hosts
+    span_s = settings.gateway.logsink.segment_max_age_s + 60
+    look = run_canary(release, cfg, routes, fleet, registry, store, settings.collect.rule_for(model), gateway_url,
+                      log_segment_span_s=span_s)
     if look.action == "inconclusive" and cfg.on_inconclusive == "ask":
         answer = pause_flow_run(wait_for_input=Approval.with_initial_data(
             description=approval_description(release, look), decision="rollback"), timeout=int(cfg.approval_timeout_s))

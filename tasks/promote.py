@@ -141,13 +141,14 @@ def canary_arm(routes: RoutesClient, model: str) -> dict | None:
 
 @task(cache_policy=NO_CACHE)
 def run_canary(release: Release, cfg: CanaryConfig, routes: RoutesClient, fleet: FleetClient, registry: Registry,
-               store: ObjectStore, rule: RewardRule, gateway_url: str) -> Look:
-    """Walk the ramp until it promotes, rolls back or is inconclusive; one look every poll_s."""
+               store: ObjectStore, rule: RewardRule, gateway_url: str, log_segment_span_s: float | None = None) -> Look:
+    """Walk the ramp until it promotes, rolls back or is inconclusive; one look every poll_s. log_segment_span_s:
+    the longest a gateway log segment stays open, with slack (LogReader skips segments closed before the start)."""
     log = get_run_logger()
     model, cand, champ = release.model, release.candidate, release.champion
     versions = {"control": champ.version, "canary": cand.version}
     start_ms, base = now_ms(), arm_counters(gateway_url, model)
-    ramp, logs = Ramp(cfg, time.monotonic()), LogReader(store, model, start_ms)
+    ramp, logs = Ramp(cfg, time.monotonic()), LogReader(store, model, start_ms, log_segment_span_s)
     route_when_served(routes, model, cand.version, ramp.weight, f"canary step 1 at {ramp.weight:.0%}")
     audit(registry, cand, "step_1", weight=ramp.weight)
     while True:

@@ -53,6 +53,26 @@ def test_logs_from_an_hour_before_the_start_are_not_read(store) -> None:
     assert read_outcomes(LogReader(store, "tab", T0), VERSIONS, RewardRule(), 0, T0 + HOUR) == []
 
 
+def test_segments_closed_before_the_start_are_not_read(store) -> None:
+    start = T0 + 600_000
+
+    def segment(opened_ms: int) -> str:  # the gateway's WAL segment id: creation ms, pid, counter
+        return f"{opened_ms:013d}-{4242:07d}-{opened_ms % 1000:06d}"
+
+    # A segment opened 10 minutes before the start (its rows are older in reality: this one's row is planted
+    # after the start, so it would count if the object were read), and one opened 3 s before the start.
+    old = put_rows(store, "completions", [completion(start + 1, 1)], segment_id=segment(start - 600_000))
+    fresh = put_rows(store, "completions", [completion(start + 2, 2)], segment_id=segment(start - 3_000))
+    named_otherwise = put_rows(store, "completions", [completion(start + 3, 3)])  # no segment time: always read
+    logs = LogReader(store, "tab", start, segment_span_s=65)
+    got = read_outcomes(logs, VERSIONS, RewardRule(), feedback_wait_s=0, now_ms=start + 60_000)
+    assert sorted(o.time_ms for o in got) == [start + 2, start + 3]
+    assert set(logs._tables["completions"]) == {fresh, named_otherwise} and old not in logs._tables["completions"]
+    # without a span every object of the hour is read
+    everything = read_outcomes(LogReader(store, "tab", start), VERSIONS, RewardRule(), 0, start + 60_000)
+    assert sorted(o.time_ms for o in everything) == [start + 1, start + 2, start + 3]
+
+
 METRICS = """# HELP gateway_completions_total Completions logged
 gateway_completions_total{arm="control",model="tab"} 950.0
 gateway_completions_total{arm="canary",model="tab"} 48.0

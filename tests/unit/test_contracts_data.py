@@ -59,10 +59,12 @@ def partition_of(t: int) -> tuple[str, str, str]:
     return "tab", f"{d:%Y-%m-%d}", f"{d:%H}"
 
 
-def put_rows(store: ObjectStore, kind: str, rows: list[dict], part_time: int | None = None) -> str:
-    """One log object of rows (all in the partition of part_time, default the first row's time)."""
+def put_rows(store: ObjectStore, kind: str, rows: list[dict], part_time: int | None = None,
+             segment_id: str | None = None) -> str:
+    """One log object of rows (all in the partition of part_time, default the first row's time), named by
+    segment_id (default: a counter)."""
     part = partition_of(part_time if part_time is not None else rows[0]["time_ms"])
-    key = partition_key(kind, part, f"{next(_segments):012d}")
+    key = partition_key(kind, part, segment_id or f"{next(_segments):012d}")
     with tempfile.TemporaryDirectory() as tmp:
         pq.write_table(to_table(kind, rows), Path(tmp) / "p.parquet")
         store.put_file(Path(tmp) / "p.parquet", key)
