@@ -35,7 +35,9 @@ class SimUsersConfig(Section):
     sites: int = Field(4000, ge=1, description="Distinct cursor sites drawn from the traffic files (re-used round-robin).")
     concurrency: int = Field(4, ge=1, description="Requests in flight at once.")
     max_tokens: int = Field(16, ge=1, description="Completion budget a Tab request asks for.")
-    temperature: float = Field(1.0, ge=0, le=2, description="Sampling temperature of Tab requests (PPO needs on-policy samples).")
+    temperature: float = Field(1.0, ge=0, le=2, description=(
+        "Sampling temperature of Tab requests. PPO weighs rows of any temperature above 0 correctly (the engines log "
+        "mu after the scaling); lower shows better suggestions but explores less, and greedy (0) rows are not trained on."))
     stop: list[str] = Field(default_factory=lambda: ["\n"], description=(
         "Stop strings of Tab requests: single-line suggestions by default, as editors ask for them. The policy "
         "ends a suggestion by sampling a line break (a frequent token, so PPO explores where to stop); one "
