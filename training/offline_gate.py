@@ -1,7 +1,8 @@
 """The offline gate: checks a candidate must pass before any traffic reaches it.
 
     finite        every served weight (and the critic) is finite
-    kl            mean per-token KL(candidate || champion) on held-out logged completions <= max_kl
+    kl            mean per-token KL(candidate || champion) on held-out logged completions <= max_kl (both at each
+                  row's sampling temperature: the distributions users were served)
     ope           off-policy estimate of the candidate's reward on held-out logged rows is not below the
                   champion's estimate by more than ope_tolerance (inconclusive, not failed, when the
                   effective sample size is below min_ess)

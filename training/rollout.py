@@ -30,7 +30,7 @@ class SampleSelection:
     stale: int  # behaviour version more than max_stale_versions older than the trained policy
     newer: int  # behaviour version newer than the trained policy (another lineage, e.g. a canary)
     empty: int  # no completion tokens: no token to credit the reward to
-    greedy: int = 0  # sampled at temperature 0: a deterministic choice explores nothing, and has no density ratio
+    greedy: int  # sampled at temperature 0: a deterministic choice explores nothing, and has no density ratio
 
 
 def select_samples(
