@@ -76,8 +76,10 @@ class RolloutBatch:
         before sampling (its logged mu is the log-prob after that scaling). Greedy rows stay unscaled, as the
         engine scores them."""
         t = self.temperatures if rows is None else self.temperatures[rows]
-        t = torch.where(t > 0, t, torch.ones_like(t))
-        return self.completion_view(logits).float() / t[:, None, None]
+        view = self.completion_view(logits).float()
+        if bool(((t == 1) | (t == 0)).all()):  # nothing to scale: no second (b, T, V) tensor on the hot path
+            return view
+        return view / torch.where(t > 0, t, torch.ones_like(t))[:, None, None]
 
     def completion_view(self, x: torch.Tensor) -> torch.Tensor:
         """(B, P + T, ...) -> (B, T, ...): the columns whose outputs score completion tokens."""
