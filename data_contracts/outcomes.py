@@ -9,7 +9,6 @@ Only rows of the two versions under test, in their own arm, count.
 
 from __future__ import annotations
 
-import re
 import tempfile
 from pathlib import Path
 
@@ -20,12 +19,8 @@ import pyarrow.parquet as pq
 from data_contracts.rewards import RewardRule
 from data_contracts.scope import floor_hour, parse_key
 from serving.canary_policy import Outcome
+from serving.wal import segment_opened_ms
 from tidal.store import ObjectStore
-
-
-# A gateway's object key names its WAL segment, whose id opens with the segment's creation time in ms
-# (serving/wal.py); every record in it was written within the segment's lifetime.
-_SEGMENT_OPENED = re.compile(r"/part-(\d{13})-\d+-\d+\.parquet$")
 
 
 class LogReader:
@@ -44,8 +39,12 @@ class LogReader:
         self._tables: dict[str, dict[str, pa.Table]] = {"completions": {}, "feedback": {}}
 
     def _closed_before_start(self, key: str) -> bool:
-        m = _SEGMENT_OPENED.search(key) if self.opened_after_ms is not None else None
-        return m is not None and int(m.group(1)) < self.opened_after_ms
+        # A gateway's object key names its WAL segment (part-<segment id>.parquet); every record in it was
+        # written within the segment's lifetime, which begins at the time its id starts with.
+        if self.opened_after_ms is None:
+            return False
+        opened = segment_opened_ms(key.rsplit("/part-", 1)[-1].removesuffix(".parquet"))
+        return opened is not None and opened < self.opened_after_ms
 
     def table(self, kind: str, columns: list[str]) -> pa.Table | None:
         seen, start = self._tables[kind], floor_hour(self.since_ms)

@@ -109,6 +109,20 @@ def recover(wal_dir: Path, kind: str) -> int:
     return torn
 
 
+_SEGMENT_ID = re.compile(r"(\d{13})-\d{7}-\d{6}")
+
+
+def segment_id(opened_ms: int, pid: int, counter: int) -> str:
+    """A segment's id: its creation time (ms) first, so readers can tell when it began taking records."""
+    return f"{opened_ms:013d}-{pid:07d}-{counter % 1_000_000:06d}"
+
+
+def segment_opened_ms(seg_id: str) -> int | None:
+    """The creation time (ms) a segment id starts with; None for an id of another form."""
+    m = _SEGMENT_ID.fullmatch(seg_id)
+    return int(m.group(1)) if m else None
+
+
 class SinkStats:
     """Counters and gauges shared by the writer, the uploader and metrics(). One lock, taken a few times
     per commit batch. The cap alarm lives here so every change of the pending bytes re-evaluates it."""
@@ -327,7 +341,7 @@ class WalWriter:
         kind_dir = self.wal_dir / kind
         while True:  # a dead process of the same pid may have used this id in the same millisecond
             self._counter += 1
-            seg_id = f"{time.time_ns() // 1_000_000:013d}-{os.getpid():07d}-{self._counter % 1_000_000:06d}"
+            seg_id = segment_id(time.time_ns() // 1_000_000, os.getpid(), self._counter)
             seg = Segment(kind, seg_id, OPEN, kind_dir / (seg_id + SUFFIXES[OPEN]))
             if any(seg.moved(s).path.exists() for s in (CLOSED, UPLOADED)):
                 continue

@@ -5,8 +5,8 @@ gateway's logs, so it never becomes training data.
 Every version sees the same sites, users and per-request sampling seeds. Figures come with 95%
 confidence intervals: Wilson score intervals for the two proportions (suggestion rate per request, accept
 rate per suggestion shown: a normal interval collapses to [0, 0] when no suggestion was accepted, though 0 of
-600 only bounds the rate below ~0.6%), normal intervals for the per-request means. Beside each version: the simple baseline the design notes ask for, the same completions cut to
-the k characters (best k by accepted characters per request) — a version only counts as learned if it
+600 only bounds the rate below ~0.6%), normal intervals for the per-request means. Beside each version: the
+simple baseline the design notes ask for, the same completions cut to the k characters (best k by accepted characters per request) — a version only counts as learned if it
 beats that too.
 """
 
