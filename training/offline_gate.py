@@ -36,13 +36,14 @@ from training.value_head import position_ids_from_mask
 
 @torch.no_grad()
 def _completion_logits(model: PreTrainedModel, samples: Sequence[RewardSample], pad_id: int, chunk: int = 32):
-    """Yields (batch, logits (b, T, V)) over the samples' completion positions."""
+    """Yields (batch, logits (b, T, V)) over the samples' completion positions, at each row's sampling temperature
+    over the whole vocabulary (the row's top-p nucleus is not applied: `batch.cut_to_nucleus` does that)."""
     model.eval()
     for i in range(0, len(samples), chunk):
         b = collate(samples[i : i + chunk], pad_id)
         out = model(input_ids=b.input_ids, attention_mask=b.attention_mask,
                     position_ids=position_ids_from_mask(b.attention_mask), use_cache=False)
-        yield b, b.sampled_logits(out.logits)  # at each row's sampling temperature: where mu was drawn
+        yield b, b.tempered_logits(out.logits)
 
 
 @torch.no_grad()
@@ -56,12 +57,14 @@ def kl_and_ope(candidate: PreTrainedModel, champion: PreTrainedModel, samples: S
     for (b, cand), (_, champ) in pairs:
         m = b.mask  # (b, T)
         lp_cand, lp_champ = torch.log_softmax(cand, -1), torch.log_softmax(champ, -1)  # (b, T, V)
-        kl = (lp_cand.exp() * (lp_cand - lp_champ)).sum(-1)  # (b, T) exact KL per position
+        # (b, T) exact KL per position, of the tempered policies: each model's nucleus is its own, so the cut
+        # distributions need not share a support (KL infinite) while the weights moved a little
+        kl = (lp_cand.exp() * (lp_cand - lp_champ)).sum(-1)
         kl_sum += float((kl * m).sum())
         tokens += float(m.sum())
         sampled = b.temperatures > 0  # (b,) a greedy row's choice had no density: no importance weight
         for name, logits in (("candidate", cand), ("champion", champ)):
-            lp = token_logprobs(logits, b.completion_ids)  # (b, T)
+            lp = token_logprobs(b.cut_to_nucleus(logits), b.completion_ids)  # (b, T) where mu was drawn
             log_w[name] += ((lp - b.behaviour_logprobs) * m).sum(1)[sampled].tolist()
         rewards += b.rewards[sampled].tolist()
     out = {"kl_per_token": kl_sum / max(tokens, 1.0), "heldout_rows": float(len(rewards)),

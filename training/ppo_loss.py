@@ -37,9 +37,10 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of each next-token distribution: logits (B, T, V) -> (B, T) float32, -sum p log p."""
+    """Entropy of each next-token distribution: logits (B, T, V) -> (B, T) float32, -sum p log p.
+    Tokens at -inf (outside a top-p nucleus) have p = 0 and add nothing."""
     logp = torch.log_softmax(logits.float(), dim=-1)  # (B, T, V)
-    return -(logp.exp() * logp).sum(-1)  # (B, T)
+    return -(logp.exp() * logp.clamp_min(torch.finfo(logp.dtype).min)).sum(-1)  # (B, T)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:

@@ -68,18 +68,36 @@ class RolloutBatch:
     token_rewards: torch.Tensor  # (B, T) float32 that reward per token: on the last one, or split (training/partial_credit.py)
     versions: torch.Tensor  # (B,) long behaviour versions
     temperatures: torch.Tensor  # (B,) float32 sampling temperature of each row: pi is scored at it (0 = greedy)
+    top_ps: torch.Tensor  # (B,) float32 nucleus mass of each row: pi is scored on that nucleus (1 = whole vocabulary)
     prompt_width: int  # P
 
-    def sampled_logits(self, logits: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """(b, P + T, V) model logits of the batch's `rows` (default: all) -> (b, T, V) float32 logits of the
-        distribution each completion token was drawn from: divided by the row's temperature, as the engine did
-        before sampling (its logged mu is the log-prob after that scaling). Greedy rows stay unscaled, as the
-        engine scores them."""
+    def tempered_logits(self, logits: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """(b, P + T, V) model logits of the batch's `rows` (default: all) -> (b, T, V) float32 logits divided by
+        each row's temperature, as the engine did before sampling. Greedy rows stay unscaled, as the engine
+        scores them. The whole vocabulary: for measures of the policy itself (the gate's KL)."""
         t = self.temperatures if rows is None else self.temperatures[rows]
         view = self.completion_view(logits).float()
         if bool(((t == 1) | (t == 0)).all()):  # nothing to scale: no second (b, T, V) tensor on the hot path
             return view
         return view / torch.where(t > 0, t, torch.ones_like(t))[:, None, None]
+
+    def sampled_logits(self, logits: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """(b, P + T, V) model logits of the batch's `rows` (default: all) -> (b, T, V) float32 logits of the
+        distribution each completion token was drawn from: tempered, then cut to the row's top-p nucleus (the
+        engine's logged mu is the log-prob after both). Scores pi where mu was drawn."""
+        return self.cut_to_nucleus(self.tempered_logits(logits, rows), rows)
+
+    def cut_to_nucleus(self, tempered: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """(b, T, V) tempered logits of `rows` -> the same with tokens outside each row's top-p nucleus at -inf."""
+        p = self.top_ps if rows is None else self.top_ps[rows]
+        t = self.temperatures if rows is None else self.temperatures[rows]
+        cut = (p < 1) & (t > 0)  # (b,) greedy rows: the engine takes the arg max whatever top_p says
+        if not bool(cut.any()):
+            return tempered
+        ids = self.completion_ids if rows is None else self.completion_ids[rows]
+        out = tempered.clone()
+        out[cut] = nucleus(tempered[cut], p[cut], ids[cut])
+        return out
 
     def completion_view(self, x: torch.Tensor) -> torch.Tensor:
         """(B, P + T, ...) -> (B, T, ...): the columns whose outputs score completion tokens."""
@@ -92,6 +110,23 @@ class RolloutBatch:
             return self
         moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in vars(self).items()}
         return RolloutBatch(**moved)
+
+
+def nucleus(logits: torch.Tensor, top_p: torch.Tensor, sampled: torch.Tensor) -> torch.Tensor:
+    """(n, T, V) tempered logits, (n,) nucleus mass, (n, T) sampled token ids -> the logits with every token
+    outside its position's nucleus at -inf. The nucleus is the engine's (vLLM's top-p): the most likely tokens,
+    dropping from the least likely while the mass dropped stays <= 1 - top_p, never the most likely one.
+
+    The sampled token is always kept. The nucleus is the scoring model's own, so after some updates pi_theta's
+    may no longer hold a token mu drew; that token then keeps its renormalised share rather than log-prob -inf
+    (a ratio of exactly 0 would leave the row no gradient and the KL penalty infinite)."""
+    with torch.no_grad():  # which tokens are in is a step function of theta: no gradient through the choice
+        ordered, order = logits.sort(-1)  # (n, T, V) ascending
+        dropped = ordered.softmax(-1).cumsum(-1) <= (1 - top_p)[:, None, None]  # (n, T, V) over sorted tokens
+        dropped[..., -1] = False
+        drop = torch.zeros_like(dropped).scatter(-1, order, dropped)  # (n, T, V) back in vocabulary order
+        drop.scatter_(-1, sampled.long().unsqueeze(-1), False)
+    return logits.masked_fill(drop, float("-inf"))
 
 
 def collate(samples: Sequence[RewardSample], pad_token_id: int) -> RolloutBatch:
@@ -133,6 +168,7 @@ def collate(samples: Sequence[RewardSample], pad_token_id: int) -> RolloutBatch:
         token_rewards=token_rewards,
         versions=torch.tensor([s.version for s in samples], dtype=torch.long),
         temperatures=torch.tensor([s.temperature for s in samples], dtype=torch.float32),
+        top_ps=torch.tensor([s.top_p for s in samples], dtype=torch.float32),
         served=torch.tensor([not isinstance(s, HindsightSample) for s in samples], dtype=torch.bool),
         prompt_width=P,
     )

@@ -14,7 +14,8 @@ from data_contracts.dataset import read_manifest, read_parquet, read_watermark
 from sim.audit import stored_rows, wait_stored
 
 pytestmark = pytest.mark.slow
-TEMPS = [1.0, 0.5]  # every other request sampled at half temperature: its mu is logged after the scaling
+# (temperature, top_p) of request i: SAMPLING[i % 3]; mu is logged after the scaling and the nucleus cut
+SAMPLING = [(1.0, 1.0), (0.5, 1.0), (0.8, 0.8)]
 PROMPTS = ["def add(a, b):\n    return", "for i in range(", "import os\nprint(os.path.", "class Point:\n    def __init__(self"]
 
 
@@ -34,8 +35,9 @@ def verdict(i: int, text: str) -> dict | None:
 
 @torch.no_grad()
 def assert_mu_is_the_sampled_distribution(rows: list[dict], registry, checkpoints) -> None:
-    """The engine's logged mu is log softmax(logits / T) of the served weights at each row's temperature: the
-    distribution the token was drawn from, which the trainer scores the policy at (training/rollout.py)."""
+    """The engine's logged mu is log softmax(logits / T) of the served weights at each row's temperature, cut to
+    its top-p nucleus: the distribution the token was drawn from, which the trainer scores the policy at
+    (training/rollout.py)."""
     from data_contracts.samples import RewardSample
     from training.policy import load_policy
     from training.ppo_loss import token_logprobs
@@ -43,8 +45,8 @@ def assert_mu_is_the_sampled_distribution(rows: list[dict], registry, checkpoint
     from training.value_head import position_ids_from_mask
 
     rows = [RewardSample.model_validate(r) for r in rows if r["completion_token_ids"]]
-    assert {r.temperature for r in rows} == set(TEMPS), "rows at both temperatures"
-    far_from_raw = 0.0
+    assert {(r.temperature, r.top_p) for r in rows} == set(SAMPLING), "rows of every sampling setting"
+    far_from_raw = cut_gap = 0.0
     for version in sorted({r.version for r in rows}):
         info = registry.get("tab", version)
         model = load_policy(checkpoints.local_dir(info), base_path=checkpoints.local_dir(registry.get("tab", info.base_version)))
@@ -52,13 +54,19 @@ def assert_mu_is_the_sampled_distribution(rows: list[dict], registry, checkpoint
         logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask,
                        position_ids=position_ids_from_mask(b.attention_mask)).logits
         m = b.mask.bool()
-        tempered = token_logprobs(b.sampled_logits(logits), b.completion_ids)  # (B, T) at each row's temperature
+        served = token_logprobs(b.sampled_logits(logits), b.completion_ids)  # (B, T) tempered, on the nucleus
+        assert (served - b.behaviour_logprobs)[m].abs().max() < 2e-3, f"v{version}"
         raw = token_logprobs(b.completion_view(logits), b.completion_ids)  # (B, T) at T = 1
-        assert (tempered - b.behaviour_logprobs)[m].abs().max() < 2e-3, f"v{version}"
         half = (b.temperatures == 0.5)[:, None] & m
         if half.any():
             far_from_raw = max(far_from_raw, float((raw - b.behaviour_logprobs)[half].abs().max()))
+        whole = token_logprobs(b.tempered_logits(logits), b.completion_ids)  # (B, T) tempered, whole vocabulary
+        nucleus = (b.top_ps < 1)[:, None] & m
+        if nucleus.any():
+            cut_gap = max(cut_gap, float((b.behaviour_logprobs - whole)[nucleus].max()))
     assert far_from_raw > 0.05  # at T = 0.5 the raw log-probs are not mu
+    # with top_p 0.8 the engine renormalised over the nucleus: mu is above the whole-vocabulary log-prob
+    assert cut_gap > 0.01
 
 
 def test_collect_turns_gateway_traffic_into_a_reconciled_dataset(settings, gateway, keys, checkpoints, registry, platform):
@@ -68,8 +76,10 @@ def test_collect_turns_gateway_traffic_into_a_reconciled_dataset(settings, gatew
     rule = cfg.rule_for("tab")
     answers, sent = {}, {}
     for i in range(30):
+        temperature, top_p = SAMPLING[i % 3]
         a = post(gateway, keys["alice"], "/v1/completions", {"model": "tab", "prompt": PROMPTS[i % 4], "max_tokens": 6,
-                                                              "logprobs": 1, "user": f"collect-{i}", "temperature": TEMPS[i % 2]})
+                                                              "logprobs": 1, "user": f"collect-{i}",
+                                                              "temperature": temperature, "top_p": top_p})
         answers[a["id"]] = a
         v = verdict(i, a["choices"][0]["text"])
         if v is not None:
@@ -98,7 +108,7 @@ def test_collect_turns_gateway_traffic_into_a_reconciled_dataset(settings, gatew
         assert s["event"] == v["event"] and s["accepted_chars"] == v.get("accepted_chars")
         assert s["reward"] == pytest.approx(rule.reward(v["event"], v.get("accepted_chars"), s["completion_text"]))
         assert s["reward_rule"] == rule.id
-        assert s["temperature"] == log["sampling"]["temperature"] in TEMPS and s["top_p"] == 1.0
+        assert (s["temperature"], s["top_p"]) == (log["sampling"]["temperature"], log["sampling"]["top_p"]) in SAMPLING
     assert_mu_is_the_sampled_distribution([samples[rid] for rid in expected], registry, checkpoints)
     # counts reconcile, over everything stored so far
     counts = manifest["counts"]
