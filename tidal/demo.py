@@ -124,13 +124,12 @@ def plot_versions(rows: list[dict], path: Path) -> Path:
     return path
 
 
-def wait_for_traffic(traffic, n: int, desc: str) -> None:
-    """Until the users sent `n` more requests (a progress bar); fails if the gateway keeps erroring."""
+def wait_for_traffic(traffic, since: int, n: int, desc: str) -> None:
+    """Until the users sent `n` requests after the first `since` (a progress bar); fails if the gateway keeps erroring."""
     from tqdm import tqdm
 
-    start = traffic.sent
     with tqdm(total=n, desc=desc, unit="req", leave=False) as bar:
-        while (done := traffic.sent - start) < n:
+        while (done := min(n, traffic.sent - since)) < n:
             if not traffic.is_alive():
                 raise RuntimeError(f"simulated traffic stopped; last errors: {traffic.tally.errors[-3:]}")
             if len(traffic.tally.errors) > 50 and len(traffic.tally.errors) > 0.2 * max(1, traffic.sent):
@@ -239,10 +238,12 @@ def cmd_demo(settings: TidalSettings, args) -> None:
     print(f"\n{model}: {cycles} flywheel cycles from champion v{registry.aliases(model)['champion']}, "
           f"{demo.requests_per_cycle} simulated requests each ({demo.users.users} users)")
     traffic.start()
+    collected = 0  # requests sent before the last cycle collected: the users keep typing while a cycle runs
     try:
         for n in range(first, first + cycles):
-            wait_for_traffic(traffic, demo.requests_per_cycle, f"cycle {n}: traffic")
+            wait_for_traffic(traffic, collected, demo.requests_per_cycle, f"cycle {n}: traffic")
             time.sleep(settle_s)  # the last records and verdicts reach the store
+            collected = traffic.sent
             run_cycle(model, n)
             reports = load_cycles(store, model)[first - 1 :]
             print("\n" + cycle_table(reports) + f"\n({traffic.sent} simulated requests so far)")

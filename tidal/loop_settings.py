@@ -47,25 +47,27 @@ class FlywheelSettings(Section):
 
 def _demo_canary() -> CanaryConfig:
     # Simulated traffic is a few requests/s on a laptop: larger, shorter steps than production's 5% → 25% → 50%,
-    # and verdicts that arrive within seconds.
-    return CanaryConfig(steps=[0.25, 0.5], min_samples=150, max_step_s=240.0, feedback_wait_s=5.0, poll_s=3.0,
+    # and verdicts that arrive within seconds. An undecided 50% step ends after 3 minutes (~450 outcomes per arm).
+    return CanaryConfig(steps=[0.25, 0.5], min_samples=150, max_step_s=180.0, feedback_wait_s=5.0, poll_s=3.0,
                         unload_grace_s=10.0, mixture_sd=0.3)
 
 
 def _demo_train() -> TrainSettings:
-    # One short PPO run per cycle on a laptop's share of two cores (the fleet keeps serving meanwhile): three cycles
-    # took 38.8 minutes with these settings. Hindsight rows with the code loss (hindsight_partials, ptx_coef 1)
-    # raised the held-out accept rate offline (bench/offline_ppo.py on a demo's logs: 0% -> 1.0% in 40 iterations, bits/byte flat), but
-    # a demo cycle with them at 30 iterations took 20 minutes (train 8, canary 8.5), three cycles over the hour,
-    # and its canary could not tell the candidate from v1; they stay opt-in (see the README's knobs).
+    # One short PPO run per cycle on the core the fleet leaves free (the users keep the engine busy meanwhile,
+    # ~17 s an iteration): 20 iterations keep three cycles within the hour. Hindsight rows with the code loss
+    # (hindsight_partials, ptx_coef 1) raised the held-out accept rate offline (bench/offline_ppo.py on a demo's
+    # logs: 0% -> 1.0% in 40 iterations, bits/byte flat), but doubled a cycle's training time, and a canary could
+    # not tell that candidate from v1; they stay opt-in (see the README's knobs).
     return TrainSettings(ppo=PPOConfig(learning_rate=1e-3, critic_learning_rate=1e-2, batch_size=32, minibatch_size=8,
-                                       epochs=2, passes=2, max_iterations=30, kl_coef=0.1),
+                                       epochs=2, passes=2, max_iterations=20, kl_coef=0.1),
                          gate=GateConfig(eval_bytes=20_000, bpb_tolerance=0.1), checkpoint_every=10)
 
 
 class DemoSettings(Section):
     cycles: int = Field(3, ge=1, description="Flywheel cycles `tidal demo` runs (continuing from the current champion).")
-    requests_per_cycle: int = Field(1200, ge=50, description="New simulated requests served before each cycle collects its logs.")
+    requests_per_cycle: int = Field(1200, ge=50, description=(
+        "Simulated requests served since the last cycle collected before the next one collects (the users keep "
+        "sending while a cycle runs, so after the first cycle there is rarely a wait)."))
     eval_requests: int = Field(600, ge=20, description="Held-out requests `tidal eval` replays per version at the end.")
     users: SimUsersConfig = Field(default_factory=SimUsersConfig, description="The simulated users sending traffic.")
     canary: CanaryConfig = Field(default_factory=_demo_canary, description="Canary settings of the demo's cycles (replace `canary`).")

@@ -7,7 +7,7 @@ import pytest
 
 from data_contracts.samples import RewardSample
 from tasks.flywheel import CycleReport, served_metrics
-from tidal.demo import cycle_table, demo_profile
+from tidal.demo import cycle_table, demo_profile, wait_for_traffic
 from tidal.settings import load_settings
 
 
@@ -35,6 +35,31 @@ def test_cycle_table_says_what_was_decided_and_why():
     table = cycle_table([asdict(r)])
     assert "rolled_back v4 → champion v3" in table and "why: reward fell" in table and "0.900" in table
     assert r.row()["decision"] == "rolled_back" and r.row()["suggestion_rate"] == 0.9
+
+
+class Users:
+    """The two things the demo reads of its running SimTraffic: requests sent, and whether it still runs."""
+
+    def __init__(self, sent: int, per_poll: int = 0) -> None:
+        self._sent, self.per_poll, self.tally = sent, per_poll, type("Tally", (), {"errors": []})()
+
+    @property
+    def sent(self) -> int:
+        self._sent += self.per_poll  # the users keep sending while the demo waits
+        return self._sent
+
+    def is_alive(self) -> bool:
+        return True
+
+
+def test_a_cycle_waits_only_for_requests_not_yet_collected(monkeypatch):
+    monkeypatch.setattr("tidal.demo.time.sleep", lambda s: None)
+    busy = Users(sent=5000)  # the users sent 4000 requests while the last cycle (collected at 1000) ran
+    wait_for_traffic(busy, since=1000, n=1200, desc="t")
+    assert busy._sent == 5000  # no wait: enough arrived during the cycle
+    fresh = Users(sent=1000, per_poll=100)  # right after a collect at 1000
+    wait_for_traffic(fresh, since=1000, n=1200, desc="t")
+    assert 2200 <= fresh._sent <= 2400  # waited for 1200 more, not a request longer than a poll
 
 
 def test_demo_profile_replaces_canary_and_training_and_stops_schedules(monkeypatch, tmp_path):
