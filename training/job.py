@@ -41,7 +41,7 @@ from training import distributed
 from training.distributed import LaunchEnvError
 from training.job_spec import EXIT_BAD_INPUT, EXIT_DIVERGED, TrainJob, TrainResult
 from training.launch.base import STORE_REF
-from training.reward_data import DatasetError, load_dataset, split
+from training.reward_data import DatasetError, at_most, load_dataset, split
 
 STATE_DIR = "state"
 
@@ -228,6 +228,7 @@ def gate(spec: TrainJob) -> None:
     store, registry = open_store(settings), Registry(spec.tracking_uri)
     data = load_dataset(store, spec.model, spec.dataset_id)
     _, heldout = split(data.samples, spec.train.heldout_fraction)
+    heldout = at_most(heldout, spec.train.gate.max_heldout_rows)
     dirs = Checkouts(spec, store, registry, settings.data_path / "cache")
     cand_dir = dirs.candidate_dir()
     champion = load_policy(dirs.champion_dir, base_path=dirs.base_dir)

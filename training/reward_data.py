@@ -107,10 +107,23 @@ def _type_name(t: pa.DataType) -> str:
     return str(t)
 
 
+def row_score(request_id: str) -> float:
+    """A row's place in [0, 1): a hash of its request id, the same in every run."""
+    return int.from_bytes(hashlib.sha256(request_id.encode()).digest()[:8], "big") / 2**64
+
+
 def is_heldout(request_id: str, fraction: float) -> bool:
     """Stable per row: a hash of the request id, so a row's side never changes between runs."""
-    h = int.from_bytes(hashlib.sha256(request_id.encode()).digest()[:8], "big") / 2**64
-    return h < fraction
+    return row_score(request_id) < fraction
+
+
+def at_most(samples: list[RewardSample], n: int | None) -> list[RewardSample]:
+    """Up to `n` of the samples (None: all): those of lowest row_score, a uniform subset that is the same in
+    every run over the same rows; kept in dataset order."""
+    if n is None or len(samples) <= n:
+        return samples
+    keep = set(sorted(range(len(samples)), key=lambda i: row_score(samples[i].request_id))[:n])
+    return [s for i, s in enumerate(samples) if i in keep]
 
 
 def split(samples: list[RewardSample], heldout_fraction: float) -> tuple[list[RewardSample], list[RewardSample]]:

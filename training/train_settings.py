@@ -20,6 +20,9 @@ class GateConfig(Section):
     eval_bytes: int = Field(30_000, ge=1000, description="Held-out code bytes scored for bits/byte (both models, same bytes).")
     seq_len: int = Field(256, ge=16, description="Window length of the bits/byte evaluation.")
     min_heldout_rows: int = Field(4, ge=1, description="Fewer held-out logged rows than this fails the gate: too little evidence.")
+    max_heldout_rows: int | None = Field(None, ge=1, description=(
+        "Score KL and the reward estimate on at most this many held-out rows (a uniform subset, the same in every "
+        "run over a dataset); None = all of them. Bounds the gate's time as datasets grow."))
 
 
 class TrainSettings(Section):

@@ -15,6 +15,7 @@ from tidal.store import LocalStore
 from training.job_spec import run_key
 from training.reward_data import (
     DatasetError,
+    at_most,
     is_heldout,
     latest_dataset_id,
     load_dataset,
@@ -115,6 +116,16 @@ def test_split_is_stable_and_near_the_fraction() -> None:
     assert len(train) + len(heldout) == 2000 and 0.17 < len(heldout) / 2000 < 0.23
     assert all(is_heldout(s.request_id, 0.2) for s in heldout)
     assert split(list(reversed(rows)), 0.2)[1] == list(reversed(heldout))
+
+
+def test_the_gates_row_cap_takes_the_same_uniform_subset_in_any_order() -> None:
+    rows = [RewardSample.model_validate(row(i)) for i in range(1000)]
+    some = at_most(rows, 100)
+    assert len(some) == 100 and [rows.index(s) for s in some] == sorted(rows.index(s) for s in some)  # dataset order
+    assert {s.request_id for s in at_most(list(reversed(rows)), 100)} == {s.request_id for s in some}
+    spread = sorted(int(s.request_id[1:]) for s in some)
+    assert spread[0] < 100 and spread[-1] > 900  # across the whole dataset, not its first rows
+    assert at_most(rows, None) is rows and at_most(rows[:50], 100) == rows[:50]
 
 
 def test_run_key_changes_with_what_determines_the_result() -> None:
