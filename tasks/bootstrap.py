@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -11,7 +10,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tidal.registry import Registry, VersionInfo, publish
+from tidal.registry import Registry, VersionInfo, code_revision, publish
 from tidal.settings import PROJECT_ROOT, BootstrapSettings
 from tidal.store import ObjectStore
 from training import corpus as corpus_mod
@@ -62,17 +61,9 @@ def publish_base_version(registry: Registry, store: ObjectStore, model_name: str
     with tempfile.TemporaryDirectory() as tmp:
         out = save_policy(model, tokenizer, Path(tmp) / "checkpoint")
         save_probe(probe, out)
-        tags = {"tidal.parent_version": "none", "tidal.origin": "bootstrap", "tidal.code_revision": code_revision(),
+        tags = {"tidal.parent_version": "none", "tidal.origin": "bootstrap", "tidal.code_revision": code_revision(PROJECT_ROOT),
                 "tidal.heldout_bits_per_byte": f"{result.heldout_bits_per_byte:.4f}",
                 "tidal.params": str(sum(p.numel() for p in model.parameters()))}
         info = publish(registry, store, model_name, out, "full", None, tags, run_id)
     registry.set_alias(model_name, "champion", info.version)
     return info
-
-
-def code_revision() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"

@@ -19,10 +19,9 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from data_contracts.dataset import read_manifest, read_parquet
-from tasks.bootstrap import code_revision
 from tidal.procs import tail
-from tidal.registry import Registry, VersionInfo, publish
-from tidal.settings import TidalSettings
+from tidal.registry import Registry, VersionInfo, code_revision, publish
+from tidal.settings import PROJECT_ROOT, TidalSettings
 from tidal.store import ObjectStore, download_dir, get_json
 from training.job_spec import (
     EXIT_BAD_INPUT,
@@ -93,7 +92,7 @@ def plan_run(settings: TidalSettings, store: ObjectStore, model: str, champion: 
             run_id = run.info.run_id
             mlflow.set_tags({"tidal.train_run": key, "tidal.parent_version": str(champion.version),
                              "tidal.dataset_id": manifest["dataset_id"], "tidal.dataset_digest": manifest["digest"],
-                             "tidal.code_revision": code_revision()})
+                             "tidal.code_revision": code_revision(PROJECT_ROOT)})
             mlflow.log_params(hyper_parameters(settings))
             data = mlflow.data.from_pandas(read_parquet(store, manifest["data_key"]).to_pandas(), source=manifest["data_uri"],
                                            name=manifest["dataset_id"], digest=manifest["digest"].removeprefix("sha256:")[:16])
@@ -178,7 +177,7 @@ def register_candidate(registry: Registry, store: ObjectStore, cache_dir: Path, 
     local = download_dir(store, f"{spec.prefix}/candidate", cache_dir / spec.prefix / "candidate")
     tags = {"tidal.origin": "ppo", "tidal.parent_version": str(champion.version), "tidal.train_run": spec.run_key,
             "tidal.dataset_id": spec.dataset_id, "tidal.dataset_digest": spec.dataset_digest,
-            "tidal.reward_rule": plan.manifest["reward_rule"]["id"], "tidal.code_revision": code_revision(),
+            "tidal.reward_rule": plan.manifest["reward_rule"]["id"], "tidal.code_revision": code_revision(PROJECT_ROOT),
             "tidal.hparams": spec.train.ppo.model_dump_json(), "tidal.mlflow_run": spec.mlflow_run_id,
             "tidal.train_rows": str(result.train_rows), **gate.tags()}
     base = champion.base_version if result.kind == "lora" else None

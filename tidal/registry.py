@@ -8,6 +8,7 @@ the aliases `champion` / `candidate` / `previous`.
 from __future__ import annotations
 
 import hashlib
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -231,6 +232,15 @@ class CheckpointCache:
             if want:
                 marker.write_text(want)
         return path
+
+
+def code_revision(root: Path) -> str:
+    """The git commit the code under `root` is at, for a version's lineage tags ("unknown" outside a checkout)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
 
 
 def publish(registry: Registry, store: ObjectStore, model: str, local_dir: Path, kind: Kind, base_version: int | None,

@@ -75,3 +75,16 @@ def test_a_local_runner_is_refused_when_flows_belong_to_a_pool(settings_for, tmp
     s = load_settings(data_dir=str(tmp_path / "data"), flywheel={"work_pool": "tidal-kubernetes", "image": "r/tidal:1"})
     with pytest.raises(SettingsError, match="register the deployments with `python -m flows.deployments`"):
         Platform(s).up_flows()
+
+
+def test_a_flow_run_starts_without_the_trainers_libraries():
+    # Each flow run imports its flow module in a fresh process (the runner's or a work pool's); the trainer runs in
+    # its own process, so torch and transformers (~9 s of a cycle's start on two cores) stay out of the flow's.
+    import subprocess
+    import sys
+
+    code = ("import sys, flows.flywheel, flows.collect, flows.train, flows.promote; "
+            "print(sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", out.stdout
