@@ -91,7 +91,7 @@ def main() -> None:
         print(f"registered {len(ids)} deployments on work pool {settings.flywheel.work_pool!r}; its workers run them")
         return
     resume_orphaned_runs(settings, [f"{d.flow_name}/{d.name}" for d in deps])  # before serving: the runner picks them up
-    serve(*deps, print_starting_message=False)
+    serve(*deps, print_starting_message=False, query_seconds=settings.flywheel.runner_poll_s)
 
 
 if __name__ == "__main__":

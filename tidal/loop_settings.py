@@ -25,6 +25,10 @@ class FlywheelSettings(Section):
         "None: `python -m flows.deployments` serves the deployments in its own process (the local runner `tidal up` "
         "starts). A name (e.g. 'tidal-kubernetes', infra/prefect/kubernetes-work-pool.json): it registers them on "
         "that work pool and exits, and the pool's workers run each flow run (a Kubernetes Job per run)."))
+    runner_poll_s: float = Field(2.0, gt=0, description=(
+        "Without work_pool: how often the local runner asks the Prefect server for flow runs that are due; a run "
+        "started on demand (a demo cycle, a triggered train) waits half this on average before it starts. Prefect's "
+        "own default is 10 s."))
     image: str = Field("", description=(
         "With work_pool: the Tidal image flow runs use (repository:tag or @sha256 digest); untagged or 'latest' is "
         "refused, so a retried run gets the same code."))
@@ -80,7 +84,7 @@ class DemoSettings(Section):
     def _over_the_demo_defaults(cls, data):
         # A setting given for the demo's canary or train (TIDAL_DEMO__TRAIN__PPO__KL_COEF, a YAML key) changes that
         # one setting of the demo's sections; without the merge, the sections' other settings would fall back to the
-        # production defaults (e.g. PPO's full passes instead of the demo's 30 iterations).
+        # production defaults (e.g. PPO's full passes instead of the demo's 16 iterations).
         if isinstance(data, dict):
             for name, demo_default in (("canary", _demo_canary), ("train", _demo_train)):
                 if isinstance(data.get(name), dict):
