@@ -13,7 +13,8 @@ os.environ.setdefault("DO_NOT_TRACK", "true")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-pytest_plugins = ["tests.platform_fixtures", "tests.chaos_report"]  # session fixtures, started only when a test asks for them
+# session fixtures (started only when a test asks for them), the chaos report, the run's time budget
+pytest_plugins = ["tests.platform_fixtures", "tests.chaos_report", "tests.budget"]
 
 
 def _cuda_visible() -> bool:
@@ -30,6 +31,10 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
+    # Fast tests first, so a broken unit fails in the first minutes instead of after the platform's hour; the
+    # tests that start real servers keep their relative order (some build on what an earlier one left).
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: ("slow" in item.keywords, order[id(item)]))
     skips = []
     if not _cuda_visible():
         skips.append(("gpu", pytest.mark.skip(reason="needs a CUDA device (none visible)")))
