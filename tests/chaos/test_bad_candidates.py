@@ -57,6 +57,12 @@ def adapter(base_dir, out, *, nan: bool = False, wider: bool = False):
     return out
 
 
+def canary_completions(gateway: str) -> float:
+    """Completions the gateway has logged on tab's canary arm (its Prometheus counter)."""
+    return sum(float(line.split()[-1]) for line in httpx.get(gateway + "/metrics", timeout=30).text.splitlines()
+               if line.startswith("gateway_completions_total{") and 'arm="canary"' in line and 'model="tab"' in line)
+
+
 def promote(version: int) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tidal.cli", "promote", "tab", "--candidate", str(version), "--no-gate"],
                           capture_output=True, text=True, env=dict(os.environ), timeout=600, check=False)
@@ -81,10 +87,12 @@ def test_broken_candidate_is_refused_before_any_traffic(kind, settings, registry
         data[-1] ^= 0x01
         stored.write_bytes(bytes(data))
     routes_before, fleet_before = platform.routes_client().show(), platform.fleet_client().replicas("tab")
+    canary_before = canary_completions(gateway)
 
     t0 = time.monotonic()
     out = promote(info.version)
     refused_s = time.monotonic() - t0
+    canary_requests = canary_completions(gateway) - canary_before  # measured by the gateway, not assumed
 
     assert out.returncode != 0, out.stdout[-2000:]
     tags = registry.get("tab", info.version).tags
@@ -96,6 +104,7 @@ def test_broken_candidate_is_refused_before_any_traffic(kind, settings, registry
         assert "does not match the digest registered with it" in reason, reason
     if kind == "nan_weights":  # refused from its tensors, before an engine loads it (one such load poisoned a replica)
         assert "adapter weights hold non-finite values" in reason, reason
+    assert canary_requests == 0
     routes_after = platform.routes_client().show()
     assert routes_after["routes"].get("tab") == routes_before["routes"].get("tab")
     assert not any(a["version"] == info.version for h in routes_after["history"] if h["model"] == "tab" for a in h["arms"])
@@ -105,7 +114,7 @@ def test_broken_candidate_is_refused_before_any_traffic(kind, settings, registry
     restarts = serving_recovers(platform.fleet_client(), before=fleet_before)
     print(f"{kind}: replica restarts it caused: {restarts}")
     chaos_report.record("6. bad candidate: " + kind.replace("_", " "), refused_in_s=round(refused_s, 1),
-                        canary_requests=0, replica_restarts=restarts, reason=reason[:160])
+                        canary_requests=canary_requests, replica_restarts=restarts, reason=reason[:160])
 
 
 def serving_recovers(fleet, before: list[dict], timeout_s: float = 300.0) -> int:
@@ -118,7 +127,8 @@ def serving_recovers(fleet, before: list[dict], timeout_s: float = 300.0) -> int
         assert time.monotonic() < deadline, f"tab replicas not back after {timeout_s} s: {now}"
         time.sleep(2)
     for r in now:
-        answer = httpx.post(r["url"] + "/v1/completions", timeout=60,
-                            json={"model": "tab@v1", "prompt": "def f(x):\n    return", "max_tokens": 4}).json()
-        assert answer["choices"][0]["text"] is not None
+        answer = httpx.post(r["url"] + "/v1/completions", timeout=60, json={
+            "model": "tab@v1", "prompt": "def f(x):\n    return", "max_tokens": 4, "logprobs": 1}).json()
+        lp = answer["choices"][0]["logprobs"]["token_logprobs"]  # (T,) one per generated token, T <= 4
+        assert 1 <= len(lp) <= 4 and all(math.isfinite(x) and x <= 0 for x in lp), answer  # real log-probs, no NaN
     return sum(r["restarts"] for r in now) - sum(r["restarts"] for r in before)

@@ -24,7 +24,7 @@ from sim.users import SimTraffic, SimUsersConfig
 from tests.conftest import make_bucket
 from tests.integration.tcpproxy import TcpProxy
 from sim.audit import not_exactly_once, wait_stored
-from tidal.procs import stop_group, wait_http
+from tidal.procs import group_members, stop_group, wait_http
 from tidal.sandbox import SPARE
 from tidal.store import S3Store
 
@@ -81,7 +81,11 @@ def test_replica_kill9_under_load_is_invisible_to_users(settings, gateway, keys,
         finish(traffic)
     tally = traffic.tally
     assert tally.errors == []  # non-streaming requests: the kill never reached a user
-    assert back[0]["restarts"] == victim["restarts"] + 1
+    assert back[0]["restarts"] == victim["restarts"] + 1 and back[0]["url"] == victim["url"]
+    assert group_members(victim["pid"]) == []  # the killed engine's EngineCore and workers are gone too
+    answer = httpx.post(back[0]["url"] + "/v1/completions", timeout=60, json={
+        "model": "tab@v1", "prompt": "def add(a, b):\n    return", "max_tokens": 8, "temperature": 0}).json()
+    assert answer["choices"][0]["text"]  # the restarted engine itself answers
     completions = since(wait_stored(checkpoints.store, "completions", set(tally.acked), 90), t0_ms, "alice")
     feedback = since(wait_stored(checkpoints.store, "feedback", set(tally.feedback_acked), 90), t0_ms, "alice")
     assert not_exactly_once(tally.acked, completions) == {}
