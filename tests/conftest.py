@@ -32,9 +32,9 @@ def pytest_addoption(parser):
 
 def pytest_collection_modifyitems(config, items):
     # Fast tests first, so a broken unit fails in the first minutes instead of after the platform's hour; the
-    # tests that start real servers keep their relative order (some build on what an earlier one left).
-    order = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: ("slow" in item.keywords, order[id(item)]))
+    # sort is stable, so the tests that start real servers keep their file order (some build on what an earlier
+    # one left).
+    items.sort(key=lambda item: "slow" in item.keywords)
     skips = []
     if not _cuda_visible():
         skips.append(("gpu", pytest.mark.skip(reason="needs a CUDA device (none visible)")))
