@@ -109,8 +109,11 @@ def test_train_survives_a_killed_trainer_and_registers_one_gated_candidate(setti
     before = set(registry.versions("tab"))
     traffic = Traffic(gateway, keys["bob"])
     traffic.start()
+    # 12 iterations (of the 30 that 4 passes over the dataset plan): enough to resume after a kill and to learn
+    # what the held-out check below measures
     proc = subprocess.Popen([sys.executable, "-m", "tidal.cli", "train", "tab", "--dataset", dataset_id],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "TIDAL_TRAIN__PPO__MAX_ITERATIONS": "12"})
     # kill -9 the trainer once it has saved its first checkpoint
     deadline, killed = time.monotonic() + 600, None
     while killed is None and time.monotonic() < deadline and proc.poll() is None:
@@ -119,7 +122,7 @@ def test_train_survives_a_killed_trainer_and_registers_one_gated_candidate(setti
         if running and any("/state/" in k for k in states):
             running[0].kill()
             killed, killed_at = running[0].pid, time.monotonic()
-        time.sleep(0.05)
+        time.sleep(0.2)
     out, _ = proc.communicate(timeout=900)
     traffic.stop.set()
     traffic.join(timeout=60)
@@ -163,7 +166,7 @@ def test_train_survives_a_killed_trainer_and_registers_one_gated_candidate(setti
     assert gain_accepted - gain_rejected > 0.05, (gain_accepted, gain_rejected)
 
     # a second submission of the same run registers nothing new
-    again = tidal(settings, "train", "tab", "--dataset", dataset_id)
+    again = tidal(settings, "train", "tab", "--dataset", dataset_id, env={"TIDAL_TRAIN__PPO__MAX_ITERATIONS": "12"})
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert set(registry.versions("tab")) - before == {info.version}
 
