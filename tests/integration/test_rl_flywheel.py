@@ -1,22 +1,65 @@
-"""One shortened flywheel cycle on the real platform: simulated users (OpenAI SDK + feedback endpoint)
-through the gateway and vLLM fleet, then collect → train → offline gate → canary → decision through the
-Prefect and MLflow servers. Afterwards the registry, the route table, the events and the artifacts
-agree with the cycle's report. (Runs after the release-plane tests: it may promote a new champion.)"""
+"""The README's main command, `tidal demo`, on the session's platform with tiny `TIDAL_DEMO__*` settings: simulated
+users through the gateway and the vLLM fleet, one flywheel cycle (collect → train → offline gate → canary →
+decision) run by the flows runner through the Prefect and MLflow servers, then the held-out replay and the report.
+Afterwards the registry, the route table, the events, the artifacts, the MLflow run and the PNG agree with the
+cycle's record; a second demo interrupted during its canary leaves everyone on the champion.
+(Runs after the release-plane tests: it may promote a new champion.)"""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
 
 import httpx
 import pytest
 
-from sim.users import SimTraffic, SimUsersConfig
+from tasks.flywheel import load_cycles
+from tidal.procs import port_free
 from tidal.store import get_json, open_store
 from training.job_spec import TrainResult
 from training.reward_data import load_dataset, split
 from training.rollout import select_samples
 
 pytestmark = pytest.mark.slow
+
+# A laptop demo cut to what one cycle needs to pass every stage: 60 requests from 200 users, a 2-iteration PPO run
+# with the opt-in learning aids (hindsight rows, split credit from partial verdicts, the code loss), a gate that
+# lets any sane candidate through (the gate's refusals have their own tests) and one 50% canary step that ends
+# within 40 s, decided or rolled back as inconclusive; then 20 held-out requests per version.
+TINY = {
+    "TIDAL_DEMO__REQUESTS_PER_CYCLE": "60",
+    "TIDAL_DEMO__EVAL_REQUESTS": "20",
+    "TIDAL_DEMO__USERS__USERS": "200",
+    "TIDAL_DEMO__USERS__SITES": "400",
+    "TIDAL_DEMO__USERS__CONCURRENCY": "2",
+    "TIDAL_DEMO__USERS__THINK_S": "[0.1, 0.3]",
+    "TIDAL_DEMO__USERS__FEEDBACK_DELAY_S": "[0.1, 0.5]",
+    "TIDAL_DEMO__TRAIN__PPO__MAX_ITERATIONS": "2",
+    "TIDAL_DEMO__TRAIN__PPO__HINDSIGHT_PARTIALS": "true",
+    "TIDAL_DEMO__TRAIN__PPO__PARTIAL_CREDIT": "kept_prefix",
+    "TIDAL_DEMO__TRAIN__PPO__PTX_COEF": "1.0",
+    "TIDAL_DEMO__TRAIN__CHECKPOINT_EVERY": "2",
+    "TIDAL_DEMO__TRAIN__GATE__MAX_HELDOUT_ROWS": "100",
+    "TIDAL_DEMO__TRAIN__GATE__OPE_TOLERANCE": "1.0",
+    "TIDAL_DEMO__TRAIN__GATE__BPB_TOLERANCE": "0.2",
+    "TIDAL_DEMO__CANARY__STEPS": "[0.5]",
+    "TIDAL_DEMO__CANARY__MIN_SAMPLES": "40",
+    "TIDAL_DEMO__CANARY__MIN_TEST_SAMPLES": "10",
+    "TIDAL_DEMO__CANARY__MAX_STEP_S": "40",
+    "TIDAL_DEMO__CANARY__POLL_S": "2",
+    "TIDAL_DEMO__CANARY__FEEDBACK_WAIT_S": "3",
+    "TIDAL_DEMO__CANARY__UNLOAD_GRACE_S": "0",
+}
+
+
+def demo_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDAL_")}
+    return {**env, "TIDAL_CONFIG": os.environ["TIDAL_CONFIG"], **TINY, **extra, "PYTHONUNBUFFERED": "1"}
 
 
 def events_named(api: str, name: str) -> list[dict]:
@@ -26,82 +69,144 @@ def events_named(api: str, name: str) -> list[dict]:
     return r.json()["events"]
 
 
-@pytest.mark.timeout(2400)
-def test_one_flywheel_cycle_end_to_end(settings, platform, registry, gateway, keys, monkeypatch):
-    # A short PPO run (the users keep typing meanwhile, so the trainer shares two cores with three replicas),
-    # and a short canary: one 50% step, decided (or inconclusive, then rolled back) within two minutes.
-    monkeypatch.setenv("TIDAL_TRAIN__PPO__MAX_ITERATIONS", "6")
-    # the opt-in learning aids, end to end: hindsight rows and split credit from partial verdicts, the code loss
-    monkeypatch.setenv("TIDAL_TRAIN__PPO__HINDSIGHT_PARTIALS", "true")
-    monkeypatch.setenv("TIDAL_TRAIN__PPO__PARTIAL_CREDIT", "kept_prefix")
-    monkeypatch.setenv("TIDAL_TRAIN__PPO__PTX_COEF", "1.0")
-    monkeypatch.setenv("TIDAL_CANARY", json.dumps({"steps": [0.5], "min_samples": 60, "max_step_s": 120, "poll_s": 2,
-                                                   "feedback_wait_s": 5, "unload_grace_s": 0, "mixture_sd": 0.5}))
-    from flows.flywheel import flywheel
+def flow_runs(api: str, body: dict) -> list[dict]:
+    r = httpx.post(f"{api}/flow_runs/filter", json=body, timeout=30)
+    r.raise_for_status()
+    return r.json()
 
+
+def control_only(platform) -> list[tuple[str, float]]:
+    return [(a["name"], a["weight"]) for a in platform.routes_client().show()["routes"]["tab"]["arms"]]
+
+
+@pytest.fixture
+def session_runner(platform, settings):
+    """The demo restarts the flows runner on its own profile (demo.train, demo.canary); afterwards the runner runs on
+    the session's settings again, for whatever test needs it next."""
+    yield
+    platform.write_settings_file()
+    platform.stop("flows")
+    deadline = time.monotonic() + 60  # a flow run the runner was cancelling may hold its port a moment longer
+    while not port_free(settings.prefect.host, settings.prefect.runner_port) and time.monotonic() < deadline:
+        time.sleep(1)
+    platform.up_flows()
+
+
+@pytest.mark.timeout(1500)
+def test_tidal_demo_runs_one_cycle_and_reports(settings, platform, registry, gateway, session_runner):
+    api, store = settings.prefect.api_url, open_store(settings)
     champion_before = registry.aliases("tab")["champion"]
-    users = SimTraffic(SimUsersConfig(users=200, sites=400, seed=21, concurrency=2, think_s=(0.2, 0.4),
-                                      feedback_delay_s=(0.1, 0.5)),
-                       gateway, keys["alice"], "tab", settings.bootstrap.heldout_fraction)
-    users.start()
-    try:
-        while users.sent < 300:
-            assert users.is_alive(), users.tally.errors[-3:]
-            users.stop.wait(1)
-        users.stop.wait(3)  # the last verdicts and segments reach the store
-        [report] = flywheel(model="tab", cycles=1, include_open_hour=True)
-    finally:
-        users.stop.set()
-        users.join(timeout=120)
-    print("cycle:", {k: v for k, v in report.items() if k != "served"})
-    assert users.tally.errors == []
-    seen = users.tally.snapshot()
-    assert sum(c["requests"] for c in seen.values()) == users.sent and champion_before in seen
+    cycles_before = len(load_cycles(store, "tab"))
+    since = datetime.now(timezone.utc).isoformat()
+    out = subprocess.run([sys.executable, "-m", "tidal.cli", "demo", "--cycles", "1"], env=demo_env(),
+                         capture_output=True, text=True, timeout=1200)
+    print(out.stdout[-4000:], out.stderr[-3000:], sep="\n")
+    assert out.returncode == 0, out.stderr[-3000:]
 
-    # The report reads the cycle's dataset: the champion's traffic is in it.
-    assert report["champion_before"] == champion_before and report["rows"] > 0
-    assert report["served"][champion_before]["requests"] > 0
-    assert report["decision"] in {"promoted", "rolled_back", "gate_failed"}, report
+    # The cycle's record: one new cycle, from the champion, on a dataset holding its traffic; the canary ran.
+    [report] = load_cycles(store, "tab")[cycles_before:]
+    assert report["cycle"] == cycles_before + 1 and report["champion_before"] == champion_before, report
+    assert report["rows"] > 0 and report["served"][champion_before]["requests"] > 0, report
+    assert report["decision"] in {"promoted", "rolled_back"}, report
     cand = registry.get("tab", report["candidate"])
     assert cand.tags["tidal.dataset_id"] == report["dataset_id"] and cand.tags["tidal.parent_version"] == str(champion_before)
+    assert "tidal.release.verified" in cand.tags and json.loads(cand.tags["tidal.release.step_1"])["weight"] == 0.5
 
-    # Every partial verdict among the training rows became a hindsight row and a credited row (or was counted as
-    # skipped).
-    data = load_dataset(open_store(settings), "tab", report["dataset_id"])
-    train_rows, _ = split(data.samples, settings.train.heldout_fraction)
-    kept = select_samples(train_rows, champion_before, settings.train.ppo.max_stale_versions).kept
+    # The demo's training settings reached the trainer: 2 iterations, and every partial verdict among the training
+    # rows became a hindsight row and a credited row (or was counted as skipped); the trainer took the code loss.
+    result = TrainResult.model_validate(get_json(store, f"training/model=tab/{cand.tags['tidal.train_run']}/result.json"))
+    assert result.iterations == 2, result
+    data = load_dataset(store, "tab", report["dataset_id"])
+    train_rows, _ = split(data.samples, settings.demo.train.heldout_fraction)
+    kept = select_samples(train_rows, champion_before, settings.demo.train.ppo.max_stale_versions).kept
     partials = sum(s.event == "partial" for s in kept)
-    result = TrainResult.model_validate(get_json(open_store(settings), f"training/model=tab/{cand.tags['tidal.train_run']}/result.json"))
     assert result.hindsight_rows + sum(result.hindsight_skipped.values()) == partials, (result, partials)
     assert partials == 0 or result.hindsight_rows > 0, result
     no_chars = sum(s.event == "partial" and not s.accepted_chars for s in kept)
     assert result.credited_partials == partials - no_chars, (result, partials, no_chars)
-    assert result.final["ppo/ptx_loss"] > 0, result.final  # the trainer took the code loss
+    assert result.final["ppo/ptx_loss"] > 0, result.final
 
     # Registry and routes agree with the decision; no canary is left behind.
-    aliases = registry.aliases("tab")
-    arms = platform.routes_client().show()["routes"]["tab"]["arms"]
+    aliases, arms = registry.aliases("tab"), platform.routes_client().show()["routes"]["tab"]["arms"]
     assert [(a["name"], a["weight"]) for a in arms] == [("control", 1.0)]
     if report["decision"] == "promoted":
         assert aliases["champion"] == cand.version == report["champion_after"] == arms[0]["version"]
         assert "tidal.release.promoted" in cand.tags
     else:
         assert aliases["champion"] == champion_before == report["champion_after"] == arms[0]["version"]
-        assert report["reason"]
-        if report["decision"] == "rolled_back":
-            assert json.loads(cand.tags["tidal.release.rolled_back"])["reason"] == report["reason"]
+        assert json.loads(cand.tags["tidal.release.rolled_back"])["reason"] == report["reason"]
 
-    # Stages announce themselves as the flywheel's, so the chained deployments' triggers stay quiet.
-    api = settings.prefect.api_url
+    # The cycle ran as one flywheel flow run of the deployment, through the runner; its stages announced themselves
+    # as the flywheel's, so no chained train or promote run started.
+    runs = flow_runs(api, {"flow_runs": {"start_time": {"after_": since}}, "deployments": {"name": {"any_": ["flywheel-tab"]}}})
+    assert [r["state"]["type"] for r in runs] == ["COMPLETED"], runs
+    assert flow_runs(api, {"flow_runs": {"start_time": {"after_": since}},
+                           "deployments": {"name": {"any_": ["train-tab", "promote-tab"]}}}) == []
     ready = [e for e in events_named(api, "tidal.dataset.ready") if e["payload"]["dataset_id"] == report["dataset_id"]]
     assert [e["resource"]["tidal.driver"] for e in ready] == ["flywheel"]
-    if report["decision"] != "gate_failed":
-        registered = [e for e in events_named(api, "tidal.candidate.registered") if e["payload"]["version"] == cand.version]
-        assert [e["resource"]["tidal.driver"] for e in registered] == ["flywheel"]
-    runs = httpx.post(f"{api}/flow_runs/filter", json={"deployments": {"name": {"any_": ["train-tab", "promote-tab"]}}},
-                      timeout=30).json()
-    assert runs == []
+    registered = [e for e in events_named(api, "tidal.candidate.registered") if e["payload"]["version"] == cand.version]
+    assert [e["resource"]["tidal.driver"] for e in registered] == ["flywheel"]
 
-    # The cycle table is a Prefect artifact.
-    arts = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": ["tab-flywheel"]}}}, timeout=30).json()
-    assert arts and arts[0]["type"] == "table" and report["dataset_id"] in json.dumps(arts[0]["data"])
+    # Prefect artifacts: the cycle table, the demo's summary and the link to its MLflow run.
+    arts = {a["key"]: a for a in httpx.post(f"{api}/artifacts/filter", timeout=30, json={
+        "artifacts": {"key": {"any_": ["tab-flywheel", "tab-demo", "tab-demo-plot"]}}, "sort": "CREATED_DESC"}).json()[::-1]}
+    assert arts["tab-flywheel"]["type"] == "table" and report["dataset_id"] in json.dumps(arts["tab-flywheel"]["data"])
+    assert arts["tab-demo"]["type"] == "markdown" and "demo, 1 cycles" in arts["tab-demo"]["data"]
+    assert arts["tab-demo-plot"]["type"] == "markdown"  # Prefect keeps a link artifact as its markdown link
+
+    # The MLflow demo run: parameters, a cycle metric, held-out figures for each version replayed, the PNG.
+    import mlflow
+
+    client = mlflow.MlflowClient(settings.mlflow.tracking_uri)
+    [run] = client.search_runs([client.get_experiment_by_name("tab/demo").experiment_id], order_by=["start_time DESC"],
+                               max_results=1)
+    versions = sorted({1, report["champion_after"], cand.version})
+    assert run.data.params["versions"] == ",".join(f"v{v}" for v in versions)
+    assert run.info.run_id in arts["tab-demo-plot"]["data"]
+    for v in versions:
+        assert 0 <= run.data.metrics[f"eval/v{v}/accept_rate"] <= 1
+    assert "cycle/accept_rate" in run.data.metrics and run.data.metrics["demo/minutes"] > 0
+    assert {f.path for f in client.list_artifacts(run.info.run_id)} >= {"tab-flywheel.png", "cycles.json"}
+
+    # The files and the printed report.
+    png = settings.data_path / "demo" / "tab-flywheel.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((settings.data_path / "demo" / "tab-cycles.json").read_text())[-1]["dataset_id"] == report["dataset_id"]
+    assert "held-out users (20 requests" in out.stdout and f"{report['decision']} v{cand.version}" in out.stdout
+    assert "learning claim" in out.stdout and f"plot: {png}" in out.stdout
+    for v in versions:
+        assert f"\nv{v} " in out.stdout and f"v{v} cut to" in out.stdout
+
+
+@pytest.mark.long  # a second cycle up to its canary: ~7 minutes on 2 cores
+@pytest.mark.timeout(900)
+def test_interrupting_the_demo_during_its_canary_leaves_the_champion_serving_everyone(settings, platform, registry,
+                                                                                       gateway, session_runner):
+    # A canary that cannot end by itself before the interrupt: many outcomes needed, a long step.
+    champion = registry.aliases("tab")["champion"]
+    proc = subprocess.Popen([sys.executable, "-m", "tidal.cli", "demo", "--cycles", "1"], text=True,
+                            env=demo_env(TIDAL_DEMO__CANARY__MIN_SAMPLES="100000", TIDAL_DEMO__CANARY__MAX_STEP_S="600"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 600
+        while [a for a, _ in control_only(platform)] != ["control", "canary"]:
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            assert time.monotonic() < deadline, "the demo's canary never started"
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    print(output[-3000:])
+    assert proc.returncode == 130, output[-3000:]
+    assert "the interrupted canary was rolled back" in output and "interrupted" in output
+    assert control_only(platform) == [("control", 1.0)]
+    assert registry.aliases("tab")["champion"] == champion
+    # The cancelled cycle's flow run stops in the runner, and nothing puts the canary back.
+    api, deadline = settings.prefect.api_url, time.monotonic() + 90
+    while (state := flow_runs(api, {"deployments": {"name": {"any_": ["flywheel-tab"]}}, "sort": "START_TIME_DESC",
+                                    "limit": 1})[0]["state"]["type"]) != "CANCELLED":
+        assert time.monotonic() < deadline, state
+        time.sleep(1)
+    assert control_only(platform) == [("control", 1.0)]
+    assert platform.routes_client().show()["routes"]["tab"]["arms"][0]["version"] == champion
