@@ -75,7 +75,8 @@ def flow_runs(api: str, body: dict) -> list[dict]:
     return r.json()
 
 
-def control_only(platform) -> list[tuple[str, float]]:
+def arm_weights(platform) -> list[tuple[str, float]]:
+    """(name, weight) of each arm of tab's route, control first."""
     return [(a["name"], a["weight"]) for a in platform.routes_client().show()["routes"]["tab"]["arms"]]
 
 
@@ -189,7 +190,7 @@ def test_interrupting_the_demo_during_its_canary_leaves_the_champion_serving_eve
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 600
-        while [a for a, _ in control_only(platform)] != ["control", "canary"]:
+        while [a for a, _ in arm_weights(platform)] != ["control", "canary"]:
             assert proc.poll() is None, proc.stdout.read()[-3000:]
             assert time.monotonic() < deadline, "the demo's canary never started"
             time.sleep(0.5)
@@ -200,7 +201,7 @@ def test_interrupting_the_demo_during_its_canary_leaves_the_champion_serving_eve
     print(output[-3000:])
     assert proc.returncode == 130, output[-3000:]
     assert "the interrupted canary was rolled back" in output and "interrupted" in output
-    assert control_only(platform) == [("control", 1.0)]
+    assert arm_weights(platform) == [("control", 1.0)]
     assert registry.aliases("tab")["champion"] == champion
     # The cancelled cycle's flow run stops in the runner, and nothing puts the canary back.
     api, deadline = settings.prefect.api_url, time.monotonic() + 90
@@ -208,5 +209,5 @@ def test_interrupting_the_demo_during_its_canary_leaves_the_champion_serving_eve
                                     "limit": 1})[0]["state"]["type"]) != "CANCELLED":
         assert time.monotonic() < deadline, state
         time.sleep(1)
-    assert control_only(platform) == [("control", 1.0)]
+    assert arm_weights(platform) == [("control", 1.0)]
     assert platform.routes_client().show()["routes"]["tab"]["arms"][0]["version"] == champion
