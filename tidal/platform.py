@@ -6,6 +6,7 @@ files and health endpoints. Each service maps to one Kubernetes workload in prod
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -17,9 +18,12 @@ from pathlib import Path
 import httpx
 import yaml
 
-from tidal.procs import NotReady, ProcInfo, alive, group_members, read_procinfo, require_port, save_procinfo, spawn, stop_group, tail, wait_http
+from tidal.procs import (NotReady, ProcInfo, alive, group_members, read_procinfo, require_port, save_procinfo, spawn,
+                         stop_group, tail, wait_http, wait_port_free)
 from tidal.settings import SettingsError, TidalSettings
 from tidal.tokens import admin_token
+
+log = logging.getLogger("tidal.platform")
 
 TELEMETRY_OFF = {"DO_NOT_TRACK": "true", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
 
@@ -157,9 +161,14 @@ class Platform:
 
     # ---- stopping -------------------------------------------------------------------------------
     def stop(self, name: str) -> None:
-        info = self.running(name)
-        if info is not None:
+        """Stop the service and, when it ran, wait until its port can be bound again, so a restart right after
+        (`tidal demo` restarts the flows runner on its own settings) does not meet its own old connections."""
+        info = read_procinfo(self.run_dir / f"{name}.json")
+        if info is not None and (alive(info.pid) or group_members(info.pid)):  # a dead leader's group: stopped too
             stop_group(info.pid, timeout=30.0)
+            svc = self.services().get(name)
+            if svc is not None and not wait_port_free(svc.host, svc.port, timeout=60.0):
+                log.warning("%s stopped, but port %s:%s is still taken after 60 s", name, svc.host, svc.port)
         (self.run_dir / f"{name}.json").unlink(missing_ok=True)
 
     def down(self) -> list[str]:

@@ -34,6 +34,17 @@ def port_free(host: str, port: int) -> bool:
             return False
 
 
+def wait_port_free(host: str, port: int, timeout: float) -> bool:
+    """Until the port can be bound again (True) or `timeout` passes (False): a server's port outlives the
+    group it was stopped with for a moment when an exiting process still holds the listening socket."""
+    deadline = time.monotonic() + timeout
+    while not port_free(host, port):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
 def require_port(host: str, port: int, what: str, setting: str) -> None:
     if not port_free(host, port):
         raise PortInUse(f"{what}: port {host}:{port} is already in use; stop what holds it or change {setting}")

@@ -19,7 +19,6 @@ import httpx
 import pytest
 
 from tasks.flywheel import load_cycles
-from tidal.procs import port_free
 from tidal.store import get_json, open_store
 from training.job_spec import TrainResult
 from training.reward_data import load_dataset, split
@@ -86,10 +85,7 @@ def session_runner(platform, settings):
     the session's settings again, for whatever test needs it next."""
     yield
     platform.write_settings_file()
-    platform.stop("flows")
-    deadline = time.monotonic() + 60  # a flow run the runner was cancelling may hold its port a moment longer
-    while not port_free(settings.prefect.host, settings.prefect.runner_port) and time.monotonic() < deadline:
-        time.sleep(1)
+    platform.stop("flows")  # returns once the runner's port can be bound again
     platform.up_flows()
 
 

@@ -255,3 +255,31 @@ def test_alive_of_own_and_dead_process(started) -> None:
     started.append(proc)
     proc.wait(timeout=10)
     assert not alive(proc.pid)
+
+
+def test_stopping_a_service_whose_leader_died_stops_its_group_and_frees_its_port(tmp_path: Path, monkeypatch) -> None:
+    """The flows runner's leader gone, a member of its group still holding the runner port: `Platform.stop` stops
+    that member and returns once the port binds, so an immediate restart (as `tidal demo` does) gets the port."""
+    from tidal.platform import Platform
+    from tidal.settings import load_settings
+
+    for key in [k for k in os.environ if k.startswith("TIDAL_")]:
+        monkeypatch.delenv(key)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings = load_settings(data_dir=str(tmp_path / "data"), prefect={"runner_port": port})
+    # The leader forks a child in its group that listens on the port, then exits.
+    code = ("import os, socket, sys, time\n"
+            "if os.fork() == 0:\n"
+            "    s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen()\n"
+            "    open(sys.argv[2], 'w').close(); time.sleep(300)\n")
+    ready = tmp_path / "listening"
+    proc, info = spawn("flows", [sys.executable, "-c", code, str(port), str(ready)], tmp_path / "flows.log")
+    proc.wait(timeout=30)  # the leader exited (and is reaped)
+    _wait_for(ready.exists, 30, "the child to listen")
+    save_procinfo(settings.run_dir / "flows.json", info)
+    assert not alive(info.pid) and not port_free("127.0.0.1", port)
+
+    Platform(settings).stop("flows")
+    assert port_free("127.0.0.1", port) and read_procinfo(settings.run_dir / "flows.json") is None
