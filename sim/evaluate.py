@@ -16,9 +16,13 @@ import math
 import random
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
 
 from data_contracts.rewards import RewardRule
 from sim.tab_sites import TabSite, cursor_sites, site_files
+from training import corpus
 from sim.users import SimUsersConfig, population, verdict
 
 TRUNCATIONS = (2, 3, 4, 6, 8, 12)
@@ -59,15 +63,41 @@ class EvalCase:
     seed: int  # sampling seed of this request (the same for every version)
 
 
-def eval_cases(cfg: SimUsersConfig, heldout_fraction: float, n: int, seed: int) -> list[EvalCase]:
-    root, files = site_files("eval", heldout_fraction, cfg.eval_fraction, cfg.code_dir)
+def eval_cases(cfg: SimUsersConfig, heldout_fraction: float, n: int, seed: int,
+               code_dir: Path | None = None) -> list[EvalCase]:
+    """`n` held-out requests: sites of the eval split (the stdlib's held-out files, or `cfg.code_dir`'s), or, with
+    `code_dir`, of every *.py file under it (a team's own code, which the sandbox's policy never saw)."""
+    if code_dir is None:
+        root, files = site_files("eval", heldout_fraction, cfg.eval_fraction, cfg.code_dir)
+    else:
+        root = Path(code_dir)
+        if not root.is_dir():
+            raise FileNotFoundError(f"--code-dir {root} is not a directory; expected a directory of *.py files")
+        files = corpus.source_files(root)
+        if not files:
+            raise ValueError(f"--code-dir {root} holds no *.py files; expected a directory of Python code")
     sites = cursor_sites(root, files, n, seed, cfg.context_bytes)
     users, rng = population(cfg.model_copy(update={"seed": seed})), random.Random(f"eval/{seed}")
     return [EvalCase(s, users[rng.randrange(len(users))].min_chars, rng.randrange(2**31)) for s in sites]
 
 
-def score(cases: list[EvalCase], texts: list[str], rule: RewardRule) -> dict[str, Estimate]:
-    """Users' verdicts on `texts` (one per case) → the flywheel's metrics with intervals."""
+@dataclass(frozen=True)
+class Outcomes:
+    """Per request (N,): a suggestion shown, accepted, characters kept, reward under the model's rule."""
+
+    shown: np.ndarray
+    accepted: np.ndarray
+    kept: np.ndarray
+    reward: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.shown)
+
+
+def outcomes(cases: list[EvalCase], texts: list[str], rule: RewardRule) -> Outcomes:
+    """The simulated users' verdicts on `texts` (one per case), request by request."""
+    if len(cases) != len(texts):
+        raise ValueError(f"{len(texts)} completions for {len(cases)} held-out requests: expected one per request")
     shown, acc, kept, rew = [], [], [], []
     for case, text in zip(cases, texts):
         event, k = verdict(text, case.site.intended, case.min_chars)
@@ -75,10 +105,16 @@ def score(cases: list[EvalCase], texts: list[str], rule: RewardRule) -> dict[str
         acc.append(float(event == "accepted"))
         kept.append(float(k if event in ("accepted", "partial") else 0))
         rew.append(rule.reward(event or "none", k if event == "partial" else None, text))
+    return Outcomes(np.array(shown), np.array(acc), np.array(kept), np.array(rew))
+
+
+def score(cases: list[EvalCase], texts: list[str], rule: RewardRule) -> dict[str, Estimate]:
+    """Users' verdicts on `texts` (one per case) → the flywheel's metrics with intervals."""
+    o = outcomes(cases, texts, rule)
     # Accepts are a subset of the suggestions shown: per suggestion, a binomial proportion.
-    return {"suggestion_rate": proportion_ci(int(sum(shown)), len(shown)),
-            "accept_rate": proportion_ci(int(sum(acc)), int(sum(shown))),
-            "reward_per_request": mean_ci(rew), "accepted_chars_per_request": mean_ci(kept)}
+    return {"suggestion_rate": proportion_ci(int(o.shown.sum()), len(o)),
+            "accept_rate": proportion_ci(int(o.accepted.sum()), int(o.shown.sum())),
+            "reward_per_request": mean_ci(o.reward.tolist()), "accepted_chars_per_request": mean_ci(o.kept.tolist())}
 
 
 def best_truncation(cases: list[EvalCase], texts: list[str], rule: RewardRule) -> tuple[int, dict[str, Estimate]]:

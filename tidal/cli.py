@@ -201,11 +201,15 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--cycles", type=int, default=None, help="flywheel cycles (default: demo.cycles, 3)")
     de.add_argument("--model", default=None, help="model to run (default: the first configured)")
     de.set_defaults(func=cmd_demo)
-    ev = sub.add_parser("eval", help="replay held-out simulated users against versions; metrics with 95% CIs")
+    ev = sub.add_parser("eval", help=("replay held-out simulated users against versions: metrics with 95% CIs, and "
+                                           "each version's paired difference from the first listed"))
     ev.add_argument("model")
     ev.add_argument("--versions", required=True, help="comma-separated versions, e.g. 1,4")
     ev.add_argument("--requests", type=int, default=600, help="held-out requests per version")
     ev.add_argument("--seed", type=int, default=8, help="seed of the held-out sample (same sites for every version)")
+    ev.add_argument("--code-dir", default=None, help=(
+        "draw the requests' sites from every *.py file under this directory (your own code) instead of the "
+        "held-out eval files; differences are paired against the first version listed"))
     ev.add_argument("--json", action="store_true")
     ev.set_defaults(func=cmd_eval)
     return p

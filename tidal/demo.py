@@ -44,16 +44,18 @@ def replica_serving(fleet, model: str, version: int) -> str | None:
     return None
 
 
-def evaluate_versions(settings: TidalSettings, platform, model: str, versions: list[int], n: int, seed: int) -> dict:
-    """{version: {"metrics": {name: Estimate}, "baseline_k": k, "baseline": {name: Estimate}}} on held-out users.
+def evaluate_versions(settings: TidalSettings, platform, model: str, versions: list[int], n: int, seed: int,
+                      code_dir: Path | None = None) -> dict:
+    """{version: {"metrics": {name: Estimate}, "baseline_k": k, "baseline": {name: Estimate}, "outcomes": Outcomes,
+    "baseline_outcomes": Outcomes}} on held-out users (outcomes: request by request, for paired comparisons).
     Versions not loaded are deployed for the replay and unloaded after (lora: an adapter; restart: a surge
     replica)."""
-    from sim.evaluate import best_truncation, complete_all, eval_cases, score
+    from sim.evaluate import best_truncation, complete_all, eval_cases, outcomes, score
     from tidal.registry import Registry
 
     registry, fleet = Registry(settings.mlflow.tracking_uri), platform.fleet_client()
     cfg, rule = settings.demo.users, settings.collect.rule_for(model)
-    cases = eval_cases(cfg, settings.bootstrap.heldout_fraction, n, seed)
+    cases = eval_cases(cfg, settings.bootstrap.heldout_fraction, n, seed, code_dir)
     out = {}
     for v in versions:
         info = registry.get(model, v)
@@ -67,17 +69,30 @@ def evaluate_versions(settings: TidalSettings, platform, model: str, versions: l
             if loaded_here and registry.aliases(model).get("champion") != v:
                 fleet.undeploy(model, v)
         k, baseline = best_truncation(cases, texts, rule)
-        out[v] = {"metrics": score(cases, texts, rule), "baseline_k": k, "baseline": baseline}
+        out[v] = {"metrics": score(cases, texts, rule), "baseline_k": k, "baseline": baseline,
+                  "outcomes": outcomes(cases, texts, rule), "baseline_outcomes": outcomes(cases, [t[:k] for t in texts], rule)}
     return out
 
 
-def print_eval(model: str, result: dict, n: int) -> None:
+def paired(result: dict, reference: int) -> dict[int, dict]:
+    """{version: {metric: Comparison}} of every other version against `reference` on the same requests."""
+    from sim.paired import compare
+
+    return {v: compare(result[reference]["outcomes"], r["outcomes"]) for v, r in result.items() if v != reference}
+
+
+def print_eval(model: str, result: dict, n: int, reference: int | None = None) -> None:
     print(f"\n{model}: held-out users ({n} requests from eval files never trained on; 95% CIs)")
     print(f"{'version':<22}" + "".join(f"{m:>30}" for m in METRIC_NAMES))
     for v, r in result.items():
         print(f"{'v' + str(v):<22}" + "".join(f"{str(r['metrics'][m]):>30}" for m in METRIC_NAMES))
         label = f"  v{v} cut to {r['baseline_k']} chars"
         print(f"{label:<22}" + "".join(f"{str(r['baseline'][m]):>30}" for m in METRIC_NAMES))
+    reference = next(iter(result)) if reference is None else reference
+    for v, comparisons in paired(result, reference).items():
+        print(f"v{v} − v{reference}, paired on the same {n} requests (×: ratio b/a; ±: difference; 95% bootstrap CIs)")
+        for m in METRIC_NAMES:
+            print(f"  {comparisons[m].describe():<60} {'significant' if comparisons[m].significant else ''}")
 
 
 def cmd_eval(settings: TidalSettings, args) -> None:
@@ -87,16 +102,24 @@ def cmd_eval(settings: TidalSettings, args) -> None:
     versions = [int(v.strip().lstrip("v")) for v in args.versions.split(",") if v.strip()]
     if not versions:
         raise ValueError("--versions needs at least one version, e.g. --versions 1,4")
-    result = evaluate_versions(settings, Platform(settings), args.model, versions, args.requests, args.seed)
+    code_dir = Path(args.code_dir) if args.code_dir else None
+    result = evaluate_versions(settings, Platform(settings), args.model, versions, args.requests, args.seed, code_dir)
     if args.json:
-        print(json.dumps({v: {k: (vars(e) if k != "baseline_k" else e) for k, e in _flat(r).items()} for v, r in result.items()}))
+        print(json.dumps({"versions": {v: _flat(r) for v, r in result.items()}, "reference": versions[0],
+                          "paired": {v: {m: _comparison(c) for m, c in cs.items()}
+                                     for v, cs in paired(result, versions[0]).items()}}))
     else:
-        print_eval(args.model, result, args.requests)
+        print_eval(args.model, result, args.requests, versions[0])
 
 
 def _flat(r: dict) -> dict:
-    return {**{m: e for m, e in r["metrics"].items()}, "baseline_k": r["baseline_k"],
-            **{f"baseline_{m}": e for m, e in r["baseline"].items()}}
+    return {**{m: vars(e) for m, e in r["metrics"].items()}, "baseline_k": r["baseline_k"],
+            **{f"baseline_{m}": vars(e) for m, e in r["baseline"].items()}}
+
+
+def _comparison(c) -> dict:
+    return {"a": c.a, "b": c.b, "delta": vars(c.delta), "ratio": vars(c.ratio) if c.ratio else None,
+            "significant": c.significant}
 
 
 # ---- demo ------------------------------------------------------------------------------------------
@@ -263,10 +286,28 @@ def cmd_demo(settings: TidalSettings, args) -> None:
     report_demo(settings, model, reports, result, versions, final, time.monotonic() - started, traffic)
 
 
+def train_seconds(settings: TidalSettings, model: str, reports: list[dict]) -> float:
+    """The trainer's wall seconds over the cycles' candidates (each run's result.json)."""
+    from tidal.registry import Registry
+    from tidal.store import get_json, open_store
+    from training.job_spec import TrainResult
+
+    registry, store, total = Registry(settings.mlflow.tracking_uri), open_store(settings), 0.0
+    for r in reports:
+        if r["candidate"]:
+            run = registry.get(model, r["candidate"]).tags.get("tidal.train_run")
+            if run and store.exists(key := f"training/model={model}/{run}/result.json"):
+                total += TrainResult.model_validate(get_json(store, key)).train_s
+    return total
+
+
 def report_demo(settings: TidalSettings, model: str, reports: list[dict], result: dict, versions: list[int], final: int,
                 elapsed_s: float, traffic) -> None:
     import mlflow
     from prefect.artifacts import create_link_artifact, create_markdown_artifact
+
+    from sim.learning_report import learning_report
+    from sim.paired import claim_line, compare
 
     rows = []
     for v in versions:
@@ -276,7 +317,11 @@ def report_demo(settings: TidalSettings, model: str, reports: list[dict], result
     png = plot_versions(rows, settings.data_path / "demo" / f"{model}-flywheel.png")
     (settings.data_path / "demo" / f"{model}-cycles.json").write_text(json.dumps(reports, indent=2, default=str))
     first, last = result[1]["metrics"], result[final]["metrics"]
-    claim = {f"{m}_change": (last[m].mean / first[m].mean - 1) if first[m].mean else float("nan") for m in METRIC_NAMES}
+    vs_v1, vs_cut = compare(result[1]["outcomes"], result[final]["outcomes"]), compare(
+        result[1]["baseline_outcomes"], result[final]["outcomes"])
+    report = learning_report(vs_v1, vs_cut, final, settings.demo.eval_requests,
+                             sum(r["decision"] == "promoted" for r in reports), elapsed_s, train_seconds(settings, model, reports))
+    (settings.data_path / "demo" / "report.json").write_text(report.model_dump_json(indent=2))
     mlflow.set_tracking_uri(settings.mlflow.tracking_uri)
     mlflow.set_experiment(f"{model}/demo")
     with mlflow.start_run(run_name=f"demo {len(reports)} cycles") as run:
@@ -288,9 +333,11 @@ def report_demo(settings: TidalSettings, model: str, reports: list[dict], result
                 mlflow.log_metric(f"cycle/{m}", x, step=r["cycle"])
         for v in versions:
             mlflow.log_metrics({f"eval/v{v}/{m}": e.mean for m, e in result[v]["metrics"].items()})
-        mlflow.log_metrics({f"eval/{k}": x for k, x in claim.items()} | {"demo/minutes": elapsed_s / 60})
+        ratios = {k: getattr(report, k) for k in ("accept_ratio", "suggestion_ratio", "chars_ratio", "reward_delta")}
+        mlflow.log_metrics({f"eval/{k}": x for k, x in ratios.items() if x is not None} | {"demo/minutes": elapsed_s / 60})
         mlflow.log_artifact(str(png))
         mlflow.log_dict(reports, "cycles.json")
+        mlflow.log_dict(report.model_dump(), "report.json")
     run_url = f"{settings.mlflow.tracking_uri}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
     create_link_artifact(key=f"{model}-demo-plot", link=run_url, link_text=f"{model}: flywheel metrics by version (PNG in MLflow)")
     create_markdown_artifact(key=f"{model}-demo", description="tidal demo", markdown=(
@@ -299,12 +346,16 @@ def report_demo(settings: TidalSettings, model: str, reports: list[dict], result
         f"[plot and figures in MLflow]({run_url})\n"))
     if final == 1:
         print("\nlearning claim: none — no candidate was promoted, the champion is still v1 (see each cycle's 'why' above; "
-              "the last candidate's held-out figures are in the table)")
+              "the last candidate's paired differences are under the held-out table)")
     else:
-        print(f"\nlearning claim (held-out users, v1 → v{final}): "
-              + ", ".join(f"{m} {claim[f'{m}_change']:+.0%}" for m in METRIC_NAMES)
+        print("\n" + claim_line(vs_v1, "v1", f"v{final}", settings.demo.eval_requests)
               + "\n  (Cursor reported +28% accept rate with 21% fewer suggestions)")
-    print(f"\ndemo done in {elapsed_s / 60:.1f} min; {traffic.sent} simulated requests; plot: {png}\n"
+    gaps = {m: vs_cut[m] for m in ("accepted_chars_per_request", "reward_per_request")}
+    print(f"against v1 cut to its best {result[1]['baseline_k']} characters: "
+          + "; ".join(f"{m} {c.delta.mean:+.4f} [{c.delta.low:+.4f}, {c.delta.high:+.4f}]" for m, c in gaps.items())
+          + ("" if report.beats_truncation else f" — v{final} does not yet match the truncation baseline"))
+    print(f"\ndemo done in {elapsed_s / 60:.1f} min; {traffic.sent} simulated requests; plot: {png}; "
+          f"report: {settings.data_path / 'demo' / 'report.json'}\n"
           f"  Prefect UI: http://{settings.prefect.host}:{settings.prefect.port}  (flows, deployments, artifacts)\n"
           f"  MLflow UI:  {settings.mlflow.tracking_uri}  (experiment {model}/demo; registry: model {model})\n"
           f"  stop everything: .venv/bin/tidal down")

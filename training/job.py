@@ -88,6 +88,7 @@ def train(spec: TrainJob) -> None:
     from training.ppo_trainer import PPOTrainer, iteration_plan
     from training.rollout import select_samples
 
+    started = time.perf_counter()
     settings, cfg = load_settings(), spec.train.ppo
     world, rank0 = distributed.world_size(), distributed.is_main()
     say = print if rank0 else _silent  # one voice: rank 0's
@@ -203,7 +204,7 @@ def train(spec: TrainJob) -> None:
         hindsight_rows=len(hindsight.samples), hindsight_skipped=hindsight.skipped,
         credited_partials=credit.credited if credit else 0,
         tokens_per_s=sum(h["charts/tokens_per_s"] for h in history) / max(len(history), 1),
-        kind=candidate_kind(cfg), mlflow_s=round(mlflow_s, 3))
+        kind=candidate_kind(cfg), mlflow_s=round(mlflow_s, 3), train_s=round(time.perf_counter() - started, 1))
     put_json(store, f"{spec.prefix}/result.json", result.model_dump())  # last: the run is complete
 
 

@@ -60,6 +60,9 @@ class TrainResult(BaseModel):
     hindsight_rows: int = Field(0, description="Hindsight rows added from partial verdicts (part of train_rows).")
     hindsight_skipped: dict[str, int] = Field(default_factory=dict, description="Partials without a hindsight row, by reason.")
     credited_partials: int = Field(0, description="Partials whose reward was split along the kept prefix (partial_credit).")
+    train_s: float = Field(0.0, description=(
+        "Wall seconds of the process that finished the run, from its start to its result (a resumed run counts "
+        "its last attempt only)."))
     mlflow_s: float = Field(0.0, description=(
         "Wall seconds the last process spent in MLflow calls (its per-iteration metric batches); bench/cycle.py "
         "counts them as orchestration time."))

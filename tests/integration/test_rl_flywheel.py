@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 import httpx
 import pytest
 
+from sim.learning_report import LearningReport
 from tasks.flywheel import load_cycles
 from tidal.store import get_json, open_store
 from training.job_spec import TrainResult
@@ -171,6 +172,13 @@ def test_tidal_demo_runs_one_cycle_and_reports(settings, platform, registry, gat
     assert json.loads((settings.data_path / "demo" / "tab-cycles.json").read_text())[-1]["dataset_id"] == report["dataset_id"]
     assert "held-out users (20 requests" in out.stdout and f"{report['decision']} v{cand.version}" in out.stdout
     assert "learning claim" in out.stdout and f"plot: {png}" in out.stdout
+    for v in versions[1:]:
+        assert f"v{v} − v1, paired on the same 20 requests" in out.stdout
+    # The final report: the final champion against v1 on the same 20 requests, and the cycle's trainer seconds.
+    learned = LearningReport.model_validate_json((settings.data_path / "demo" / "report.json").read_text())
+    assert (learned.final_version, learned.requests_per_version) == (report["champion_after"], 20), learned
+    assert learned.promoted == (report["decision"] == "promoted") and learned.train_s == result.train_s > 0, learned
+    assert 0 < learned.train_s < learned.total_s and learned.suggestion_ratio is not None, learned
     for v in versions:
         assert f"\nv{v} " in out.stdout and f"v{v} cut to" in out.stdout
 
