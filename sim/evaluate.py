@@ -110,7 +110,11 @@ def outcomes(cases: list[EvalCase], texts: list[str], rule: RewardRule) -> Outco
 
 def score(cases: list[EvalCase], texts: list[str], rule: RewardRule) -> dict[str, Estimate]:
     """Users' verdicts on `texts` (one per case) → the flywheel's metrics with intervals."""
-    o = outcomes(cases, texts, rule)
+    return summarize(outcomes(cases, texts, rule))
+
+
+def summarize(o: Outcomes) -> dict[str, Estimate]:
+    """Per-request outcomes → the flywheel's metrics with intervals."""
     # Accepts are a subset of the suggestions shown: per suggestion, a binomial proportion.
     return {"suggestion_rate": proportion_ci(int(o.shown.sum()), len(o)),
             "accept_rate": proportion_ci(int(o.accepted.sum()), int(o.shown.sum())),

@@ -50,7 +50,7 @@ def evaluate_versions(settings: TidalSettings, platform, model: str, versions: l
     "baseline_outcomes": Outcomes}} on held-out users (outcomes: request by request, for paired comparisons).
     Versions not loaded are deployed for the replay and unloaded after (lora: an adapter; restart: a surge
     replica)."""
-    from sim.evaluate import best_truncation, complete_all, eval_cases, outcomes, score
+    from sim.evaluate import best_truncation, complete_all, eval_cases, outcomes, summarize
     from tidal.registry import Registry
 
     registry, fleet = Registry(settings.mlflow.tracking_uri), platform.fleet_client()
@@ -69,8 +69,9 @@ def evaluate_versions(settings: TidalSettings, platform, model: str, versions: l
             if loaded_here and registry.aliases(model).get("champion") != v:
                 fleet.undeploy(model, v)
         k, baseline = best_truncation(cases, texts, rule)
-        out[v] = {"metrics": score(cases, texts, rule), "baseline_k": k, "baseline": baseline,
-                  "outcomes": outcomes(cases, texts, rule), "baseline_outcomes": outcomes(cases, [t[:k] for t in texts], rule)}
+        served = outcomes(cases, texts, rule)  # the users' verdicts once; metrics and paired comparisons share them
+        out[v] = {"metrics": summarize(served), "baseline_k": k, "baseline": baseline, "outcomes": served,
+                  "baseline_outcomes": outcomes(cases, [t[:k] for t in texts], rule)}
     return out
 
 
