@@ -29,7 +29,7 @@ def settings(tmp_path_factory) -> TidalSettings:
                      "passes": 4, "epochs": 2, "kl_coef": 0.2},
              "checkpoint_every": 2, "retry_delay_s": 0.0, "gate": {"eval_bytes": 20_000, "bpb_tolerance": 0.2}}
     # Canary sized for a test: quick looks (feedback arrives within a second here), a first step long enough to
-    # judge the degraded candidate of test_promote (~70 canary outcomes at a few requests/s on two cores), and
+    # judge the degraded candidate of test_promote (~15–30 canary outcomes at a few requests/s on two cores), and
     # the mSPRT mixture tuned to that large effect.
     canary = {"min_samples": 150, "poll_s": 2.0, "feedback_wait_s": 5.0, "max_step_s": 900.0, "unload_grace_s": 0.0,
               "mixture_sd": 0.5}
