@@ -78,7 +78,8 @@ def make_dataset(settings, gateway, keys, n: int, seed: int) -> str:
 
 
 class Traffic(threading.Thread):
-    """Completions at a steady pace until stopped; counts answers and errors."""
+    """Completions at a steady pace until stopped (one user, a request every quarter second: serving stays in use
+    while the trainer keeps a core); counts answers and errors."""
 
     def __init__(self, gateway: str, key: str):
         super().__init__(daemon=True)
@@ -91,7 +92,7 @@ class Traffic(threading.Thread):
                 self.ok += 1
             except Exception as e:  # noqa: BLE001  counted, asserted on below
                 self.errors.append(repr(e))
-            time.sleep(0.05)
+            time.sleep(0.25)
 
 
 def trainer_processes() -> list[psutil.Process]:

@@ -28,9 +28,10 @@ from training.rollout import select_samples
 pytestmark = pytest.mark.slow
 
 # A laptop demo cut to what one cycle needs to pass every stage: 60 requests from 200 users, a 2-iteration PPO run
-# with the opt-in learning aids (hindsight rows, split credit from partial verdicts, the code loss), a gate that
-# lets any sane candidate through (the gate's refusals have their own tests) and one 50% canary step that ends
-# within 40 s, decided or rolled back as inconclusive; then 20 held-out requests per version.
+# of 16-row batches with the opt-in learning aids (hindsight rows, split credit from partial verdicts, the code
+# loss), a gate on 50 held-out rows and 5 kB of code that lets any sane candidate through (the gate's refusals have
+# their own tests) and one 50% canary step that ends within 25 s, decided or rolled back as inconclusive; then 20
+# held-out requests per version.
 TINY = {
     "TIDAL_DEMO__REQUESTS_PER_CYCLE": "60",
     "TIDAL_DEMO__EVAL_REQUESTS": "20",
@@ -40,17 +41,19 @@ TINY = {
     "TIDAL_DEMO__USERS__THINK_S": "[0.1, 0.3]",
     "TIDAL_DEMO__USERS__FEEDBACK_DELAY_S": "[0.1, 0.5]",
     "TIDAL_DEMO__TRAIN__PPO__MAX_ITERATIONS": "2",
+    "TIDAL_DEMO__TRAIN__PPO__BATCH_SIZE": "16",
     "TIDAL_DEMO__TRAIN__PPO__HINDSIGHT_PARTIALS": "true",
     "TIDAL_DEMO__TRAIN__PPO__PARTIAL_CREDIT": "kept_prefix",
     "TIDAL_DEMO__TRAIN__PPO__PTX_COEF": "1.0",
     "TIDAL_DEMO__TRAIN__CHECKPOINT_EVERY": "2",
-    "TIDAL_DEMO__TRAIN__GATE__MAX_HELDOUT_ROWS": "100",
+    "TIDAL_DEMO__TRAIN__GATE__MAX_HELDOUT_ROWS": "50",
+    "TIDAL_DEMO__TRAIN__GATE__EVAL_BYTES": "5000",
     "TIDAL_DEMO__TRAIN__GATE__OPE_TOLERANCE": "1.0",
     "TIDAL_DEMO__TRAIN__GATE__BPB_TOLERANCE": "0.2",
     "TIDAL_DEMO__CANARY__STEPS": "[0.5]",
     "TIDAL_DEMO__CANARY__MIN_SAMPLES": "40",
     "TIDAL_DEMO__CANARY__MIN_TEST_SAMPLES": "10",
-    "TIDAL_DEMO__CANARY__MAX_STEP_S": "40",
+    "TIDAL_DEMO__CANARY__MAX_STEP_S": "25",
     "TIDAL_DEMO__CANARY__POLL_S": "2",
     "TIDAL_DEMO__CANARY__FEEDBACK_WAIT_S": "3",
     "TIDAL_DEMO__CANARY__UNLOAD_GRACE_S": "0",
