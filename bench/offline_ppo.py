@@ -58,7 +58,10 @@ def evaluate(model, tok, cases, rule, users, bpb) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data-dir", type=Path, required=True, help="Tidal data directory holding the datasets")
+    p.add_argument("--data-dir", type=Path, default=None, help="Tidal data directory holding the datasets")
+    p.add_argument("--simulate", type=int, default=0, help=(
+        "instead of stored datasets: N logged requests of the traffic split sampled by the checkpoint and judged by "
+        "the simulated users (sim/logged_traffic.py)"))
     p.add_argument("--checkpoint", type=Path, required=True, help="full checkpoint directory the logs were served from")
     p.add_argument("--version", type=int, default=1, help="its registry version (behaviour-version filter)")
     p.add_argument("--model", default="tab")
@@ -69,8 +72,12 @@ def main() -> None:
     p.add_argument("--ppo", default="{}", help="JSON overrides of the demo's PPO settings")
     p.add_argument("--rule", default="{}", help="JSON overrides of the reward rule (rewards are recomputed)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0, help="seeds the simulated traffic (--simulate)")
     args = p.parse_args()
-    os.environ["TIDAL_DATA_DIR"] = str(args.data_dir)
+    if (args.data_dir is None) == (not args.simulate):
+        p.error("give --data-dir (train on its stored datasets) or --simulate N (train on N simulated logged requests)")
+    if args.data_dir is not None:
+        os.environ["TIDAL_DATA_DIR"] = str(args.data_dir)
 
     from data_contracts.rewards import RewardRule
     from sim.evaluate import eval_cases
@@ -85,10 +92,11 @@ def main() -> None:
     from training.ptx import ptx_loss_for
     from training.reward_data import load_dataset, split
     from training.rollout import select_samples
+    from training.stop_credit import StopCredit
 
     torch.set_num_threads(args.threads)
     settings = load_settings()
-    store, users = open_store(settings), settings.demo.users
+    store, users = (open_store(settings) if args.data_dir else None), settings.demo.users
     rule = settings.collect.rule_for(args.model).model_copy(update=json.loads(args.rule))
     RewardRule.model_validate(rule.model_dump())
     cfg = settings.demo.train.ppo.model_copy(update={**json.loads(args.ppo), "max_iterations": args.iterations})
@@ -104,9 +112,18 @@ def main() -> None:
 
     cases = eval_cases(users, settings.bootstrap.heldout_fraction, args.eval_requests, seed=11)
 
-    ids = [d for d in args.datasets.split(",") if d] or sorted(
-        {k.split("/")[2] for k in store.list(f"datasets/model={args.model}/")})
-    rows = [s for d in ids for s in load_dataset(store, args.model, d).samples]
+    if args.simulate:
+        from sim.logged_traffic import logged_traffic
+
+        t0 = time.perf_counter()
+        ids = [f"simulated:{args.simulate}"]
+        rows = logged_traffic(load_policy(args.checkpoint), tok, users, settings.bootstrap.heldout_fraction, rule,
+                              args.simulate, version=args.version, seed=args.seed)
+        print(f"simulated {len(rows)} logged requests in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    else:
+        ids = [d for d in args.datasets.split(",") if d] or sorted(
+            {k.split("/")[2] for k in store.list(f"datasets/model={args.model}/")})
+        rows = [s for d in ids for s in load_dataset(store, args.model, d).samples]
     rewards = rule.rewards(np.array([r.event for r in rows], dtype=object),
                            np.array([np.nan if r.accepted_chars is None else r.accepted_chars for r in rows], dtype=float),
                            np.array([len(r.completion_text) for r in rows]))
@@ -118,12 +135,13 @@ def main() -> None:
     head = {"datasets": ids, "rows": len(rows), "train_rows": len(picked), "hindsight_rows": len(shaped.hindsight.samples),
             "credited_partials": shaped.credit.credited if shaped.credit else 0,
             "rule": rule.model_dump(mode="json"), "ppo": cfg.model_dump(mode="json", include={
-                "learning_rate", "kl_coef", "batch_size", "epochs", "max_iterations", "hindsight_partials", "partial_credit", "ptx_coef"})}
+                "learning_rate", "kl_coef", "batch_size", "epochs", "max_iterations", "hindsight_partials", "partial_credit", "ptx_coef", "stop_credit_coef"})}
     base = evaluate(load_policy(args.checkpoint), tok, cases, rule, users, bpb)
     print(json.dumps({"at": 0, **head, **base, "bpb_delta": 0.0}), flush=True)
 
     ptx = ptx_loss_for(cfg, tok, settings.bootstrap.heldout_fraction)
-    trainer = PPOTrainer(build_trainable(args.checkpoint, args.checkpoint, cfg), cfg, tok.pad_token_id, ptx=ptx)
+    stop = StopCredit(tok, rule, cfg.hindsight_stop) if cfg.stop_credit_coef > 0 else None
+    trainer = PPOTrainer(build_trainable(args.checkpoint, args.checkpoint, cfg), cfg, tok.pad_token_id, ptx=ptx, stop=stop)
     plan = iteration_plan(len(picked), cfg)
     trainer.compute_reference(picked, rows=(r for batch in plan for r in batch))
     looks = {int(x) for x in args.eval_at.split(",") if x} | {len(plan)}
@@ -131,7 +149,7 @@ def main() -> None:
     def after(it: int, metrics: dict[str, float]) -> None:
         if it + 1 in looks:
             kl = {k.split("/")[1]: round(v, 4) for k, v in metrics.items()
-                  if k in ("ppo/kl_ref", "ppo/approx_kl", "ppo/ptx_loss")}
+                  if k in ("ppo/kl_ref", "ppo/approx_kl", "ppo/ptx_loss", "ppo/stop_credit_loss")}
             now = evaluate(trainer.model.policy, tok, cases, rule, users, bpb)
             print(json.dumps({"at": it + 1, **kl, **now, "bpb_delta": round(now["bpb"] - base["bpb"], 4)}), flush=True)
             trainer.model.train()

@@ -114,10 +114,11 @@ def train(spec: TrainJob) -> None:
     with distributed.main_first():  # rank 0 fills the node's checkpoint cache, then the others find it complete
         dirs = Checkouts(spec, store, registry, settings.data_path / "cache")
     tokenizer = load_tokenizer(dirs.base_dir)
-    if (cfg.hindsight_partials or cfg.partial_credit != "last_token") and data.rule is None:
-        raise DatasetError(f"dataset {spec.dataset_id}: its manifest records no reward rule, which hindsight rows and "
-                           "split credit need for their rewards; re-run collect, or set train.ppo.hindsight_partials="
-                           "false and train.ppo.partial_credit=last_token")
+    if (cfg.hindsight_partials or cfg.partial_credit != "last_token" or cfg.stop_credit_coef > 0) and data.rule is None:
+        raise DatasetError(f"dataset {spec.dataset_id}: its manifest records no reward rule, which hindsight rows, "
+                           "split credit and stop credit need for their rewards; re-run collect, or set "
+                           "train.ppo.hindsight_partials=false, train.ppo.partial_credit=last_token and "
+                           "train.ppo.stop_credit_coef=0")
     shaped = partial_rows(picked.kept, tokenizer, data.rule, cfg)
     hindsight, credit = shaped.hindsight, shaped.credit
     if cfg.hindsight_partials:
@@ -142,9 +143,11 @@ def train(spec: TrainJob) -> None:
     else:
         model = build_trainable(dirs.champion_dir, dirs.base_dir, cfg).to(distributed.device())
         from training.ptx import ptx_loss_for
+        from training.stop_credit import StopCredit
 
         ptx = ptx_loss_for(cfg, tokenizer, settings.bootstrap.heldout_fraction)
-        trainer = PPOTrainer(model, cfg, tokenizer.pad_token_id, ptx=ptx)
+        stop = StopCredit(tokenizer, data.rule, cfg.hindsight_stop) if cfg.stop_credit_coef > 0 else None
+        trainer = PPOTrainer(model, cfg, tokenizer.pad_token_id, ptx=ptx, stop=stop)
 
     def checkpoint_state() -> dict:
         """The trainer's state; Megatron: every tensor-parallel rank's, in rank order (a collective)."""
@@ -213,7 +216,7 @@ def _silent(*args, **kwargs) -> None:
 
 
 SHOWN = {"ppo/policy_loss", "ppo/value_loss", "ppo/approx_kl", "ppo/clipfrac", "ppo/is_weight_mean", "ppo/reward_mean",
-         "ppo/ptx_loss",
+         "ppo/ptx_loss", "ppo/stop_credit_loss",
          "charts/tokens_per_s"}
 
 

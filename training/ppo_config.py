@@ -137,6 +137,15 @@ class PPOConfig(BaseModel):
         "going on cost) on the first token not kept, nothing after it (training/partial_credit.py).",
     )
 
+    # --- the stop decision, credited from the verdict (training/stop_credit.py) -------------------
+    stop_credit_coef: float = Field(
+        0.0,
+        description="Weight of the stop-versus-go-on gradient at every position where the user's verdict tells what "
+        "stopping would have earned (abstaining always; every cut of a rejected suggestion; a partial's cuts at and "
+        "past the kept characters). Teaches where to stop and when to show nothing, from every row rather than from "
+        "the rare sampled early stop. 0 turns it off. The stop string is `hindsight_stop`.",
+    )
+
     # --- language modelling on the training code (PPO-ptx, training/ptx.py) ------------------------
     ptx_coef: float = Field(
         0.0,
@@ -213,6 +222,10 @@ class PPOConfig(BaseModel):
         )
         need(not self.hindsight_partials or bool(self.hindsight_stop),
              "hindsight_partials=True needs hindsight_stop: the text that ends a suggestion (e.g. a line break)")
+        need(math.isfinite(self.stop_credit_coef) and self.stop_credit_coef >= 0,
+             f"stop_credit_coef={self.stop_credit_coef}: must be a finite number >= 0 (0 turns stop credit off)")
+        need(not self.stop_credit_coef or bool(self.hindsight_stop),
+             "stop_credit_coef > 0 needs hindsight_stop: the text that ends a suggestion (e.g. a line break)")
         need(math.isfinite(self.ptx_coef) and self.ptx_coef >= 0,
              f"ptx_coef={self.ptx_coef}: must be a finite number >= 0 (0 turns the code loss off)")
         if self.ptx_coef > 0:
@@ -222,6 +235,9 @@ class PPOConfig(BaseModel):
                  "enough code for distinct windows")
             need(self.backend == "hf", "ptx_coef > 0 is implemented for backend='hf' only: set ptx_coef=0 "
                  "with backend='megatron'")
+        need(not self.stop_credit_coef or self.backend == "hf", "stop_credit_coef > 0 is implemented for "
+             "backend='hf' only (it reads the whole vocabulary's stop probability): set stop_credit_coef=0 with "
+             "backend='megatron'")
         if self.lora:
             need(self.lora_rank >= 1, f"lora_rank={self.lora_rank}: must be >= 1")
             need(self.lora_alpha > 0, f"lora_alpha={self.lora_alpha}: must be > 0")

@@ -53,6 +53,7 @@ from training.value_head import PolicyWithValue
 
 if TYPE_CHECKING:
     from training.ptx import PtxLoss
+    from training.stop_credit import StopCredit
 
 
 # LossParts fields summed over processes and averaged over steps into the iteration's ppo/ metrics.
@@ -101,6 +102,8 @@ class Rollout:
     is_weight: torch.Tensor
     advantages: torch.Tensor
     returns: torch.Tensor
+    stop_adv: torch.Tensor | None = None  # (B, T) R_stop - R before each token (training/stop_credit.py), or None
+    stop_known: torch.Tensor | None = None  # (B, T) 1 where the verdict tells R_stop
 
 
 class PPOTrainer:
@@ -110,11 +113,15 @@ class PPOTrainer:
     the reference log-probs and the state_dict stay on the CPU."""
 
     def __init__(self, model: PolicyWithValue, cfg: PPOConfig, pad_token_id: int,
-                 dp: distributed.DataParallel | None = None, ptx: PtxLoss | None = None):
+                 dp: distributed.DataParallel | None = None, ptx: PtxLoss | None = None,
+                 stop: StopCredit | None = None):
         if (cfg.ptx_coef > 0) != (ptx is not None):
             raise ValueError(f"ptx_coef={cfg.ptx_coef} needs a PtxLoss over the training code (training/ptx.py), and "
                              "a PtxLoss needs ptx_coef > 0: pass both or neither")
-        self.model, self.cfg, self.pad_token_id, self.ptx = model, cfg, pad_token_id, ptx
+        if (cfg.stop_credit_coef > 0) != (stop is not None):
+            raise ValueError(f"stop_credit_coef={cfg.stop_credit_coef} needs a StopCredit (training/stop_credit.py), "
+                             "and a StopCredit needs stop_credit_coef > 0: pass both or neither")
+        self.model, self.cfg, self.pad_token_id, self.ptx, self.stop = model, cfg, pad_token_id, ptx, stop
         self.dp = dp if dp is not None else distributed.data_parallel()  # the processes that split each batch
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.Adam(model.param_groups(cfg.learning_rate, cfg.critic_learning_rate))
@@ -182,7 +189,10 @@ class PPOTrainer:
             advantages = masked_whiten(advantages, mask, sum_all=self._sum_all if world > 1 else None)
         lengths = torch.tensor([len(samples[r].completion_token_ids) for r in rows], dtype=torch.float32,
                                device=self.device)  # (B_all,) = the whole batch's mask.sum(1)
-        return Rollout(batch, lengths, logp_old, values_old, logp_ref, w, advantages, returns)
+        stop_adv = stop_known = None
+        if self.stop is not None:
+            stop_adv, stop_known = (t.to(self.device) for t in self.stop.batch([samples[r] for r in mine], mask.shape[1]))
+        return Rollout(batch, lengths, logp_old, values_old, logp_ref, w, advantages, returns, stop_adv, stop_known)
 
     def update(self, ro: Rollout, iteration: int) -> dict[str, float]:
         """`epochs` passes of minibatch PPO steps over one rollout; returns the iteration's metrics."""
@@ -211,24 +221,33 @@ class PPOTrainer:
                         is_truncation=cfg.is_truncation,
                     )
                     loss = parts.total(cfg.vf_coef, cfg.entropy_coef)
-                    (loss * share).backward()
-                    stats = torch.stack([loss.detach(), *(getattr(parts, k).detach() for k in _STATS)]) * share
+                    stop_loss = torch.zeros((), device=loss.device)
+                    if self.stop is not None:  # the stop-versus-go-on gradient where the verdict tells its value
+                        # summed over each row's positions (one decision each), averaged over the minibatch's rows
+                        # (every process's: the summed gradients are the whole minibatch's)
+                        gain = self.stop.stop_prob(logits) * ro.stop_adv[mine] * ro.stop_known[mine]  # (b, T)
+                        stop_loss = -gain.sum() / len(mb)
+                    (loss * share + cfg.stop_credit_coef * stop_loss).backward()
+                    stats = torch.cat([torch.stack([loss.detach(), *(getattr(parts, k).detach() for k in _STATS)]) * share,
+                                       stop_loss.detach().view(1)])
+                    stats[0] += cfg.stop_credit_coef * stop_loss.detach()
                 else:
-                    stats = torch.zeros(1 + len(_STATS), device=b.mask.device)
+                    stats = torch.zeros(2 + len(_STATS), device=b.mask.device)
                 ptx = self.ptx.loss(self.model, iteration, epoch, step, rank, world) if self.ptx else None
                 if ptx is not None:  # this process's share of the step's code windows
                     (cfg.ptx_coef * ptx).backward()
                     stats[0] += cfg.ptx_coef * ptx.detach()
                 ptx = torch.zeros((), device=stats.device) if ptx is None else ptx.detach()
                 stats = torch.cat([stats.detach(), ptx.view(1)])
-                # (2 + len(_STATS),) the whole minibatch's loss, LossParts and ptx loss; gradients summed over processes
+                # (3 + len(_STATS),) the whole minibatch's loss, LossParts, stop-credit and ptx losses; gradients summed
+                # over processes
                 stats = distributed.sum_grads(self.trainable, stats, self.dp.group)
                 self._check_finite(stats[0], iteration, "loss")
                 grad_norm = self._clip_grad_norm(cfg.max_grad_norm)
                 self._check_finite(grad_norm, iteration, "gradient norm")
                 self.optimizer.step()
                 steps += 1
-                for name, value in zip((*_STATS, "ptx_loss"), stats[1:].tolist()):
+                for name, value in zip((*_STATS, "stop_credit_loss", "ptx_loss"), stats[1:].tolist()):
                     sums[name] = sums.get(name, 0.0) + value
                 sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(grad_norm)
                 if cfg.target_kl is not None and float(stats[1 + _STATS.index("approx_kl")]) > 1.5 * cfg.target_kl:
@@ -241,6 +260,8 @@ class PPOTrainer:
                 self._check_finite(torch.tensor(math.nan), iteration, "weights")
         if self.ptx is None:
             del sums["ptx_loss"]  # not computed: no metric rather than a zero
+        if self.stop is None:
+            del sums["stop_credit_loss"]
         metrics = {f"ppo/{k}": v / steps for k, v in sums.items()}
         m, w = b.mask, ro.is_weight
         # sums over the whole batch's real tokens, then the means masked_mean would give on one process

@@ -28,8 +28,8 @@ from training.rollout import select_samples
 pytestmark = pytest.mark.slow
 
 # A laptop demo cut to what one cycle needs to pass every stage: 60 requests from 200 users, a 2-iteration PPO run
-# of 16-row batches with the opt-in learning aids (hindsight rows, split credit from partial verdicts, the code
-# loss), a gate on 50 held-out rows and 5 kB of code that lets any sane candidate through (the gate's refusals have
+# of 16-row batches with the opt-in learning aids (hindsight rows, split credit from partial verdicts, stop credit
+# from every verdict, the code loss), a gate on 50 held-out rows and 5 kB of code that lets any sane candidate through (the gate's refusals have
 # their own tests) and one 50% canary step that ends within 25 s, decided or rolled back as inconclusive; then 20
 # held-out requests per version.
 TINY = {
@@ -45,6 +45,7 @@ TINY = {
     "TIDAL_DEMO__TRAIN__PPO__HINDSIGHT_PARTIALS": "true",
     "TIDAL_DEMO__TRAIN__PPO__PARTIAL_CREDIT": "kept_prefix",
     "TIDAL_DEMO__TRAIN__PPO__PTX_COEF": "1.0",
+    "TIDAL_DEMO__TRAIN__PPO__STOP_CREDIT_COEF": "1.0",
     "TIDAL_DEMO__TRAIN__CHECKPOINT_EVERY": "2",
     "TIDAL_DEMO__TRAIN__GATE__MAX_HELDOUT_ROWS": "50",
     "TIDAL_DEMO__TRAIN__GATE__EVAL_BYTES": "5000",
@@ -114,7 +115,8 @@ def test_tidal_demo_runs_one_cycle_and_reports(settings, platform, registry, gat
     assert "tidal.release.verified" in cand.tags and json.loads(cand.tags["tidal.release.step_1"])["weight"] == 0.5
 
     # The demo's training settings reached the trainer: 2 iterations, and every partial verdict among the training
-    # rows became a hindsight row and a credited row (or was counted as skipped); the trainer took the code loss.
+    # rows became a hindsight row and a credited row (or was counted as skipped); the trainer took the code loss and
+    # the stop credit.
     result = TrainResult.model_validate(get_json(store, f"training/model=tab/{cand.tags['tidal.train_run']}/result.json"))
     assert result.iterations == 2, result
     data = load_dataset(store, "tab", report["dataset_id"])
@@ -126,6 +128,7 @@ def test_tidal_demo_runs_one_cycle_and_reports(settings, platform, registry, gat
     no_chars = sum(s.event == "partial" and not s.accepted_chars for s in kept)
     assert result.credited_partials == partials - no_chars, (result, partials, no_chars)
     assert result.final["ppo/ptx_loss"] > 0, result.final
+    assert "ppo/stop_credit_loss" in result.final, result.final
 
     # Registry and routes agree with the decision; no canary is left behind.
     aliases, arms = registry.aliases("tab"), platform.routes_client().show()["routes"]["tab"]["arms"]

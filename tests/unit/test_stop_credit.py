@@ -1,0 +1,129 @@
+"""Stop credit: what stopping before each token of a logged suggestion would have earned, read from the verdict,
+and the gradient that moves the policy's stop probability towards it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from data_contracts.rewards import RewardRule
+from tests.unit.ppo_helpers import cfg, make_trainer
+from tests.unit.test_hindsight import TEXT, boundaries, served
+from training.ppo_trainer import PPOTrainer, iteration_plan
+from training.policy import load_tokenizer
+from training.rollout import collate
+from training.stop_credit import StopCredit, clean_stop_ids, stop_token_ids
+
+
+@pytest.fixture(scope="module")
+def tok(champion_dir):
+    return load_tokenizer(champion_dir)
+
+
+def rewarded(tok, event: str, kept: int | None, rule: RewardRule, rid: str = "r1", stop: bool = True):
+    """A served suggestion of TEXT (ended by the line-break token when `stop`), rewarded by `rule`."""
+    s = served(tok, event, kept, rid=rid)
+    if stop:
+        (nl,) = tok.encode("\n", add_special_tokens=False)
+        s = s.model_copy(update={"completion_token_ids": s.completion_token_ids + [nl],
+                                 "behaviour_logprobs": s.behaviour_logprobs + [-0.5]})
+    return s.model_copy(update={"reward": rule.reward(event, kept if event == "partial" else None, TEXT)})
+
+
+def test_stop_tokens_are_every_token_holding_the_line_break(tok) -> None:
+    ids = stop_token_ids(tok)
+    assert tok.encode("\n", add_special_tokens=False)[0] in ids
+    assert all("\n" in tok.decode([i]) for i in ids) and len(ids) < len(tok) / 4
+
+
+def test_the_credited_stop_is_a_token_that_shows_nothing_more(tok) -> None:
+    """pi(stop) sums the tokens that begin with the line break: a token such as ')\\n' ends the suggestion too, but
+    shows one more character, whose verdict the row does not tell."""
+    ends, clean = set(stop_token_ids(tok)), set(clean_stop_ids(tok))
+    assert clean < ends  # this tokenizer has tokens with text before their line break
+    assert all(tok.decode([i]).startswith("\n") for i in clean)
+    credit = StopCredit(tok, RewardRule())
+    assert set(credit.stop_ids.tolist()) == clean
+    logits = torch.full((1, 1, len(tok)), -30.0)
+    mid = next(iter(ends - clean))
+    logits[0, 0, mid] = 30.0  # all the mass on a stop token with text before its line break
+    assert float(credit.stop_prob(logits)) < 1e-6
+    logits[0, 0, next(iter(clean))] = 30.0
+    assert float(credit.stop_prob(logits)) == pytest.approx(0.5, abs=1e-6)
+
+
+def test_a_rejected_suggestion_credits_abstaining_and_every_cut_as_rejected(tok) -> None:
+    rule = RewardRule()
+    s = rewarded(tok, "rejected", None, rule)
+    adv, known = StopCredit(tok, rule).advantages(s)
+    assert adv[0] == pytest.approx(rule.empty - rule.rejected) and adv[0] > 0  # showing nothing beats a rejection
+    assert all(known[:-1]) and adv[1:-1] == pytest.approx([0.0] * (len(adv) - 2))  # every cut is rejected too
+    assert known[-1] is False  # the sampled stop itself keeps its PPO term only
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_a_partial_credits_the_cut_at_its_kept_characters_and_every_longer_cut(tok, scaled) -> None:
+    rule = RewardRule(accept_scale_by_chars=scaled)
+    ends = boundaries(tok, TEXT)
+    k = ends[1]  # the user kept the first two served tokens
+    s = rewarded(tok, "partial", k, rule)
+    adv, known = StopCredit(tok, rule).advantages(s)
+    # before token 2 the cut shows exactly the kept text: it would have been accepted
+    assert known[2] and adv[2] == pytest.approx(rule.reward("accepted", None, TEXT[:k]) - s.reward)
+    assert (adv[2] > 0) == (not scaled)  # the constant rule pays more for stopping there; the scaled one the same
+    assert not known[1]  # a shorter non-empty cut: the user's minimum length decides, unknown
+    for j in range(3, len(ends)):  # longer cuts: partials of k kept characters
+        assert known[j] and adv[j] == pytest.approx(rule.reward("partial", k, TEXT[: ends[j - 1]]) - s.reward)
+    assert known[0] and adv[0] == pytest.approx(-s.reward)  # abstaining loses what the user kept
+
+
+def test_accepted_and_unjudged_rows_credit_only_what_is_known(tok) -> None:
+    rule = RewardRule()
+    adv, known = StopCredit(tok, rule).advantages(rewarded(tok, "accepted", None, rule))
+    assert known[0] and adv[0] == pytest.approx(-rule.accepted) and not any(known[1:])
+    none = rewarded(tok, "rejected", None, rule).model_copy(update={"event": "none", "reward": 0.0})
+    assert not any(StopCredit(tok, rule).advantages(none)[1])
+
+
+def stop_at(trainer: PPOTrainer, credit: StopCredit, s, j: int) -> float:
+    """pi(stop) before completion token j of `s` under the trainer's policy."""
+    b = collate([s], 0)
+    with torch.no_grad():
+        logits, _ = trainer.model(b.input_ids, b.attention_mask)
+    return float(credit.stop_prob(b.sampled_logits(logits))[0, j])
+
+
+def test_training_with_stop_credit_abstains_where_suggestions_are_rejected_and_stops_where_users_kept(tok, champion_dir) -> None:
+    rule = RewardRule()
+    k = boundaries(tok, TEXT)[1]
+    rejected = [rewarded(tok, "rejected", None, rule, rid=f"r{i}") for i in range(16)]
+    rows = rejected
+    c = cfg(stop_credit_coef=4.0, learning_rate=3e-3, passes=6, batch_size=16, kl_coef=0.0)
+    credit = StopCredit(tok, rule)
+    trainer = PPOTrainer(make_trainer(champion_dir, cfg()).model, c, 0, stop=credit)
+    before = stop_at(trainer, credit, rows[0], 0)
+    trainer.compute_reference(rows)
+    trainer.train(rows, iteration_plan(len(rows), c))
+    after = stop_at(trainer, credit, rows[0], 0)
+    assert after > before + 0.05, (before, after)
+
+    partials = [rewarded(tok, "partial", k, rule, rid=f"p{i}") for i in range(16)]
+    trainer = PPOTrainer(make_trainer(champion_dir, cfg()).model, c, 0, stop=credit)
+    before = stop_at(trainer, credit, partials[0], 2)
+    trainer.compute_reference(partials)
+    metrics = trainer.train(partials, iteration_plan(len(partials), c))
+    after = stop_at(trainer, credit, partials[0], 2)
+    assert after > before + 0.05, (before, after)
+    assert all("ppo/stop_credit_loss" in m for m in metrics)
+
+
+def test_stop_credit_needs_its_weight_and_its_table_together(tok, champion_dir) -> None:
+    model = make_trainer(champion_dir, cfg()).model
+    with pytest.raises(ValueError, match="stop_credit_coef=1.0 needs a StopCredit"):
+        PPOTrainer(model, cfg(stop_credit_coef=1.0), 0)
+    with pytest.raises(ValueError, match="stop_credit_coef=0.0 needs a StopCredit"):
+        PPOTrainer(model, cfg(), 0, stop=StopCredit(tok, RewardRule()))
+    with pytest.raises(ValueError, match="stop_credit_coef=-1"):
+        cfg(stop_credit_coef=-1)
+    with pytest.raises(ValueError, match="stop_credit_coef > 0 is implemented for backend='hf' only"):
+        cfg(stop_credit_coef=1.0, backend="megatron", lora=False)

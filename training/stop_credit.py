@@ -1,0 +1,95 @@
+"""Exact credit for the stop decision at every position of a logged suggestion, read from the user's verdict.
+
+A Tab suggestion ends where the policy samples a token holding the line break (or shows nothing when that is
+its first token). The verdict on the whole suggestion also says what stopping earlier would have earned, under
+the users' rule (sim/users.py, and any editor whose verdict is "kept a prefix"):
+
+    cut text c (what stopping before token j shows)   verdict on the suggestion   reward of stopping there
+    ''   (j = 0: abstain)                              any                         R(empty) (0 for cursor-tab)
+    non-empty                                          rejected                    R(rejected): every cut is rejected
+    len(c) == k                                        partial, k chars kept       R(accepted, c): the user kept c
+    len(c) > k                                         partial, k chars kept       R(partial, k, c)
+    anything else                                      -                           unknown (the user's minimum
+                                                                                   length decides), not credited
+
+Going on as logged earned the row's reward R. At each credited position j that did not itself sample a stop, the
+trainer adds the gradient of the stop-versus-go-on choice, pi(stop | s_j) * (R_stop(j) - R) (the exact action
+value of stopping, so no importance weight and no critic is needed for it), with `stop_credit_coef` as its
+weight. "Stop" there is every token whose text *begins* with the stop string: those show exactly the cut. A
+token such as ')\n' also ends the suggestion, but shows one more character, whose verdict is not known. It is the all-action policy gradient (Sutton et al. 2000; "mean actor-critic", Allen et al. 2017) for
+the one action whose value the verdict tells. The sampled tokens keep their PPO terms. Only the user's verdict
+is used, never model internals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from data_contracts.rewards import RewardRule
+from data_contracts.samples import RewardSample
+
+
+def stop_token_ids(tokenizer, stop: str = "\n") -> list[int]:
+    """Every token whose text holds the stop string: sampling one ends a suggestion (its text before the stop
+    is shown, e.g. ')' of ')\\n')."""
+    return [i for i in range(len(tokenizer)) if stop in tokenizer.decode([i])]
+
+
+def clean_stop_ids(tokenizer, stop: str = "\n") -> list[int]:
+    """The tokens whose text begins with the stop string: sampling one ends a suggestion showing nothing more."""
+    return [i for i in range(len(tokenizer)) if tokenizer.decode([i]).startswith(stop)]
+
+
+class StopCredit:
+    """Per-position advantages of stopping for logged rows, and pi(stop) of a batch's logits."""
+
+    def __init__(self, tokenizer, rule: RewardRule, stop: str = "\n"):
+        self.tokenizer, self.rule = tokenizer, rule
+        clean = clean_stop_ids(tokenizer, stop)
+        if not clean:
+            raise ValueError(f"stop credit: no token of the policy's tokenizer begins with the stop string {stop!r}")
+        self.stop_ids = torch.tensor(clean)  # (S,) the credited action: stop, showing exactly the cut
+        self._stops = set(stop_token_ids(tokenizer, stop))  # a position that sampled any of these ended the row
+        self._cache: dict[str, tuple[list[float], list[bool]]] = {}
+
+    def stop_reward(self, s: RewardSample, cut: str) -> float | None:
+        """What showing `cut` (a prefix of the suggestion) would have earned from this verdict; None = unknown."""
+        if not s.completion_text.startswith(cut):
+            return None  # a cut inside a multi-byte character
+        if not cut:
+            return self.rule.empty
+        if s.event == "rejected":
+            return self.rule.rejected
+        if s.event == "partial" and s.accepted_chars is not None:
+            k = s.accepted_chars
+            if len(cut) == k:
+                return self.rule.reward("accepted", None, cut)
+            if len(cut) > k:
+                return self.rule.reward("partial", k, cut)
+        return None
+
+    def advantages(self, s: RewardSample) -> tuple[list[float], list[bool]]:
+        """(T,) R_stop(j) - R before each completion token j, and (T,) whether it is known and credited."""
+        if s.request_id in self._cache:
+            return self._cache[s.request_id]
+        ids, adv, known = s.completion_token_ids, [], []
+        for j in range(len(ids)):
+            r = None if ids[j] in self._stops or s.event == "none" else self.stop_reward(s, self.tokenizer.decode(ids[:j]))
+            adv.append(0.0 if r is None else r - s.reward)
+            known.append(r is not None)
+        self._cache[s.request_id] = (adv, known)
+        return adv, known
+
+    def batch(self, samples: Sequence[RewardSample], T: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, T) advantages of stopping and (B, T) float mask of the credited positions, 0 on padding."""
+        adv, known = torch.zeros((len(samples), T)), torch.zeros((len(samples), T))
+        for i, s in enumerate(samples):
+            a, k = self.advantages(s)
+            adv[i, : len(a)], known[i, : len(k)] = torch.tensor(a), torch.tensor(k, dtype=torch.float32)
+        return adv, known
+
+    def stop_prob(self, logits: torch.Tensor) -> torch.Tensor:
+        """(b, T, V) logits of the sampling distribution -> (b, T) probability of stopping there, showing the cut."""
+        return logits.softmax(-1)[..., self.stop_ids.to(logits.device)].sum(-1)
