@@ -16,8 +16,9 @@ Going on as logged earned the row's reward R. At each credited position j that d
 trainer adds the gradient of the stop-versus-go-on choice, pi(stop | s_j) * (R_stop(j) - R) (the exact action
 value of stopping, so no importance weight and no critic is needed for it), with `stop_credit_coef` as its
 weight. "Stop" there is every token whose text *begins* with the stop string: those show exactly the cut. A
-token such as ')\n' also ends the suggestion, but shows one more character, whose verdict is not known. It is the all-action policy gradient (Sutton et al. 2000; "mean actor-critic", Allen et al. 2017) for
-the one action whose value the verdict tells. The sampled tokens keep their PPO terms. Only the user's verdict
+token such as ')\n' also ends the suggestion, but shows one more character, whose verdict is not known. It is
+the all-action policy gradient (Sutton et al. 2000; "mean actor-critic", Allen et al. 2017) for the one action
+whose value the verdict tells. The sampled tokens keep their PPO terms. Only the user's verdict
 is used, never model internals.
 """
 
