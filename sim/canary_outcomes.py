@@ -7,8 +7,10 @@ What is simulated, per request, and why:
     only moves users in). A request comes from a uniformly drawn user.
   * errors: with the arm's `error_rate` a request fails; it is counted in that arm's `ArmHealth` and
     yields no outcome (errors never reach the logs, as in the gateway).
-  * the user's verdict: accepted with the arm's `accept_p`, else rejected (every completion gets one;
-    no 'none'/'partial' events and nothing empty, so the reward is two-valued like the default rule's).
+  * the user's verdict: accepted with the arm's `accept_p`, else rejected (every completion shown gets one;
+    no 'partial' events, so the reward is two-valued like the default rule's).
+  * silence: an arm shows a completion with probability `show_p` (1 by default); otherwise the completion
+    is empty (event 'none', the rule's `empty` reward, 0 characters): a model that has learned to abstain.
   * characters: the completion shown has 1 + Poisson(mean_chars - 1) characters; an accepted one keeps
     them all, a rejected one keeps 0.
   * reward: the model's reward rule (`RewardRule()` by default: +0.75 accepted, -0.25 rejected), applied
@@ -25,7 +27,7 @@ statistical part of the delay only.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -39,15 +41,18 @@ ARMS = ("control", "canary")
 
 @dataclass(frozen=True)
 class ArmModel:
-    """How one arm's users respond: accept probability, characters per completion, failure rate."""
+    """How one arm's users respond: accept probability (of a completion shown), characters per completion,
+    failure rate, and the share of requests that get a completion at all."""
 
     accept_p: float
     mean_chars: float = 24.0
     error_rate: float = 0.0
+    show_p: float = 1.0
 
     def __post_init__(self) -> None:
-        if not 0 <= self.accept_p <= 1 or not 0 <= self.error_rate < 1 or self.mean_chars < 1:
-            raise ValueError(f"need accept_p in [0, 1], error_rate in [0, 1), mean_chars >= 1: {self}")
+        if (not 0 <= self.accept_p <= 1 or not 0 <= self.error_rate < 1 or self.mean_chars < 1
+                or not 0 < self.show_p <= 1):
+            raise ValueError(f"need accept_p in [0, 1], error_rate in [0, 1), mean_chars >= 1, show_p in (0, 1]: {self}")
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,8 @@ class RampResult:
     canary_requests: int
     step: int  # step index at the decision (0 = the first, smallest weight)
     looks: int
+    # canary − control per metric at the ending look (reward, accepted, accepted_chars, error_rate)
+    deltas: dict[str, float] = field(default_factory=dict)
 
     @property
     def exposed_share(self) -> float:
@@ -80,8 +87,12 @@ def _serve(rng: np.random.Generator, arms: tuple[ArmModel, ArmModel], rule: Rewa
     accepted = rng.random(n) < np.where(canary, arms[1].accept_p, arms[0].accept_p)
     shown = 1 + rng.poisson(np.where(canary, arms[1].mean_chars, arms[0].mean_chars) - 1)
     latency = rng.lognormal(math.log(LATENCY_MEDIAN_MS), LATENCY_SIGMA, n)
+    silent = np.zeros(n, dtype=bool)
+    if min(a.show_p for a in arms) < 1:  # drawn only then: ramps without silence keep their streams
+        silent = rng.random(n) >= np.where(canary, arms[1].show_p, arms[0].show_p)
+    accepted, shown = accepted & ~silent, np.where(silent, 0, shown)
     kept = np.where(accepted, shown, 0)
-    events = np.where(accepted, "accepted", "rejected").astype(object)
+    events = np.where(silent, "none", np.where(accepted, "accepted", "rejected")).astype(object)
     rewards = rule.rewards(events, kept.astype(np.float64), shown)
     outcomes = [Outcome(ARMS[int(canary[i])], float(rewards[i]), float(accepted[i]), float(kept[i]),
                         float(latency[i]), int((first + i) * 1000 / rate_rps))
@@ -118,6 +129,6 @@ def run_ramp(cfg: CanaryConfig, arms: tuple[ArmModel, ArmModel], seed: int, rate
         result = ramp.observe(outcomes, health, now_s=served / rate_rps)
         if result.action not in ("wait", "advance"):
             return RampResult(result.action, result.reason, served, served / rate_rps, requests["canary"], step,
-                              len(ramp.looks))
+                              len(ramp.looks), {m: c.delta for m, c in result.comparisons.items()})
     return RampResult("unfinished", f"no decision within {max_requests} requests", served, served / rate_rps,
                       requests["canary"], ramp.step, len(ramp.looks))

@@ -110,3 +110,36 @@ def test_better_canary_is_promoted_through_every_step() -> None:
     promoted = [r for r in results if r.action == "promote" and r.step == len(cfg.steps) - 1]
     assert len(promoted) >= 0.8 * len(results), Counter((r.action, r.step, r.reason[:24]) for r in results)
     assert all("reward rose" in r.reason for r in promoted)
+
+
+# --- a canary that has learned silence: the collapse the accepted-characters guardrail exists for ----------
+
+def test_silent_canary_with_higher_reward_is_rolled_back_by_the_accepted_chars_guardrail() -> None:
+    """A policy that abstains on 70% of requests and shows short, safe suggestions otherwise: fewer suggestions,
+    a higher accept rate, a *higher* reward per request under the default rule (abstaining earns 0, a rejection
+    -0.25), and far fewer accepted characters. Reward alone would promote it; the guardrail rolls it back."""
+    cfg = CanaryConfig()  # production steps, min_samples and test sizes
+    silent = ArmModel(accept_p=0.6, mean_chars=10.0, show_p=0.3)
+    results = ramps(cfg, silent, range(30), look_every=50)
+    assert all(r.action == "rollback" and "accepted chars per request fell" in r.reason for r in results), \
+        Counter((r.action, r.step, r.reason[:30]) for r in results)
+    assert sum(r.step == 0 for r in results) >= 0.9 * len(results)  # caught at 5%
+    mean = {m: float(np.mean([r.deltas[m] for r in results])) for m in ("reward", "accepted_chars")}
+    # what the arms served until the rollback (canary − control): the reward rose, the value delivered fell
+    assert mean["reward"] > 0 and mean["accepted_chars"] < 0, mean
+
+
+def test_silent_arm_shows_nothing_on_its_share_of_requests() -> None:
+    arms = (BASE, ArmModel(0.6, mean_chars=10.0, show_p=0.3))
+    users = np.random.default_rng(1).random(10_000)
+    outs, canary, _ = _serve(np.random.default_rng(0), arms, RewardRule(), users, 0.5, 0, 6000, RATE_RPS)
+    silent = [o for o in outs if o.arm == "canary" and o.reward == 0.0]
+    share = len(silent) / sum(o.arm == "canary" for o in outs)
+    assert abs(share - 0.7) < 0.03, share  # empty completions: the rule's `empty` reward, nothing accepted
+    assert all(o.accepted == 0.0 and o.accepted_chars == 0.0 for o in silent)
+    assert not any(o.reward == 0.0 for o in outs if o.arm == "control")
+    shown = {a: [o for o in outs if o.arm == a and o.reward != 0.0] for a in ("control", "canary")}
+    rate = {a: sum(o.accepted for o in v) / len(v) for a, v in shown.items()}  # accept rate per suggestion shown
+    assert rate["canary"] > rate["control"] + 0.2, rate
+    with pytest.raises(ValueError, match="show_p"):
+        ArmModel(0.3, show_p=0.0)
