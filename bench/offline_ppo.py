@@ -12,9 +12,12 @@ Rewards are recomputed with the given reward rule, so rules can be compared on t
 Usage (a data directory left by `tidal demo`):
   .venv/bin/python bench/offline_ppo.py --data-dir .tidal --checkpoint .tidal/store/checkpoints/model=tab/version=1 \
       --iterations 60 --eval-at 20,40 --ppo '{"kl_coef": 0.05}' --rule '{"accept_scale_by_chars": true}'
-Prints one JSON line per evaluation (`"at": iteration`, 0 = the checkpoint itself), the last one final. Each
-line carries `bpb_delta`: held-out code bits/byte against the checkpoint, as the offline gate measures it with
-the demo's gate settings (the gate refuses a candidate above `bpb_tolerance`).
+Prints one JSON line per evaluation (`"at": iteration`, 0 = the checkpoint itself). Each line carries
+`bpb_delta`: held-out code bits/byte against the checkpoint, as the offline gate measures it with the demo's
+gate settings (the gate refuses a candidate above `bpb_tolerance`). The last line is the learning report
+(sim/learning_report.py, the keys of the demo's report.json): the trained policy (`final_version`: the
+checkpoint's version + 1) against the checkpoint, paired on the same requests, and against the checkpoint's
+completions cut to their best k characters; `promoted` is null; `train_s` leaves the evaluations out.
 """
 
 from __future__ import annotations
@@ -46,14 +49,29 @@ def completions(model, tok, cases, max_tokens: int, temperature: float, batch: i
     return out
 
 
-def evaluate(model, tok, cases, rule, users, bpb) -> dict:
+def evaluate(model, tok, cases, rule, users, bpb) -> tuple[dict, list[str]]:
+    """The users' metrics on the model's completions (one JSON line's figures), and the completions."""
     from sim.evaluate import score
 
     t0 = time.perf_counter()
-    s = score(cases, completions(model, tok, cases, users.max_tokens, users.temperature), rule)
+    texts = completions(model, tok, cases, users.max_tokens, users.temperature)
+    s = score(cases, texts, rule)
     return {**{k: round(e.mean, 4) for k, e in s.items()},
             **{f"{k}_ci": [round(e.low, 4), round(e.high, 4)] for k, e in s.items()},
-            "bpb": round(bpb(model), 4), "eval_s": round(time.perf_counter() - t0, 1)}
+            "bpb": round(bpb(model), 4), "eval_s": round(time.perf_counter() - t0, 1)}, texts
+
+
+def final_report(cases, rule, base_texts: list[str], final_texts: list[str], version: int, total_s: float,
+                 train_s: float):
+    """The learning report of the trained policy against the checkpoint, paired on the same held-out requests."""
+    from sim.evaluate import best_truncation, outcomes
+    from sim.learning_report import learning_report
+    from sim.paired import compare
+
+    k, _ = best_truncation(cases, base_texts, rule)
+    base, final = outcomes(cases, base_texts, rule), outcomes(cases, final_texts, rule)
+    cut = outcomes(cases, [t[:k] for t in base_texts], rule)
+    return learning_report(compare(base, final), compare(cut, final), version, len(cases), None, total_s, train_s)
 
 
 def main() -> None:
@@ -74,6 +92,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0, help="seeds the simulated traffic (--simulate)")
     args = p.parse_args()
+    started = time.perf_counter()
     if (args.data_dir is None) == (not args.simulate):
         p.error("give --data-dir (train on its stored datasets) or --simulate N (train on N simulated logged requests)")
     if args.data_dir is not None:
@@ -136,7 +155,7 @@ def main() -> None:
             "credited_partials": shaped.credit.credited if shaped.credit else 0,
             "rule": rule.model_dump(mode="json"), "ppo": cfg.model_dump(mode="json", include={
                 "learning_rate", "kl_coef", "batch_size", "epochs", "max_iterations", "hindsight_partials", "partial_credit", "ptx_coef", "stop_credit_coef"})}
-    base = evaluate(load_policy(args.checkpoint), tok, cases, rule, users, bpb)
+    base, base_texts = evaluate(load_policy(args.checkpoint), tok, cases, rule, users, bpb)
     print(json.dumps({"at": 0, **head, **base, "bpb_delta": 0.0}), flush=True)
 
     ptx = ptx_loss_for(cfg, tok, settings.bootstrap.heldout_fraction)
@@ -145,16 +164,23 @@ def main() -> None:
     plan = iteration_plan(len(picked), cfg)
     trainer.compute_reference(picked, rows=(r for batch in plan for r in batch))
     looks = {int(x) for x in args.eval_at.split(",") if x} | {len(plan)}
+    last = {"texts": base_texts, "eval_s": 0.0}
 
     def after(it: int, metrics: dict[str, float]) -> None:
         if it + 1 in looks:
             kl = {k.split("/")[1]: round(v, 4) for k, v in metrics.items()
                   if k in ("ppo/kl_ref", "ppo/approx_kl", "ppo/ptx_loss", "ppo/stop_credit_loss")}
-            now = evaluate(trainer.model.policy, tok, cases, rule, users, bpb)
+            t0 = time.perf_counter()
+            now, last["texts"] = evaluate(trainer.model.policy, tok, cases, rule, users, bpb)
+            last["eval_s"] += time.perf_counter() - t0
             print(json.dumps({"at": it + 1, **kl, **now, "bpb_delta": round(now["bpb"] - base["bpb"], 4)}), flush=True)
             trainer.model.train()
 
+    t_train = time.perf_counter()
     trainer.train(picked, plan, 0, after)
+    train_s = time.perf_counter() - t_train - last["eval_s"]
+    report = final_report(cases, rule, base_texts, last["texts"], args.version + 1, time.perf_counter() - started, train_s)
+    print(report.model_dump_json(), flush=True)
 
 
 if __name__ == "__main__":
