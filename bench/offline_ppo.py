@@ -61,6 +61,19 @@ def evaluate(model, tok, cases, rule, users, bpb) -> tuple[dict, list[str]]:
             "bpb": round(bpb(model), 4), "eval_s": round(time.perf_counter() - t0, 1)}, texts
 
 
+def cached_rows(path: Path | None, key: dict) -> list | None:
+    """The rows of a --rows-file written for the same checkpoint, N, seed and version; None if there are none."""
+    from data_contracts.samples import RewardSample
+
+    if path is None or not path.exists():
+        return None
+    lines = path.read_text().splitlines()
+    if not lines or json.loads(lines[0]) != key:
+        raise ValueError(f"--rows-file {path} holds rows of {lines[0] if lines else 'nothing'}; expected {key}: "
+                         "give another file, or delete it to simulate again")
+    return [RewardSample.model_validate_json(line) for line in lines[1:]]
+
+
 def final_report(cases, rule, base_texts: list[str], final_texts: list[str], version: int, total_s: float,
                  train_s: float):
     """The learning report of the trained policy against the checkpoint, paired on the same held-out requests."""
@@ -80,6 +93,9 @@ def main() -> None:
     p.add_argument("--simulate", type=int, default=0, help=(
         "instead of stored datasets: N logged requests of the traffic split sampled by the checkpoint and judged by "
         "the simulated users (sim/logged_traffic.py)"))
+    p.add_argument("--rows-file", type=Path, default=None, help=(
+        "with --simulate: a JSON-lines file of the simulated rows; read if it holds the same checkpoint, N and seed, "
+        "else written, so several configurations train on the same logs"))
     p.add_argument("--checkpoint", type=Path, required=True, help="full checkpoint directory the logs were served from")
     p.add_argument("--version", type=int, default=1, help="its registry version (behaviour-version filter)")
     p.add_argument("--model", default="tab")
@@ -136,9 +152,14 @@ def main() -> None:
 
         t0 = time.perf_counter()
         ids = [f"simulated:{args.simulate}"]
-        rows = logged_traffic(load_policy(args.checkpoint), tok, users, settings.bootstrap.heldout_fraction, rule,
-                              args.simulate, version=args.version, seed=args.seed)
-        print(f"simulated {len(rows)} logged requests in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        key = {"checkpoint": str(args.checkpoint.resolve()), "n": args.simulate, "seed": args.seed, "version": args.version}
+        rows = cached_rows(args.rows_file, key)
+        if rows is None:
+            rows = logged_traffic(load_policy(args.checkpoint), tok, users, settings.bootstrap.heldout_fraction, rule,
+                                  args.simulate, version=args.version, seed=args.seed)
+            if args.rows_file:
+                args.rows_file.write_text("\n".join([json.dumps(key)] + [r.model_dump_json() for r in rows]) + "\n")
+        print(f"{len(rows)} simulated logged requests in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     else:
         ids = [d for d in args.datasets.split(",") if d] or sorted(
             {k.split("/")[2] for k in store.list(f"datasets/model={args.model}/")})
