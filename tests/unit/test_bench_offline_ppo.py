@@ -32,3 +32,16 @@ def test_final_report_pairs_the_trained_policy_with_the_checkpoint_and_its_trunc
     assert cut.chars_vs_truncation == 0.0 and cut.reward_vs_truncation == 0.0 and cut.beats_truncation
     assert cut.reward_delta > 0 and cut.reward_delta_ci[0] > 0  # partials became accepts on the same requests
     assert (cut.total_s, cut.train_s) == (10.0, 4.0)
+
+
+def test_learning_study_configurations_are_valid_settings() -> None:
+    """Every configuration of bench/learning_study.py is a valid PPO config and reward rule (a typo fails here,
+    not an hour into a study)."""
+    from bench.learning_study import CONFIGS
+    from tidal.loop_settings import DemoSettings
+
+    demo = DemoSettings()
+    for name, (ppo, rule) in CONFIGS.items():
+        cfg = type(demo.train.ppo).model_validate({**demo.train.ppo.model_dump(), **ppo})
+        assert all(getattr(cfg, k) == v for k, v in ppo.items()), name
+        RewardRule.model_validate({**RewardRule().model_dump(), **rule})

@@ -1,0 +1,94 @@
+"""The offline learning study (docs/learning.md): several training configurations on the same logged traffic.
+
+Each configuration is one `bench/offline_ppo.py --simulate N` run in its own process, all reading one
+`--rows-file` (the checkpoint's Tab traffic, sampled once and judged by the simulated users), all scored on the
+same held-out requests. Prints a markdown table, one row per configuration and evaluation: the trained policy
+against the checkpoint, paired on the same requests (ratios and differences with 95% intervals), against the
+checkpoint's best truncation, and held-out code bits/byte. The last line is JSON: every configuration's
+learning report (sim/learning_report.py).
+
+Usage:
+  .venv/bin/python bench/learning_study.py --checkpoint .tidal/store/checkpoints/model=tab/version=1 \\
+      --simulate 4000 --iterations 120 --eval-at 40,80 --configs ppo,stop1,stop1_chars
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# name: (PPO overrides, reward-rule overrides), each on top of the demo's settings
+CONFIGS: dict[str, tuple[dict, dict]] = {
+    "ppo": ({}, {}),
+    "stop1": ({"stop_credit_coef": 1.0}, {}),
+    "stop4": ({"stop_credit_coef": 4.0}, {}),
+    "chars": ({}, {"accept_scale_by_chars": True}),
+    "stop1_chars": ({"stop_credit_coef": 1.0}, {"accept_scale_by_chars": True}),
+    "stop1_kl02": ({"stop_credit_coef": 1.0, "kl_coef": 0.02}, {}),
+    "stop1_hindsight": ({"stop_credit_coef": 1.0, "hindsight_partials": True}, {}),
+}
+
+
+def fmt(x, ci=None, digits: int = 2) -> str:
+    if x is None:
+        return "n/a"
+    text = f"{x:.{digits}f}"
+    return text + (f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]" if ci else "")
+
+
+def run(name: str, args: argparse.Namespace) -> tuple[list[dict], dict]:
+    """One configuration: its evaluation lines and its learning report."""
+    ppo, rule = CONFIGS[name]
+    cmd = [sys.executable, str(Path(__file__).with_name("offline_ppo.py")), "--simulate", str(args.simulate),
+           "--rows-file", str(args.rows_file), "--checkpoint", str(args.checkpoint), "--iterations", str(args.iterations),
+           "--eval-at", args.eval_at, "--eval-requests", str(args.eval_requests), "--seed", str(args.seed),
+           "--ppo", json.dumps(ppo), "--rule", json.dumps(rule), "--threads", str(args.threads)]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"configuration {name} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
+    lines = [json.loads(x) for x in out.stdout.splitlines() if x.startswith("{")]
+    return [x for x in lines if "at" in x], lines[-1]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", type=Path, required=True, help="full checkpoint directory (the behaviour policy)")
+    p.add_argument("--simulate", type=int, default=4000, help="logged requests sampled by the checkpoint")
+    p.add_argument("--rows-file", type=Path, default=Path("learning-study-rows.jsonl"), help="the shared logged rows")
+    p.add_argument("--iterations", type=int, default=120)
+    p.add_argument("--eval-at", default="", help="comma-separated iterations to evaluate at besides the last")
+    p.add_argument("--eval-requests", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--configs", default="ppo,stop1,stop1_chars", help=f"comma-separated, of: {', '.join(CONFIGS)}")
+    args = p.parse_args()
+    names = [c for c in args.configs.split(",") if c]
+    if unknown := [c for c in names if c not in CONFIGS]:
+        p.error(f"unknown configurations {unknown}; expected some of {list(CONFIGS)}")
+
+    print("| config | at | suggestion rate | accept rate | accepted chars/req | reward/req | bits/byte Δ |")
+    print("|---|---|---|---|---|---|---|")
+    reports, started = {}, time.perf_counter()
+    for name in names:
+        evals, report = run(name, args)
+        for e in evals:
+            print(f"| {name} | {e['at']} | {fmt(e['suggestion_rate'])} | {fmt(e['accept_rate'], digits=3)} | "
+                  f"{fmt(e['accepted_chars_per_request'])} | {fmt(e['reward_per_request'], digits=3)} | "
+                  f"{e['bpb_delta']:+.3f} |", flush=True)
+        reports[name] = report
+    print("\n| config | suggestion ×v1 | accept ×v1 | chars ×v1 | reward − v1 | chars − best cut | reward − best cut | train s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, r in reports.items():
+        print(f"| {name} | {fmt(r['suggestion_ratio'], r['suggestion_ratio_ci'])} | {fmt(r['accept_ratio'], r['accept_ratio_ci'])} | "
+              f"{fmt(r['chars_ratio'], r['chars_ratio_ci'])} | {fmt(r['reward_delta'], r['reward_delta_ci'], 3)} | "
+              f"{fmt(r['chars_vs_truncation'], r['chars_vs_truncation_ci'])} | "
+              f"{fmt(r['reward_vs_truncation'], r['reward_vs_truncation_ci'], 3)} | {r['train_s']:.0f} |")
+    print(json.dumps({"reports": reports, "total_s": round(time.perf_counter() - started, 1)}))
+
+
+if __name__ == "__main__":
+    main()
