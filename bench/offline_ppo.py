@@ -132,9 +132,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     settings = load_settings()
     store, users = (open_store(settings) if args.data_dir else None), settings.demo.users
-    rule = settings.collect.rule_for(args.model).model_copy(update=json.loads(args.rule))
-    RewardRule.model_validate(rule.model_dump())
-    cfg = settings.demo.train.ppo.model_copy(update={**json.loads(args.ppo), "max_iterations": args.iterations})
+    # validated, so a misspelt or inconsistent override is refused with pydantic's message naming it
+    rule = RewardRule.model_validate({**settings.collect.rule_for(args.model).model_dump(), **json.loads(args.rule)})
+    ppo = settings.demo.train.ppo
+    cfg = type(ppo).model_validate({**ppo.model_dump(), **json.loads(args.ppo), "max_iterations": args.iterations})
     tok = load_tokenizer(args.checkpoint)
     tok.padding_side = "left"  # generation pads prompts on the left
     root = corpus.stdlib_root()
