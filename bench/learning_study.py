@@ -70,15 +70,15 @@ def main() -> None:
     if unknown := [c for c in names if c not in CONFIGS]:
         p.error(f"unknown configurations {unknown}; expected some of {list(CONFIGS)}")
 
-    print("| config | at | suggestion rate | accept rate | accepted chars/req | reward/req | bits/byte Δ |")
-    print("|---|---|---|---|---|---|---|")
+    print("| config | at | suggestion rate | accept rate | accepted chars/req | reward/req | bits/byte Δ | Δ given the line continues |")
+    print("|---|---|---|---|---|---|---|---|")
     reports, started = {}, time.perf_counter()
     for name in names:
         evals, report = run(name, args)
         for e in evals:
             print(f"| {name} | {e['at']} | {fmt(e['suggestion_rate'])} | {fmt(e['accept_rate'], digits=3)} | "
                   f"{fmt(e['accepted_chars_per_request'])} | {fmt(e['reward_per_request'], digits=3)} | "
-                  f"{e['bpb_delta']:+.3f} |", flush=True)
+                  f"{e['bpb_delta']:+.3f} | {e['bpb_stop_delta']:+.3f} |", flush=True)
         reports[name] = report
     print("\n| config | suggestion ×v1 | accept ×v1 | chars ×v1 | reward − v1 | chars − best cut | reward − best cut | train s |")
     print("|---|---|---|---|---|---|---|---|")

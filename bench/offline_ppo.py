@@ -14,7 +14,8 @@ Usage (a data directory left by `tidal demo`):
       --iterations 60 --eval-at 20,40 --ppo '{"kl_coef": 0.05}' --rule '{"accept_scale_by_chars": true}'
 Prints one JSON line per evaluation (`"at": iteration`, 0 = the checkpoint itself). Each line carries
 `bpb_delta`: held-out code bits/byte against the checkpoint, as the offline gate measures it with the demo's
-gate settings (the gate refuses a candidate above `bpb_tolerance`). The last line is the learning report
+gate settings (the gate refuses a candidate above `bpb_tolerance`), and `bpb_stop_delta`: the same given that the
+line continues (the gate's `bpb_stop`: the stop decision not charged). The last line is the learning report
 (sim/learning_report.py, the keys of the demo's report.json): the trained policy (`final_version`: the
 checkpoint's version + 1) against the checkpoint, paired on the same requests, and against the checkpoint's
 completions cut to their best k characters; `promoted` is null; `train_s` leaves the evaluations out.
@@ -58,7 +59,7 @@ def evaluate(model, tok, cases, rule, users, bpb) -> tuple[dict, list[str]]:
     s = score(cases, texts, rule)
     return {**{k: round(e.mean, 4) for k, e in s.items()},
             **{f"{k}_ci": [round(e.low, 4), round(e.high, 4)] for k, e in s.items()},
-            "bpb": round(bpb(model), 4), "eval_s": round(time.perf_counter() - t0, 1)}, texts
+            **{k: round(v, 4) for k, v in bpb(model).items()}, "eval_s": round(time.perf_counter() - t0, 1)}, texts
 
 
 def cached_rows(path: Path | None, key: dict) -> list | None:
@@ -127,7 +128,7 @@ def main() -> None:
     from training.ptx import ptx_loss_for
     from training.reward_data import load_dataset, split
     from training.rollout import select_samples
-    from training.stop_credit import StopCredit
+    from training.stop_credit import StopCredit, stop_token_ids
 
     torch.set_num_threads(args.threads)
     settings = load_settings()
@@ -142,9 +143,11 @@ def main() -> None:
     _, code_files = corpus.split_files(corpus.source_files(root), root, settings.bootstrap.heldout_fraction)
     code, gate = corpus.read_texts(code_files), settings.demo.train.gate
 
-    def bpb(model) -> float:
+    def bpb(model) -> dict[str, float]:
+        """Held-out code bits/byte, plain and given that the line continues (the gate's `bpb_stop`)."""
         model.eval()
-        return bits_per_byte(model, tok, code, gate.eval_bytes, gate.seq_len)[0]
+        return {"bpb": bits_per_byte(model, tok, code, gate.eval_bytes, gate.seq_len)[0],
+                "bpb_stop": bits_per_byte(model, tok, code, gate.eval_bytes, gate.seq_len, stop_token_ids(tok, "\n"))[0]}
 
     cases = eval_cases(users, settings.bootstrap.heldout_fraction, args.eval_requests, seed=11)
 
@@ -178,7 +181,7 @@ def main() -> None:
             "rule": rule.model_dump(mode="json"), "ppo": cfg.model_dump(mode="json", include={
                 "learning_rate", "kl_coef", "batch_size", "epochs", "max_iterations", "hindsight_partials", "partial_credit", "ptx_coef", "stop_credit_coef"})}
     base, base_texts = evaluate(load_policy(args.checkpoint), tok, cases, rule, users, bpb)
-    print(json.dumps({"at": 0, **head, **base, "bpb_delta": 0.0}), flush=True)
+    print(json.dumps({"at": 0, **head, **base, "bpb_delta": 0.0, "bpb_stop_delta": 0.0}), flush=True)
 
     ptx = ptx_loss_for(cfg, tok, settings.bootstrap.heldout_fraction)
     stop = StopCredit(tok, rule, cfg.hindsight_stop) if cfg.stop_credit_coef > 0 else None
@@ -195,7 +198,8 @@ def main() -> None:
             t0 = time.perf_counter()
             now, last["texts"] = evaluate(trainer.model.policy, tok, cases, rule, users, bpb)
             last["eval_s"] += time.perf_counter() - t0
-            print(json.dumps({"at": it + 1, **kl, **now, "bpb_delta": round(now["bpb"] - base["bpb"], 4)}), flush=True)
+            print(json.dumps({"at": it + 1, **kl, **now, "bpb_delta": round(now["bpb"] - base["bpb"], 4),
+                              "bpb_stop_delta": round(now["bpb_stop"] - base["bpb_stop"], 4)}), flush=True)
             trainer.model.train()
 
     t_train = time.perf_counter()

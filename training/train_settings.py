@@ -19,6 +19,11 @@ class GateConfig(Section):
     bpb_tolerance: float = Field(0.05, ge=0, description="Allowed increase of held-out code bits/byte over the champion.")
     eval_bytes: int = Field(30_000, ge=1000, description="Held-out code bytes scored for bits/byte (both models, same bytes).")
     seq_len: int = Field(256, ge=16, description="Window length of the bits/byte evaluation.")
+    bpb_stop: str | None = Field(None, min_length=1, description=(
+        "A stop string (the users' line break, '\\n'): bits/byte is scored given that the next token holds no such "
+        "string (tokens holding it are masked out of each prediction and not scored as targets). Tab training moves "
+        "the stop decision on purpose; this way the gate charges the code model, not that decision. None scores every "
+        "token."))
     min_heldout_rows: int = Field(4, ge=1, description="Fewer held-out logged rows than this fails the gate: too little evidence.")
     max_heldout_rows: int | None = Field(None, ge=1, description=(
         "Score KL and the reward estimate on at most this many held-out rows (a uniform subset, the same in every "

@@ -72,3 +72,26 @@ def test_low_effective_sample_size_is_inconclusive_not_failed(champion, tok, sam
     report = evaluate(copy.deepcopy(champion), champion, None, tok, rows, CODE, CFG.model_copy(update={"min_ess": 1000}))
     [ope] = [c for c in report.checks if c.name == "ope"]
     assert ope.passed and ope.detail.startswith("inconclusive")
+
+
+def test_bpb_stop_scores_the_code_model_not_the_stop_decision(champion, tok, samples) -> None:
+    """With bpb_stop, a candidate that only raises its line-break logits (stopping earlier, what Tab training
+    teaches) keeps the champion's bits/byte exactly; plain bits/byte charges it. A change to the code predictions
+    themselves is still charged."""
+    from training.stop_credit import stop_token_ids
+
+    stops = stop_token_ids(tok, "\n")
+    stopper, broken = copy.deepcopy(champion), copy.deepcopy(champion)
+    with torch.no_grad():
+        for m in (stopper, broken):  # untied from the input embeddings: only the predictions change
+            m.get_output_embeddings().weight = torch.nn.Parameter(m.get_output_embeddings().weight.clone())
+        head = stopper.get_output_embeddings().weight  # (V, H): the logit of token v is head[v] · h
+        head[stops] *= 3.0
+        other = [v for v in range(head.shape[0]) if v not in set(stops)]
+        broken.get_output_embeddings().weight[other[: len(other) // 2]] *= -1.0
+    given = CFG.model_copy(update={"bpb_stop": "\n"})
+    plain = evaluate(stopper, champion, None, tok, samples[:8], CODE, CFG).figures["bpb_delta"]
+    neutral = evaluate(stopper, champion, None, tok, samples[:8], CODE, given)
+    assert plain > 0.05 and neutral.figures["bpb_delta"] == pytest.approx(0.0, abs=1e-4), (plain, neutral.figures)
+    assert "given no token holding '\\n'" in next(c.detail for c in neutral.checks if c.name == "bits_per_byte")
+    assert not evaluate(broken, champion, None, tok, samples[:8], CODE, given).passed
