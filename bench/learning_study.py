@@ -29,7 +29,12 @@ CONFIGS: dict[str, tuple[dict, dict]] = {
     "chars": ({}, {"accept_scale_by_chars": True}),
     "stop1_chars": ({"stop_credit_coef": 1.0}, {"accept_scale_by_chars": True}),
     "stop1_kl02": ({"stop_credit_coef": 1.0, "kl_coef": 0.02}, {}),
+    "hindsight": ({"hindsight_partials": True}, {}),
+    "stop1_shown": ({"stop_credit_coef": 1.0, "stop_credit_abstain": False}, {}),
+    "stop4_shown": ({"stop_credit_coef": 4.0, "stop_credit_abstain": False}, {}),
+    "stop1_shown_hindsight": ({"stop_credit_coef": 1.0, "stop_credit_abstain": False, "hindsight_partials": True}, {}),
     "stop1_hindsight": ({"stop_credit_coef": 1.0, "hindsight_partials": True}, {}),
+    "stop1_hindsight_ptx": ({"stop_credit_coef": 1.0, "hindsight_partials": True, "ptx_coef": 1.0}, {}),
 }
 
 

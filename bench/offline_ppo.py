@@ -184,7 +184,7 @@ def main() -> None:
     print(json.dumps({"at": 0, **head, **base, "bpb_delta": 0.0, "bpb_stop_delta": 0.0}), flush=True)
 
     ptx = ptx_loss_for(cfg, tok, settings.bootstrap.heldout_fraction)
-    stop = StopCredit(tok, rule, cfg.hindsight_stop) if cfg.stop_credit_coef > 0 else None
+    stop = StopCredit(tok, rule, cfg.hindsight_stop, cfg.stop_credit_abstain) if cfg.stop_credit_coef > 0 else None
     trainer = PPOTrainer(build_trainable(args.checkpoint, args.checkpoint, cfg), cfg, tok.pad_token_id, ptx=ptx, stop=stop)
     plan = iteration_plan(len(picked), cfg)
     trainer.compute_reference(picked, rows=(r for batch in plan for r in batch))

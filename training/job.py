@@ -146,7 +146,7 @@ def train(spec: TrainJob) -> None:
         from training.stop_credit import StopCredit
 
         ptx = ptx_loss_for(cfg, tokenizer, settings.bootstrap.heldout_fraction)
-        stop = StopCredit(tokenizer, data.rule, cfg.hindsight_stop) if cfg.stop_credit_coef > 0 else None
+        stop = StopCredit(tokenizer, data.rule, cfg.hindsight_stop, cfg.stop_credit_abstain) if cfg.stop_credit_coef > 0 else None
         trainer = PPOTrainer(model, cfg, tokenizer.pad_token_id, ptx=ptx, stop=stop)
 
     def checkpoint_state() -> dict:

@@ -145,6 +145,12 @@ class PPOConfig(BaseModel):
         "past the kept characters). Teaches where to stop and when to show nothing, from every row rather than from "
         "the rare sampled early stop. 0 turns it off. The stop string is `hindsight_stop`.",
     )
+    stop_credit_abstain: bool = Field(
+        True,
+        description="Credit abstaining (stopping before the first token) too. With a weak policy most verdicts are "
+        "rejections, whose exact lesson is 'show nothing here', and the policy learns silence; False credits only "
+        "where a shown suggestion ends (a partial's kept characters), never whether to show.",
+    )
 
     # --- language modelling on the training code (PPO-ptx, training/ptx.py) ------------------------
     ptx_coef: float = Field(

@@ -46,8 +46,10 @@ def clean_stop_ids(tokenizer, stop: str = "\n") -> list[int]:
 class StopCredit:
     """Per-position advantages of stopping for logged rows, and pi(stop) of a batch's logits."""
 
-    def __init__(self, tokenizer, rule: RewardRule, stop: str = "\n"):
-        self.tokenizer, self.rule = tokenizer, rule
+    def __init__(self, tokenizer, rule: RewardRule, stop: str = "\n", abstain: bool = True):
+        """`abstain`: credit stopping before the first token (showing nothing) too; False credits only where a shown
+        suggestion ends."""
+        self.tokenizer, self.rule, self.abstain = tokenizer, rule, abstain
         clean = clean_stop_ids(tokenizer, stop)
         if not clean:
             raise ValueError(f"stop credit: no token of the policy's tokenizer begins with the stop string {stop!r}")
@@ -60,7 +62,7 @@ class StopCredit:
         if not s.completion_text.startswith(cut):
             return None  # a cut inside a multi-byte character
         if not cut:
-            return self.rule.empty
+            return self.rule.empty if self.abstain else None
         if s.event == "rejected":
             return self.rule.rejected
         if s.event == "partial" and s.accepted_chars is not None:

@@ -85,6 +85,19 @@ def test_accepted_and_unjudged_rows_credit_only_what_is_known(tok) -> None:
     assert not any(StopCredit(tok, rule).advantages(none)[1])
 
 
+def test_without_abstain_credit_only_where_a_shown_suggestion_ends_is_credited(tok) -> None:
+    rule = RewardRule()
+    ends = boundaries(tok, TEXT)
+    rejected, partial = rewarded(tok, "rejected", None, rule), rewarded(tok, "partial", ends[1], rule)
+    full, shown = StopCredit(tok, rule), StopCredit(tok, rule, abstain=False)
+    for s in (rejected, partial):
+        (a_full, k_full), (a, k) = full.advantages(s), shown.advantages(s)
+        assert k_full[0] and not k[0]  # showing nothing is never credited
+        assert (a[1:], k[1:]) == (a_full[1:], k_full[1:])  # every later position as before
+    # a rejection then teaches nothing at all: every shown cut is rejected too
+    assert all(x == 0.0 for x in shown.advantages(rejected)[0])
+
+
 def stop_at(trainer: PPOTrainer, credit: StopCredit, s, j: int) -> float:
     """pi(stop) before completion token j of `s` under the trainer's policy."""
     b = collate([s], 0)
