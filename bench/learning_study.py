@@ -75,23 +75,25 @@ def main() -> None:
     if unknown := [c for c in names if c not in CONFIGS]:
         p.error(f"unknown configurations {unknown}; expected some of {list(CONFIGS)}")
 
-    print("| config | at | suggestion rate | accept rate | accepted chars/req | reward/req | bits/byte Δ | Δ given the line continues |")
-    print("|---|---|---|---|---|---|---|---|")
-    reports, started = {}, time.perf_counter()
-    for name in names:
-        evals, report = run(name, args)
-        for e in evals:
-            print(f"| {name} | {e['at']} | {fmt(e['suggestion_rate'])} | {fmt(e['accept_rate'], digits=3)} | "
-                  f"{fmt(e['accepted_chars_per_request'])} | {fmt(e['reward_per_request'], digits=3)} | "
-                  f"{e['bpb_delta']:+.3f} | {e['bpb_stop_delta']:+.3f} |", flush=True)
-        reports[name] = report
-    print("\n| config | suggestion ×v1 | accept ×v1 | chars ×v1 | reward − v1 | chars − best cut | reward − best cut | train s |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name, r in reports.items():
-        print(f"| {name} | {fmt(r['suggestion_ratio'], r['suggestion_ratio_ci'])} | {fmt(r['accept_ratio'], r['accept_ratio_ci'])} | "
-              f"{fmt(r['chars_ratio'], r['chars_ratio_ci'])} | {fmt(r['reward_delta'], r['reward_delta_ci'], 3)} | "
-              f"{fmt(r['chars_vs_truncation'], r['chars_vs_truncation_ci'])} | "
-              f"{fmt(r['reward_vs_truncation'], r['reward_vs_truncation_ci'], 3)} | {r['train_s']:.0f} |")
+    head = ("| config | at | suggestion rate | accept rate | accepted chars/req | reward/req | bits/byte Δ | "
+            "Δ given the line continues |\n|---|---|---|---|---|---|---|---|")
+    report_head = ("| config | suggestion ×v1 | accept ×v1 | chars ×v1 | reward − v1 | chars − best cut | reward − best cut "
+                   "| train s |\n|---|---|---|---|---|---|---|---|")
+    reports, rows, started = {}, [], time.perf_counter()
+    for name in names:  # each configuration's rows as soon as it ends (a long study can be read as it goes)
+        evals, r = run(name, args)
+        reports[name] = r
+        print(head + "\n" + "\n".join(
+            f"| {name} | {e['at']} | {fmt(e['suggestion_rate'])} | {fmt(e['accept_rate'], digits=3)} | "
+            f"{fmt(e['accepted_chars_per_request'])} | {fmt(e['reward_per_request'], digits=3)} | "
+            f"{e['bpb_delta']:+.3f} | {e['bpb_stop_delta']:+.3f} |" for e in evals), flush=True)
+        rows.append(f"| {name} | {fmt(r['suggestion_ratio'], r['suggestion_ratio_ci'])} | "
+                    f"{fmt(r['accept_ratio'], r['accept_ratio_ci'])} | {fmt(r['chars_ratio'], r['chars_ratio_ci'])} | "
+                    f"{fmt(r['reward_delta'], r['reward_delta_ci'], 3)} | "
+                    f"{fmt(r['chars_vs_truncation'], r['chars_vs_truncation_ci'])} | "
+                    f"{fmt(r['reward_vs_truncation'], r['reward_vs_truncation_ci'], 3)} | {r['train_s']:.0f} |")
+        print(report_head + "\n" + rows[-1] + "\n", flush=True)
+    print(report_head + "\n" + "\n".join(rows))
     print(json.dumps({"reports": reports, "total_s": round(time.perf_counter() - started, 1)}))
 
 
