@@ -34,6 +34,9 @@ CONFIGS: dict[str, tuple[dict, dict]] = {
     "stop4_shown": ({"stop_credit_coef": 4.0, "stop_credit_abstain": False}, {}),
     "stop1_shown_hindsight": ({"stop_credit_coef": 1.0, "stop_credit_abstain": False, "hindsight_partials": True}, {}),
     "stop1_hindsight": ({"stop_credit_coef": 1.0, "hindsight_partials": True}, {}),
+    # a rejection costs a glance: -0.02 or -0.05 instead of -0.25 (the accept and partial rewards unchanged)
+    "rej02_stop1_hindsight": ({"stop_credit_coef": 1.0, "hindsight_partials": True}, {"rejected": -0.02}),
+    "rej05_stop1_hindsight": ({"stop_credit_coef": 1.0, "hindsight_partials": True}, {"rejected": -0.05}),
     "stop1_hindsight_ptx": ({"stop_credit_coef": 1.0, "hindsight_partials": True, "ptx_coef": 1.0}, {}),
 }
 
