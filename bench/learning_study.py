@@ -30,6 +30,8 @@ CONFIGS: dict[str, tuple[dict, dict]] = {
     "stop1_chars": ({"stop_credit_coef": 1.0}, {"accept_scale_by_chars": True}),
     "stop1_kl02": ({"stop_credit_coef": 1.0, "kl_coef": 0.02}, {}),
     "hindsight": ({"hindsight_partials": True}, {}),
+    "kl01": ({"kl_coef": 0.01}, {}),
+    "hindsight_kl01": ({"hindsight_partials": True, "kl_coef": 0.01}, {}),
     "stop1_shown": ({"stop_credit_coef": 1.0, "stop_credit_abstain": False}, {}),
     "stop4_shown": ({"stop_credit_coef": 4.0, "stop_credit_abstain": False}, {}),
     "stop1_shown_hindsight": ({"stop_credit_coef": 1.0, "stop_credit_abstain": False, "hindsight_partials": True}, {}),
@@ -62,6 +64,39 @@ def run(name: str, args: argparse.Namespace) -> tuple[list[dict], dict]:
     return [x for x in lines if "at" in x], lines[-1]
 
 
+def sharpened(args: argparse.Namespace, scales: list[float]) -> None:
+    """Version 1 with its logits multiplied by each scale (sampling it at temperature 1/scale, no training),
+    paired with version 1 on the held-out requests: how much a sharper policy alone would move the figures."""
+    import torch
+
+    from bench.offline_ppo import completions
+    from sim.evaluate import eval_cases, outcomes
+    from sim.paired import compare
+    from tidal.settings import load_settings
+    from training.policy import load_policy, load_tokenizer
+
+    torch.set_num_threads(args.threads)
+    settings = load_settings()
+    users, rule = settings.demo.users, settings.collect.rule_for("tab")
+    tok = load_tokenizer(args.checkpoint)
+    tok.padding_side = "left"  # generation pads prompts on the left
+    cases = eval_cases(users, settings.bootstrap.heldout_fraction, args.eval_requests, seed=11)  # offline_ppo's
+    v1 = outcomes(cases, completions(load_policy(args.checkpoint), tok, cases, users.max_tokens, users.temperature), rule)
+    print("| logits × | suggestion ×v1 | accept ×v1 | chars ×v1 | reward − v1 |\n|---|---|---|---|---|")
+    for scale in scales:
+        model = load_policy(args.checkpoint)
+        head = model.get_output_embeddings()
+        with torch.no_grad():  # untied from the input embeddings: only the predictions sharpen
+            head.weight = torch.nn.Parameter(head.weight.detach().clone() * scale)
+        c = compare(v1, outcomes(cases, completions(model, tok, cases, users.max_tokens, users.temperature), rule))
+        sug, acc, chars, rew = (c[m] for m in ("suggestion_rate", "accept_rate", "accepted_chars_per_request",
+                                                "reward_per_request"))
+        print(f"| {scale:g} | {fmt(sug.ratio.mean, (sug.ratio.low, sug.ratio.high))} | "
+              f"{fmt(acc.ratio.mean, (acc.ratio.low, acc.ratio.high)) if acc.ratio else 'n/a'} | "
+              f"{fmt(chars.ratio.mean, (chars.ratio.low, chars.ratio.high)) if chars.ratio else 'n/a'} | "
+              f"{fmt(rew.delta.mean, (rew.delta.low, rew.delta.high), 3)} |", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", type=Path, required=True, help="full checkpoint directory (the behaviour policy)")
@@ -73,7 +108,12 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--configs", default="ppo,stop1,stop1_chars", help=f"comma-separated, of: {', '.join(CONFIGS)}")
+    p.add_argument("--logit-scales", default="", help=(
+        "instead of training: version 1 with its logits scaled by each of these (e.g. 1.5,2,3), paired with version 1"))
     args = p.parse_args()
+    if args.logit_scales:
+        sharpened(args, [float(x) for x in args.logit_scales.split(",") if x])
+        return
     names = [c for c in args.configs.split(",") if c]
     if unknown := [c for c in names if c not in CONFIGS]:
         p.error(f"unknown configurations {unknown}; expected some of {list(CONFIGS)}")

@@ -144,6 +144,8 @@ def test_bad_requests_get_4xx_with_a_message(gateway, keys, canary, settings, ch
         assert r.status_code == status, (name, r.status_code, r.text)
         assert r.text and "Traceback" not in r.text and "alice-key" not in r.text, name
     log = Path(settings.log_dir / "gateway.log").read_text()
-    assert keys["alice"] not in log and keys["bob"] not in log  # keys never reach the logs
+    keys_in_logs = sum(log.count(k) for k in (keys["alice"], keys["bob"]))
+    assert keys_in_logs == 0  # keys never reach the logs
     chaos_report.record("8. hostile input: unauthenticated, oversized, malformed requests", cases=len(cases),
-                        server_errors=0, keys_in_logs=0, statuses=" ".join(f"{n}→{s}" for n, _, s in cases))
+                        server_errors=sum(r.status_code >= 500 for _, r, _ in cases), keys_in_logs=keys_in_logs,
+                        statuses=" ".join(f"{n}→{s}" for n, _, s in cases))
