@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages, run as a script
+
 # name: (PPO overrides, reward-rule overrides), each on top of the demo's settings
 CONFIGS: dict[str, tuple[dict, dict]] = {
     "ppo": ({}, {}),
