@@ -71,7 +71,7 @@ def sharpened(args: argparse.Namespace, scales: list[float]) -> None:
     paired with version 1 on the held-out requests: how much a sharper policy alone would move the figures."""
     import torch
 
-    from bench.offline_ppo import completions
+    from bench.offline_ppo import EVAL_SEED, completions
     from sim.evaluate import eval_cases, outcomes
     from sim.paired import compare
     from tidal.settings import load_settings
@@ -82,7 +82,7 @@ def sharpened(args: argparse.Namespace, scales: list[float]) -> None:
     users, rule = settings.demo.users, settings.collect.rule_for("tab")
     tok = load_tokenizer(args.checkpoint)
     tok.padding_side = "left"  # generation pads prompts on the left
-    cases = eval_cases(users, settings.bootstrap.heldout_fraction, args.eval_requests, seed=11)  # offline_ppo's
+    cases = eval_cases(users, settings.bootstrap.heldout_fraction, args.eval_requests, EVAL_SEED)
     v1 = outcomes(cases, completions(load_policy(args.checkpoint), tok, cases, users.max_tokens, users.temperature), rule)
     print("| logits × | suggestion ×v1 | accept ×v1 | chars ×v1 | reward − v1 |\n|---|---|---|---|---|")
     for scale in scales:

@@ -36,6 +36,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+EVAL_SEED = 11  # seeds the held-out requests: every run (and learning_study's --logit-scales) scores the same ones
+
+
 def completions(model, tok, cases, max_tokens: int, temperature: float, batch: int = 50) -> list[str]:
     """One sampled completion per case, cut at the first line break (the users' stop string)."""
     model.eval()
@@ -149,7 +152,7 @@ def main() -> None:
         return {"bpb": bits_per_byte(model, tok, code, gate.eval_bytes, gate.seq_len)[0],
                 "bpb_stop": bits_per_byte(model, tok, code, gate.eval_bytes, gate.seq_len, stop_token_ids(tok, "\n"))[0]}
 
-    cases = eval_cases(users, settings.bootstrap.heldout_fraction, args.eval_requests, seed=11)
+    cases = eval_cases(users, settings.bootstrap.heldout_fraction, args.eval_requests, seed=EVAL_SEED)
 
     if args.simulate:
         from sim.logged_traffic import logged_traffic
