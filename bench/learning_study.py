@@ -42,6 +42,11 @@ CONFIGS: dict[str, tuple[dict, dict]] = {
     "rej02_stop1_hindsight": ({"stop_credit_coef": 1.0, "hindsight_partials": True}, {"rejected": -0.02}),
     "rej05_stop1_hindsight": ({"stop_credit_coef": 1.0, "hindsight_partials": True}, {"rejected": -0.05}),
     "stop1_hindsight_ptx": ({"stop_credit_coef": 1.0, "hindsight_partials": True, "ptx_coef": 1.0}, {}),
+    # the expected number of right tokens where users kept the text (training/kept_credit.py)
+    "kept1": ({"kept_credit_coef": 1.0}, {}),
+    "kept4": ({"kept_credit_coef": 4.0}, {}),
+    "kept4_stop1_shown_ptx": ({"kept_credit_coef": 4.0, "stop_credit_coef": 1.0, "stop_credit_abstain": False,
+                               "ptx_coef": 1.0}, {}),
 }
 
 

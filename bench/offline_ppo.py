@@ -131,6 +131,7 @@ def main() -> None:
     from training.ptx import ptx_loss_for
     from training.reward_data import load_dataset, split
     from training.rollout import select_samples
+    from training.kept_credit import KeptCredit
     from training.stop_credit import StopCredit, stop_token_ids
 
     torch.set_num_threads(args.threads)
@@ -182,13 +183,16 @@ def main() -> None:
     head = {"datasets": ids, "rows": len(rows), "train_rows": len(picked), "hindsight_rows": len(shaped.hindsight.samples),
             "credited_partials": shaped.credit.credited if shaped.credit else 0,
             "rule": rule.model_dump(mode="json"), "ppo": cfg.model_dump(mode="json", include={
-                "learning_rate", "kl_coef", "batch_size", "epochs", "max_iterations", "hindsight_partials", "partial_credit", "ptx_coef", "stop_credit_coef"})}
+                "learning_rate", "kl_coef", "batch_size", "epochs", "max_iterations", "hindsight_partials", "partial_credit", "ptx_coef", "stop_credit_coef",
+                "stop_credit_abstain", "kept_credit_coef"})}
     base, base_texts = evaluate(load_policy(args.checkpoint), tok, cases, rule, users, bpb)
     print(json.dumps({"at": 0, **head, **base, "bpb_delta": 0.0, "bpb_stop_delta": 0.0}), flush=True)
 
     ptx = ptx_loss_for(cfg, tok, settings.bootstrap.heldout_fraction)
     stop = StopCredit(tok, rule, cfg.hindsight_stop, cfg.stop_credit_abstain) if cfg.stop_credit_coef > 0 else None
-    trainer = PPOTrainer(build_trainable(args.checkpoint, args.checkpoint, cfg), cfg, tok.pad_token_id, ptx=ptx, stop=stop)
+    kept = KeptCredit(tok) if cfg.kept_credit_coef > 0 else None
+    trainer = PPOTrainer(build_trainable(args.checkpoint, args.checkpoint, cfg), cfg, tok.pad_token_id, ptx=ptx, stop=stop,
+                         kept=kept)
     plan = iteration_plan(len(picked), cfg)
     trainer.compute_reference(picked, rows=(r for batch in plan for r in batch))
     looks = {int(x) for x in args.eval_at.split(",") if x} | {len(plan)}

@@ -142,12 +142,14 @@ def train(spec: TrainJob) -> None:
         trainer = PPOTrainer(model, cfg, tokenizer.pad_token_id, dp=data_parallel())
     else:
         model = build_trainable(dirs.champion_dir, dirs.base_dir, cfg).to(distributed.device())
+        from training.kept_credit import KeptCredit
         from training.ptx import ptx_loss_for
         from training.stop_credit import StopCredit
 
         ptx = ptx_loss_for(cfg, tokenizer, settings.bootstrap.heldout_fraction)
         stop = StopCredit(tokenizer, data.rule, cfg.hindsight_stop, cfg.stop_credit_abstain) if cfg.stop_credit_coef > 0 else None
-        trainer = PPOTrainer(model, cfg, tokenizer.pad_token_id, ptx=ptx, stop=stop)
+        kept = KeptCredit(tokenizer) if cfg.kept_credit_coef > 0 else None
+        trainer = PPOTrainer(model, cfg, tokenizer.pad_token_id, ptx=ptx, stop=stop, kept=kept)
 
     def checkpoint_state() -> dict:
         """The trainer's state; Megatron: every tensor-parallel rank's, in rank order (a collective)."""

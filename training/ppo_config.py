@@ -152,6 +152,15 @@ class PPOConfig(BaseModel):
         "where a shown suggestion ends (a partial's kept characters), never whether to show.",
     )
 
+    # --- the tokens users kept, credited from the verdict (training/kept_credit.py) ---------------
+    kept_credit_coef: float = Field(
+        0.0,
+        description="Weight of the expected number of right tokens, sum_j pi(C_j | s_j), at every position inside "
+        "the characters a user kept (partial and accepted verdicts), where C_j is every token showing the next kept "
+        "characters. Sharpens the policy where users keep its text (the optimum of expected accuracy is the right "
+        "token, not the calibrated distribution of the log-likelihood). 0 turns it off.",
+    )
+
     # --- language modelling on the training code (PPO-ptx, training/ptx.py) ------------------------
     ptx_coef: float = Field(
         0.0,
@@ -232,6 +241,11 @@ class PPOConfig(BaseModel):
              f"stop_credit_coef={self.stop_credit_coef}: must be a finite number >= 0 (0 turns stop credit off)")
         need(not self.stop_credit_coef or bool(self.hindsight_stop),
              "stop_credit_coef > 0 needs hindsight_stop: the text that ends a suggestion (e.g. a line break)")
+        need(math.isfinite(self.kept_credit_coef) and self.kept_credit_coef >= 0,
+             f"kept_credit_coef={self.kept_credit_coef}: must be a finite number >= 0 (0 turns kept credit off)")
+        need(not self.kept_credit_coef or self.backend == "hf", "kept_credit_coef > 0 is implemented for "
+             "backend='hf' only (it reads the whole vocabulary's probabilities): set kept_credit_coef=0 with "
+             "backend='megatron'")
         need(math.isfinite(self.ptx_coef) and self.ptx_coef >= 0,
              f"ptx_coef={self.ptx_coef}: must be a finite number >= 0 (0 turns the code loss off)")
         if self.ptx_coef > 0:

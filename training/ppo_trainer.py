@@ -53,6 +53,7 @@ from training.value_head import PolicyWithValue
 
 if TYPE_CHECKING:
     from training.ptx import PtxLoss
+    from training.kept_credit import KeptCredit
     from training.stop_credit import StopCredit
 
 
@@ -104,6 +105,7 @@ class Rollout:
     returns: torch.Tensor
     stop_adv: torch.Tensor | None = None  # (B, T) R_stop - R before each token (training/stop_credit.py), or None
     stop_known: torch.Tensor | None = None  # (B, T) 1 where the verdict tells R_stop
+    kept: torch.Tensor | None = None  # (N, 3) (row, position, right token) where the user kept the text, or None
 
 
 class PPOTrainer:
@@ -114,14 +116,18 @@ class PPOTrainer:
 
     def __init__(self, model: PolicyWithValue, cfg: PPOConfig, pad_token_id: int,
                  dp: distributed.DataParallel | None = None, ptx: PtxLoss | None = None,
-                 stop: StopCredit | None = None):
+                 stop: StopCredit | None = None, kept: KeptCredit | None = None):
         if (cfg.ptx_coef > 0) != (ptx is not None):
             raise ValueError(f"ptx_coef={cfg.ptx_coef} needs a PtxLoss over the training code (training/ptx.py), and "
                              "a PtxLoss needs ptx_coef > 0: pass both or neither")
         if (cfg.stop_credit_coef > 0) != (stop is not None):
             raise ValueError(f"stop_credit_coef={cfg.stop_credit_coef} needs a StopCredit (training/stop_credit.py), "
                              "and a StopCredit needs stop_credit_coef > 0: pass both or neither")
+        if (cfg.kept_credit_coef > 0) != (kept is not None):
+            raise ValueError(f"kept_credit_coef={cfg.kept_credit_coef} needs a KeptCredit (training/kept_credit.py), "
+                             "and a KeptCredit needs kept_credit_coef > 0: pass both or neither")
         self.model, self.cfg, self.pad_token_id, self.ptx, self.stop = model, cfg, pad_token_id, ptx, stop
+        self.kept = kept
         self.dp = dp if dp is not None else distributed.data_parallel()  # the processes that split each batch
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.Adam(model.param_groups(cfg.learning_rate, cfg.critic_learning_rate))
@@ -192,7 +198,9 @@ class PPOTrainer:
         stop_adv = stop_known = None
         if self.stop is not None:
             stop_adv, stop_known = (t.to(self.device) for t in self.stop.batch([samples[r] for r in mine], mask.shape[1]))
-        return Rollout(batch, lengths, logp_old, values_old, logp_ref, w, advantages, returns, stop_adv, stop_known)
+        kept = self.kept.batch([samples[r] for r in mine]) if self.kept is not None else None
+        return Rollout(batch, lengths, logp_old, values_old, logp_ref, w, advantages, returns, stop_adv, stop_known,
+                       kept)
 
     def update(self, ro: Rollout, iteration: int) -> dict[str, float]:
         """`epochs` passes of minibatch PPO steps over one rollout; returns the iteration's metrics."""
@@ -227,19 +235,22 @@ class PPOTrainer:
                         # (every process's: the summed gradients are the whole minibatch's)
                         gain = self.stop.stop_prob(logits) * ro.stop_adv[mine] * ro.stop_known[mine]  # (b, T)
                         stop_loss = -gain.sum() / len(mb)
-                    (loss * share + cfg.stop_credit_coef * stop_loss).backward()
+                    kept_loss = torch.zeros((), device=loss.device)
+                    if self.kept is not None:  # minus the expected right tokens where the user kept the text, per row
+                        kept_loss = -self.kept.gain(logits, ro.kept, mine) / len(mb)
+                    (loss * share + cfg.stop_credit_coef * stop_loss + cfg.kept_credit_coef * kept_loss).backward()
                     stats = torch.cat([torch.stack([loss.detach(), *(getattr(parts, k).detach() for k in _STATS)]) * share,
-                                       stop_loss.detach().view(1)])
-                    stats[0] += cfg.stop_credit_coef * stop_loss.detach()
+                                       stop_loss.detach().view(1), kept_loss.detach().view(1)])
+                    stats[0] += cfg.stop_credit_coef * stop_loss.detach() + cfg.kept_credit_coef * kept_loss.detach()
                 else:
-                    stats = torch.zeros(2 + len(_STATS), device=b.mask.device)
+                    stats = torch.zeros(3 + len(_STATS), device=b.mask.device)
                 ptx = self.ptx.loss(self.model, iteration, epoch, step, rank, world) if self.ptx else None
                 if ptx is not None:  # this process's share of the step's code windows
                     (cfg.ptx_coef * ptx).backward()
                     stats[0] += cfg.ptx_coef * ptx.detach()
                 ptx = torch.zeros((), device=stats.device) if ptx is None else ptx.detach()
                 stats = torch.cat([stats.detach(), ptx.view(1)])
-                # (3 + len(_STATS),) the whole minibatch's loss, LossParts, stop-credit and ptx losses; gradients summed
+                # (4 + len(_STATS),) the whole minibatch's loss, LossParts, stop-, kept-credit and ptx losses; gradients summed
                 # over processes
                 stats = distributed.sum_grads(self.trainable, stats, self.dp.group)
                 self._check_finite(stats[0], iteration, "loss")
@@ -247,7 +258,7 @@ class PPOTrainer:
                 self._check_finite(grad_norm, iteration, "gradient norm")
                 self.optimizer.step()
                 steps += 1
-                for name, value in zip((*_STATS, "stop_credit_loss", "ptx_loss"), stats[1:].tolist()):
+                for name, value in zip((*_STATS, "stop_credit_loss", "kept_credit_loss", "ptx_loss"), stats[1:].tolist()):
                     sums[name] = sums.get(name, 0.0) + value
                 sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(grad_norm)
                 if cfg.target_kl is not None and float(stats[1 + _STATS.index("approx_kl")]) > 1.5 * cfg.target_kl:
@@ -262,6 +273,8 @@ class PPOTrainer:
             del sums["ptx_loss"]  # not computed: no metric rather than a zero
         if self.stop is None:
             del sums["stop_credit_loss"]
+        if self.kept is None:
+            del sums["kept_credit_loss"]
         metrics = {f"ppo/{k}": v / steps for k, v in sums.items()}
         m, w = b.mask, ro.is_weight
         # sums over the whole batch's real tokens, then the means masked_mean would give on one process
