@@ -45,6 +45,13 @@ CONFIGS: dict[str, tuple[dict, dict]] = {
     # the expected number of right tokens where users kept the text (training/kept_credit.py)
     "kept1": ({"kept_credit_coef": 1.0}, {}),
     "kept4": ({"kept_credit_coef": 4.0}, {}),
+    # abstaining credited, on at most a quarter of the requests (training/stop_credit.py)
+    "stop1_budget25_kept4_ptx": ({"stop_credit_coef": 1.0, "abstain_budget": 0.25, "kept_credit_coef": 4.0,
+                                  "ptx_coef": 1.0}, {}),
+    "stop1_budget25_ptx": ({"stop_credit_coef": 1.0, "abstain_budget": 0.25, "ptx_coef": 1.0}, {}),
+    # every weight trained (no adapter: the final norm can scale the logits), at a tenth of the learning rate
+    "full_kept4_ptx": ({"lora": False, "learning_rate": 1e-4, "kept_credit_coef": 4.0, "ptx_coef": 1.0}, {}),
+    "full_ppo": ({"lora": False, "learning_rate": 1e-4}, {}),
     "kept4_stop1_shown_ptx": ({"kept_credit_coef": 4.0, "stop_credit_coef": 1.0, "stop_credit_abstain": False,
                                "ptx_coef": 1.0}, {}),
 }

@@ -152,6 +152,14 @@ class PPOConfig(BaseModel):
         "where a shown suggestion ends (a partial's kept characters), never whether to show.",
     )
 
+    abstain_budget: float = Field(
+        1.0,
+        description="With stop_credit_abstain: the largest share of a minibatch's requests the policy may abstain on "
+        "(its mean probability of showing nothing). Above it a penalty larger than any credit the rule can give "
+        "pulls every row back (training/stop_credit.py), so within the budget the policy learns *where* silence "
+        "pays (where verdicts were rejections, not where users kept text) instead of answering nothing. 1 = no cap.",
+    )
+
     # --- the tokens users kept, credited from the verdict (training/kept_credit.py) ---------------
     kept_credit_coef: float = Field(
         0.0,
@@ -241,6 +249,11 @@ class PPOConfig(BaseModel):
              f"stop_credit_coef={self.stop_credit_coef}: must be a finite number >= 0 (0 turns stop credit off)")
         need(not self.stop_credit_coef or bool(self.hindsight_stop),
              "stop_credit_coef > 0 needs hindsight_stop: the text that ends a suggestion (e.g. a line break)")
+        need(0.0 < self.abstain_budget <= 1.0, f"abstain_budget={self.abstain_budget}: must be in (0, 1] (a share of "
+             "requests; 1 = no cap)")
+        need(self.abstain_budget == 1.0 or (self.stop_credit_coef > 0 and self.stop_credit_abstain),
+             f"abstain_budget={self.abstain_budget} caps what stop credit teaches about abstaining: it needs "
+             "stop_credit_coef > 0 and stop_credit_abstain=true (or set abstain_budget=1)")
         need(math.isfinite(self.kept_credit_coef) and self.kept_credit_coef >= 0,
              f"kept_credit_coef={self.kept_credit_coef}: must be a finite number >= 0 (0 turns kept credit off)")
         need(not self.kept_credit_coef or self.backend == "hf", "kept_credit_coef > 0 is implemented for "

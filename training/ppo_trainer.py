@@ -233,8 +233,10 @@ class PPOTrainer:
                     if self.stop is not None:  # the stop-versus-go-on gradient where the verdict tells its value
                         # summed over each row's positions (one decision each), averaged over the minibatch's rows
                         # (every process's: the summed gradients are the whole minibatch's)
-                        gain = self.stop.stop_prob(logits) * ro.stop_adv[mine] * ro.stop_known[mine]  # (b, T)
-                        stop_loss = -gain.sum() / len(mb)
+                        p_stop = self.stop.stop_prob(logits)  # (b, T)
+                        stop_loss = -(p_stop * ro.stop_adv[mine] * ro.stop_known[mine]).sum() / len(mb)
+                        if cfg.abstain_budget < 1.0:  # the share of this process's rows abstained on, capped
+                            stop_loss = stop_loss + self.stop.over_budget(p_stop, b.mask[mine][:, 0], cfg.abstain_budget)
                     kept_loss = torch.zeros((), device=loss.device)
                     if self.kept is not None:  # minus the expected right tokens where the user kept the text, per row
                         kept_loss = -self.kept.gain(logits, ro.kept, mine) / len(mb)

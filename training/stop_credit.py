@@ -20,6 +20,13 @@ token such as ')\n' also ends the suggestion, but shows one more character, whos
 the all-action policy gradient (Sutton et al. 2000; "mean actor-critic", Allen et al. 2017) for the one action
 whose value the verdict tells. The sampled tokens keep their PPO terms. Only the user's verdict
 is used, never model internals.
+
+Abstaining is the one decision every rejection credits: for a policy whose suggestions are mostly rejected, the
+exact lesson is "show nothing" almost everywhere, and the policy learns silence (docs/learning.md). A budget b
+(`abstain_budget`) turns that into a constrained problem: the penalty BUDGET_PENALTY * max(0, mean pi(abstain) - b)
+over a minibatch's rows pulls every row back once the policy abstains on more than b of them. Its weight exceeds
+any credit the rule can give (|R_stop - R| <= accepted - rejected = 1 under the default rule), so at the cap the
+rows whose verdicts say silence pays least are pushed down first: the policy learns *where* to abstain.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ import torch
 
 from data_contracts.rewards import RewardRule
 from data_contracts.samples import RewardSample
+
+BUDGET_PENALTY = 2.0  # per unit of abstain share above the budget, in reward units: more than any |R_stop - R|
 
 
 def stop_token_ids(tokenizer, stop: str = "\n") -> list[int]:
@@ -92,6 +101,13 @@ class StopCredit:
             a, k = self.advantages(s)
             adv[i, : len(a)], known[i, : len(k)] = torch.tensor(a), torch.tensor(k, dtype=torch.float32)
         return adv, known
+
+    @staticmethod
+    def over_budget(stop_prob: torch.Tensor, first: torch.Tensor, budget: float) -> torch.Tensor:
+        """(b, T) pi(stop) of a minibatch's rows, (b,) 1 where a row has a first token -> BUDGET_PENALTY times the
+        rows' mean abstain probability above `budget` (0 within it)."""
+        share = (stop_prob[:, 0] * first).sum() / first.sum().clamp_min(1.0)
+        return BUDGET_PENALTY * torch.relu(share - budget)
 
     def stop_prob(self, logits: torch.Tensor) -> torch.Tensor:
         """(b, T, V) logits of the sampling distribution -> (b, T) probability of stopping there, showing the cut."""

@@ -12,7 +12,7 @@ from tests.unit.test_hindsight import TEXT, boundaries, served
 from training.ppo_trainer import PPOTrainer, iteration_plan
 from training.policy import load_tokenizer
 from training.rollout import collate
-from training.stop_credit import StopCredit, clean_stop_ids, stop_token_ids
+from training.stop_credit import BUDGET_PENALTY, StopCredit, clean_stop_ids, stop_token_ids
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +140,32 @@ def test_stop_credit_needs_its_weight_and_its_table_together(tok, champion_dir) 
         cfg(stop_credit_coef=-1)
     with pytest.raises(ValueError, match="stop_credit_coef > 0 is implemented for backend='hf' only"):
         cfg(stop_credit_coef=1.0, backend="megatron", lora=False)
+
+
+def test_the_abstain_budget_penalises_only_the_share_above_it(tok) -> None:
+    p = torch.tensor([[0.5, 0.9], [0.1, 0.9], [0.9, 0.0]], requires_grad=True)  # (b, T) pi(stop)
+    first = torch.tensor([1.0, 1.0, 0.0])  # the third row has no first token: not counted
+    assert float(StopCredit.over_budget(p, first, 0.4)) == 0.0  # the share is 0.3
+    penalty = StopCredit.over_budget(p, first, 0.2)
+    assert float(penalty) == pytest.approx(BUDGET_PENALTY * 0.1)
+    penalty.backward()
+    assert p.grad[:2, 0].tolist() == pytest.approx([BUDGET_PENALTY / 2] * 2) and float(p.grad[:, 1:].abs().sum()) == 0
+    assert float(p.grad[2, 0]) == 0.0
+
+
+def test_with_an_abstain_budget_rejections_teach_silence_only_up_to_it(tok, champion_dir) -> None:
+    rule = RewardRule()
+    rows = [rewarded(tok, "rejected", None, rule, rid=f"r{i}") for i in range(16)]
+    after = {}
+    for budget in (1.0, 0.1):
+        c = cfg(stop_credit_coef=4.0, abstain_budget=budget, learning_rate=3e-3, passes=6, batch_size=16, kl_coef=0.0)
+        credit = StopCredit(tok, rule)
+        trainer = PPOTrainer(make_trainer(champion_dir, cfg()).model, c, 0, stop=credit)
+        trainer.compute_reference(rows)
+        trainer.train(rows, iteration_plan(len(rows), c))
+        after[budget] = stop_at(trainer, credit, rows[0], 0)
+    assert after[1.0] > 0.2 and after[0.1] < 0.15, after
+    with pytest.raises(ValueError, match="abstain_budget=0.5 caps what stop credit teaches"):
+        cfg(abstain_budget=0.5)
+    with pytest.raises(ValueError, match="abstain_budget=0.0: must be in"):
+        cfg(stop_credit_coef=1.0, abstain_budget=0.0)
