@@ -48,6 +48,15 @@ CONFIGS: dict[str, tuple[dict, dict]] = {
     # abstaining credited, on at most a quarter of the requests (training/stop_credit.py)
     "stop1_budget25_kept4_ptx": ({"stop_credit_coef": 1.0, "abstain_budget": 0.25, "kept_credit_coef": 4.0,
                                   "ptx_coef": 1.0}, {}),
+    "stop1_budget25": ({"stop_credit_coef": 1.0, "abstain_budget": 0.25}, {}),
+    "stop1_budget25_kept4_hindsight": ({"stop_credit_coef": 1.0, "abstain_budget": 0.25, "kept_credit_coef": 4.0,
+                                        "hindsight_partials": True}, {}),
+    "stop1_budget25_kept4_ptx025": ({"stop_credit_coef": 1.0, "abstain_budget": 0.25, "kept_credit_coef": 4.0,
+                                     "ptx_coef": 0.25}, {}),
+    "stop2_budget25_kept8_ptx025": ({"stop_credit_coef": 2.0, "abstain_budget": 0.25, "kept_credit_coef": 8.0,
+                                     "ptx_coef": 0.25}, {}),
+    "stop1_budget25_kept4_ptx05": ({"stop_credit_coef": 1.0, "abstain_budget": 0.25, "kept_credit_coef": 4.0,
+                                    "ptx_coef": 0.5}, {}),
     "stop1_budget25_ptx": ({"stop_credit_coef": 1.0, "abstain_budget": 0.25, "ptx_coef": 1.0}, {}),
     # every weight trained (no adapter: the final norm can scale the logits), at a tenth of the learning rate
     "full_kept4_ptx": ({"lora": False, "learning_rate": 1e-4, "kept_credit_coef": 4.0, "ptx_coef": 1.0}, {}),
