@@ -176,6 +176,12 @@ class PPOConfig(BaseModel):
         "(InstructGPT's PPO-ptx). Keeps the policy a code model while RL moves its suggestions; the offline gate's "
         "bits/byte check is what it protects. 0 turns it off.",
     )
+    ptx_given_continues: bool = Field(
+        False,
+        description="Score the code loss given that the line continues (every token holding `hindsight_stop` masked "
+        "out of the predictions and the targets, like the gate's bpb_stop), so it keeps the code model without "
+        "pulling on the probability of stopping or abstaining, which stop credit teaches.",
+    )
     ptx_batch: int = Field(4, description="Code windows per PPO step (split over the processes of a data-parallel run).")
     ptx_seq_len: int = Field(128, description="Tokens per code window.")
     ptx_corpus_bytes: int = Field(
@@ -261,6 +267,8 @@ class PPOConfig(BaseModel):
              "backend='megatron'")
         need(math.isfinite(self.ptx_coef) and self.ptx_coef >= 0,
              f"ptx_coef={self.ptx_coef}: must be a finite number >= 0 (0 turns the code loss off)")
+        need(not self.ptx_given_continues or (self.ptx_coef > 0 and bool(self.hindsight_stop)),
+             "ptx_given_continues=true shapes the code loss: it needs ptx_coef > 0 and hindsight_stop (the stop string)")
         if self.ptx_coef > 0:
             need(self.ptx_batch >= 1, f"ptx_batch={self.ptx_batch}: must be >= 1 with ptx_coef > 0")
             need(self.ptx_seq_len >= 2, f"ptx_seq_len={self.ptx_seq_len}: must be >= 2 with ptx_coef > 0")

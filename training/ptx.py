@@ -7,6 +7,13 @@ iterations at kl_coef 0.05 with hindsight rows), held-out code bits/byte rose by
 0.29 after 60, past the offline gate's tolerance, while the KL penalty on completion tokens stayed small: the
 penalty only sees the logged completions, not the code around them.
 
+With `ptx_given_continues` the loss scores the code *given that the line continues*, as the gate's `bpb_stop`
+does: the tokens holding the stop string are masked out of every prediction and the positions whose target is
+one of them are not scored. The code model is still held in place, but the probability of a line break, which
+is also the policy's probability of stopping (or, at a suggestion's first token, of abstaining), is left to
+the stop credit: at coefficient 1 the plain loss held the suggestion rate at version 1's whatever the stop
+credit said (docs/learning.md).
+
 The windows come from the corpus's training split only: the offline gate scores bits/byte on the held-out files
 and the simulated users draw their sites from those, so neither ever sees text this loss trained on.
 """
@@ -21,6 +28,7 @@ from training import corpus
 from training.ppo_config import PPOConfig
 from training.ppo_trainer import seeded_generator
 from training.pretrain import sample_batch, token_stream
+from training.stop_credit import stop_token_ids
 
 _PTX_STREAM = 0x707478  # separates these draws from the minibatch order's (seed, iteration, epoch)
 
@@ -49,11 +57,13 @@ class PtxLoss:
     windows[rank::world]; each returns its summed token loss divided by the tokens of all windows, so the summed
     gradients are those of the mean over the whole draw (and a process with no window contributes nothing)."""
 
-    def __init__(self, data: torch.Tensor, batch: int, seq_len: int, seed: int):
+    def __init__(self, data: torch.Tensor, batch: int, seq_len: int, seed: int, given_not: list[int] | None = None):
+        """`given_not`: token ids (every token holding the stop string) the loss conditions away; None scores all."""
         if len(data) <= seq_len + 1:
             raise ValueError(f"ptx corpus of {len(data)} tokens is shorter than one window of {seq_len + 1}: raise "
                              "train.ppo.ptx_corpus_bytes or lower train.ppo.ptx_seq_len")
         self.data, self.batch, self.seq_len, self.seed = data, batch, seq_len, seed
+        self.given_not = torch.tensor(sorted(set(given_not or [])), dtype=torch.long)  # (S,) masked out, maybe empty
 
     def windows(self, iteration: int, epoch: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(batch, seq_len) inputs and next-token targets of one step, the same in every process."""
@@ -70,7 +80,12 @@ class PtxLoss:
         device = next(model.parameters()).device
         x, y = x.to(device), y.to(device)
         logits, _ = model(x, torch.ones_like(x))  # (b, L, V); the value head's output is not used
-        total = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum")
+        logits, y = logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1)  # (b*L, V), (b*L,)
+        if len(self.given_not):  # the code given that the line continues: stop tokens out of the softmax and targets
+            stops = self.given_not.to(device)
+            logits = logits.index_fill(1, stops, float("-inf"))
+            y = torch.where(torch.isin(y, stops), torch.full_like(y, -100), y)  # -100: not scored
+        total = F.cross_entropy(logits, y, reduction="sum", ignore_index=-100)
         return total / (self.batch * self.seq_len)
 
 
@@ -78,5 +93,6 @@ def ptx_loss_for(cfg: PPOConfig, tokenizer: PreTrainedTokenizerBase, heldout_fra
     """The run's code loss over the corpus's training split as `cfg` describes it; None when ptx_coef is 0."""
     if cfg.ptx_coef <= 0:
         return None
+    stops = stop_token_ids(tokenizer, cfg.hindsight_stop) if cfg.ptx_given_continues else None
     return PtxLoss(ptx_stream(tokenizer, heldout_fraction, cfg.ptx_corpus_bytes), cfg.ptx_batch, cfg.ptx_seq_len,
-                   cfg.seed)
+                   cfg.seed, stops)

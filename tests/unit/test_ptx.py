@@ -110,3 +110,32 @@ def test_resume_with_ptx_reaches_the_same_weights(champion_dir, samples, code, t
     a = dict(straight.model.named_parameters())
     for name, p in resumed.model.named_parameters():
         assert torch.equal(p, a[name]), name
+
+
+class _Table(torch.nn.Module):
+    """A bigram 'policy': the logits of the next token are one row per input token (the trainer's interface)."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, x, mask):
+        return self.w[x], None
+
+
+def test_the_code_loss_given_the_line_continues_leaves_the_stop_probability_alone() -> None:
+    data = torch.randint(0, 12, (400,), generator=torch.Generator().manual_seed(1))
+    stops = [3, 7]
+    data[::5] = 3  # the stop tokens occur as targets too
+    plain, given = PtxLoss(data, 4, 16, 0), PtxLoss(data, 4, 16, 0, given_not=stops)
+    table = _Table(12)
+    before = (float(plain.loss(table, 0, 0, 0)), float(given.loss(table, 0, 0, 0)))
+    with torch.no_grad():
+        table.w[:, stops] += 5.0  # every prediction puts more mass on stopping
+    after = (float(plain.loss(table, 0, 0, 0)), float(given.loss(table, 0, 0, 0)))
+    assert after[0] != pytest.approx(before[0], abs=1e-3)  # the plain loss charges the stop probability
+    assert after[1] == pytest.approx(before[1], abs=1e-5)  # the conditioned loss does not
+    given.loss(table, 0, 0, 0).backward()
+    assert float(table.w.grad[:, stops].abs().sum()) == 0.0 and float(table.w.grad.abs().sum()) > 0
+    with pytest.raises(ValueError, match="ptx_given_continues=true shapes the code loss"):
+        cfg(ptx_given_continues=True)
