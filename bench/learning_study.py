@@ -59,6 +59,8 @@ CONFIGS: dict[str, tuple[dict, dict]] = {
                                    "ptx_coef": 1.0, "ptx_given_continues": True}, {}),
     "stop1_budget30_kept4_ptxc": ({"stop_credit_coef": 1.0, "abstain_budget": 0.3, "kept_credit_coef": 4.0,
                                    "ptx_coef": 1.0, "ptx_given_continues": True}, {}),
+    "stop1_budget50_kept4_ptxc": ({"stop_credit_coef": 1.0, "abstain_budget": 0.5, "kept_credit_coef": 4.0,
+                                   "ptx_coef": 1.0, "ptx_given_continues": True}, {}),
     "stop1_budget25_kept4_ptx05": ({"stop_credit_coef": 1.0, "abstain_budget": 0.25, "kept_credit_coef": 4.0,
                                     "ptx_coef": 0.5}, {}),
     "stop1_budget25_ptx": ({"stop_credit_coef": 1.0, "abstain_budget": 0.25, "ptx_coef": 1.0}, {}),
