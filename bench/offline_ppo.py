@@ -128,11 +128,10 @@ def main() -> None:
     from training.pretrain import bits_per_byte
     from training.partial_credit import partial_rows
     from training.ppo_trainer import PPOTrainer, iteration_plan
-    from training.ptx import ptx_loss_for
+    from training.job import loss_terms
     from training.reward_data import load_dataset, split
     from training.rollout import select_samples
-    from training.kept_credit import KeptCredit
-    from training.stop_credit import StopCredit, stop_token_ids
+    from training.stop_credit import stop_token_ids
 
     torch.set_num_threads(args.threads)
     settings = load_settings()
@@ -189,11 +188,8 @@ def main() -> None:
     base, base_texts = evaluate(load_policy(args.checkpoint), tok, cases, rule, users, bpb)
     print(json.dumps({"at": 0, **head, **base, "bpb_delta": 0.0, "bpb_stop_delta": 0.0}), flush=True)
 
-    ptx = ptx_loss_for(cfg, tok, settings.bootstrap.heldout_fraction)
-    stop = StopCredit(tok, rule, cfg.hindsight_stop, cfg.stop_credit_abstain) if cfg.stop_credit_coef > 0 else None
-    kept = KeptCredit(tok) if cfg.kept_credit_coef > 0 else None
-    trainer = PPOTrainer(build_trainable(args.checkpoint, args.checkpoint, cfg), cfg, tok.pad_token_id, ptx=ptx, stop=stop,
-                         kept=kept)
+    trainer = PPOTrainer(build_trainable(args.checkpoint, args.checkpoint, cfg), cfg, tok.pad_token_id,
+                         **loss_terms(cfg, tok, rule, settings.bootstrap.heldout_fraction))
     plan = iteration_plan(len(picked), cfg)
     trainer.compute_reference(picked, rows=(r for batch in plan for r in batch))
     looks = {int(x) for x in args.eval_at.split(",") if x} | {len(plan)}

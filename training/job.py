@@ -81,6 +81,18 @@ class Checkouts:
         return download_dir(self.store, f"{self.spec.prefix}/candidate", self.cache_dir / self.spec.prefix / "candidate")
 
 
+def loss_terms(cfg, tokenizer, rule, heldout_fraction: float) -> dict:
+    """The PPOTrainer's optional terms as `cfg` (a PPOConfig) asks for them: {"ptx", "stop", "kept"}, each None
+    when its coefficient is 0. `rule` (the dataset's RewardRule) values the stop credit's cuts."""
+    from training.kept_credit import KeptCredit
+    from training.ptx import ptx_loss_for
+    from training.stop_credit import StopCredit
+
+    return {"ptx": ptx_loss_for(cfg, tokenizer, heldout_fraction),
+            "stop": StopCredit(tokenizer, rule, cfg.hindsight_stop, cfg.stop_credit_abstain) if cfg.stop_credit_coef > 0 else None,
+            "kept": KeptCredit(tokenizer) if cfg.kept_credit_coef > 0 else None}
+
+
 def train(spec: TrainJob) -> None:
     from training.candidate import build_trainable, candidate_kind, save_candidate
     from training.partial_credit import partial_rows
@@ -142,14 +154,8 @@ def train(spec: TrainJob) -> None:
         trainer = PPOTrainer(model, cfg, tokenizer.pad_token_id, dp=data_parallel())
     else:
         model = build_trainable(dirs.champion_dir, dirs.base_dir, cfg).to(distributed.device())
-        from training.kept_credit import KeptCredit
-        from training.ptx import ptx_loss_for
-        from training.stop_credit import StopCredit
-
-        ptx = ptx_loss_for(cfg, tokenizer, settings.bootstrap.heldout_fraction)
-        stop = StopCredit(tokenizer, data.rule, cfg.hindsight_stop, cfg.stop_credit_abstain) if cfg.stop_credit_coef > 0 else None
-        kept = KeptCredit(tokenizer) if cfg.kept_credit_coef > 0 else None
-        trainer = PPOTrainer(model, cfg, tokenizer.pad_token_id, ptx=ptx, stop=stop, kept=kept)
+        trainer = PPOTrainer(model, cfg, tokenizer.pad_token_id,
+                             **loss_terms(cfg, tokenizer, data.rule, settings.bootstrap.heldout_fraction))
 
     def checkpoint_state() -> dict:
         """The trainer's state; Megatron: every tensor-parallel rank's, in rank order (a collective)."""
