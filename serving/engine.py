@@ -77,6 +77,8 @@ def engine_args(settings: EngineSettings, model_dir: Path | str, served_names: l
             "--logprobs-mode", "processed_logprobs"]
     if settings.enforce_eager:
         args.append("--enforce-eager")
+    if not settings.chunked_prefill:
+        args.append("--no-enable-chunked-prefill")
     if enable_lora:
         args += ["--enable-lora", "--max-lora-rank", str(settings.max_lora_rank), "--max-loras", str(settings.max_loras)]
     if tensor_parallel > 1:

