@@ -23,7 +23,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages, run as a script
 
-# name: (PPO overrides, reward-rule overrides), each on top of the demo's settings
+# The PPO settings every configuration starts from: the demo's, with the training levers the study measures
+# turned off and two passes (the demo's settings when the study was run; the demo now runs `stop1_budget50_kept4_ptxc`).
+STUDY_BASE = {"passes": 2, "stop_credit_coef": 0.0, "abstain_budget": 1.0, "kept_credit_coef": 0.0, "ptx_coef": 0.0,
+              "ptx_given_continues": False, "hindsight_partials": False, "partial_credit": "last_token"}
+
+# name: (PPO overrides, reward-rule overrides), each on top of STUDY_BASE
 CONFIGS: dict[str, tuple[dict, dict]] = {
     "ppo": ({}, {}),
     "stop1": ({"stop_credit_coef": 1.0}, {}),
@@ -85,7 +90,7 @@ def run(name: str, args: argparse.Namespace) -> tuple[list[dict], dict]:
     cmd = [sys.executable, str(Path(__file__).with_name("offline_ppo.py")), "--simulate", str(args.simulate),
            "--rows-file", str(args.rows_file), "--checkpoint", str(args.checkpoint), "--iterations", str(args.iterations),
            "--eval-at", args.eval_at, "--eval-requests", str(args.eval_requests), "--seed", str(args.seed),
-           "--ppo", json.dumps(ppo), "--rule", json.dumps(rule), "--threads", str(args.threads)]
+           "--ppo", json.dumps({**STUDY_BASE, **ppo}), "--rule", json.dumps(rule), "--threads", str(args.threads)]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"configuration {name} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")

@@ -130,7 +130,8 @@ class Tally:
 
 
 class SimTraffic(threading.Thread):
-    """Users sending Tab requests through the gateway until `stop` is set (or `max_requests` sent)."""
+    """Users sending Tab requests through the gateway until `stop` is set (or `max_requests` sent). While `quiet`
+    is set they send nothing new (the batch in flight finishes, verdicts still fall due): a traffic trough."""
 
     def __init__(self, cfg: SimUsersConfig, gateway_url: str, api_key: str, model: str, heldout_fraction: float,
                  max_requests: int | None = None):
@@ -145,7 +146,7 @@ class SimTraffic(threading.Thread):
         self.users = population(cfg)
         self.client = OpenAI(base_url=gateway_url.rstrip("/") + "/v1", api_key=api_key, max_retries=0, timeout=120)
         self.http = httpx.Client(base_url=gateway_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=30)
-        self.stop, self.tally, self.sent = threading.Event(), Tally(), 0
+        self.stop, self.quiet, self.tally, self.sent = threading.Event(), threading.Event(), Tally(), 0
         self._due: list[tuple[float, int, str, str, int]] = []  # heap of (due time, seq, request id, event, chars)
         self._due_lock = threading.Lock()
 
@@ -187,6 +188,10 @@ class SimTraffic(threading.Thread):
         i = 0
         with ThreadPoolExecutor(self.cfg.concurrency) as pool:
             while not self.stop.is_set() and (self.max_requests is None or i < self.max_requests):
+                if self.quiet.is_set():
+                    self._send_due()
+                    self.stop.wait(0.2)
+                    continue
                 n = self.cfg.concurrency * 4 if self.max_requests is None else min(self.cfg.concurrency * 4, self.max_requests - i)
                 list(pool.map(self.one, range(i, i + n)))
                 i += n

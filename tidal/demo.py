@@ -24,7 +24,10 @@ METRIC_NAMES = ("suggestion_rate", "accept_rate", "reward_per_request", "accepte
 
 
 def demo_profile(settings: TidalSettings) -> TidalSettings:
-    return settings.model_copy(update={"canary": settings.demo.canary, "train": settings.demo.train,
+    train = settings.demo.train
+    if settings.demo.quiet_while_training and train.torch_threads is None:
+        train = train.model_copy(update={"torch_threads": os.cpu_count() or 1})  # the users are quiet: every core
+    return settings.model_copy(update={"canary": settings.demo.canary, "train": train,
                                        "flywheel": FlywheelSettings(loop="manual", schedule_cron=settings.flywheel.schedule_cron)})
 
 
@@ -64,7 +67,8 @@ def evaluate_versions(settings: TidalSettings, platform, model: str, versions: l
             fleet.deploy(model, v)
             url, loaded_here = replica_serving(fleet, model, v), True
         try:
-            texts = complete_all(url, info.served_name, cases, cfg.max_tokens, cfg.temperature, cfg.stop, cfg.concurrency)
+            texts = complete_all(url, info.served_name, cases, cfg.max_tokens, cfg.temperature, cfg.stop,
+                                 settings.demo.eval_concurrency)
         finally:
             if loaded_here and registry.aliases(model).get("champion") != v:
                 fleet.undeploy(model, v)
@@ -196,9 +200,10 @@ def stop_on_signals() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def run_cycle(model: str, n: int) -> None:
+def run_cycle(model: str, n: int, quiet_while: str | None = None, traffic=None) -> float:
     """One cycle through the `flywheel-<model>` deployment (the runner executes it; the Prefect UI shows it),
-    with a status line of the stage in progress. An interrupt cancels the run."""
+    with a status line of the stage in progress. While the stage `quiet_while` (a child flow's name) runs, the
+    users are quiet (`traffic.quiet`). Returns the seconds they were quiet. An interrupt cancels the run."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
     from prefect.deployments import run_deployment
@@ -208,23 +213,35 @@ def run_cycle(model: str, n: int) -> None:
     run = run_deployment(name=f"flywheel/flywheel-{model}", timeout=0,
                          parameters={"model": model, "cycles": 1, "include_open_hour": True})
     names: dict = {}
+    quiet_s, last = 0.0, time.monotonic()
     with get_client(sync_client=True) as client, tqdm(desc=f"cycle {n}", bar_format="{desc} [{elapsed}]") as bar:
         try:
             while not (state := client.read_flow_run(run.id).state).is_final():
                 children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
                     parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id])))
-                stages = []
+                stages, quiet = [], False
                 for c in sorted(children, key=lambda c: c.created):
                     names.setdefault(c.flow_id, client.read_flow(c.flow_id).name)
                     stages.append(f"{names[c.flow_id]} {c.state.name.lower() if c.state else '?'}")
+                    quiet |= names[c.flow_id] == quiet_while and not (c.state and c.state.is_final())
+                now = time.monotonic()
+                quiet_s, last = quiet_s + (now - last if traffic is not None and traffic.quiet.is_set() else 0.0), now
+                if traffic is not None and quiet:
+                    traffic.quiet.set()
+                elif traffic is not None:
+                    traffic.quiet.clear()
                 bar.set_description_str(f"cycle {n}: " + (" → ".join(stages) or state.name.lower()))
                 time.sleep(2.0)
         except KeyboardInterrupt:
             client.set_flow_run_state(run.id, Cancelling(), force=True)
             raise
+        finally:
+            if traffic is not None:
+                traffic.quiet.clear()
     if not state.is_completed():
         raise RuntimeError(f"flywheel cycle {n} ended {state.name}: {state.message}; see the flow run '{run.name}' "
                            "in the Prefect UI")
+    return quiet_s
 
 
 def cmd_demo(settings: TidalSettings, args) -> None:
@@ -268,9 +285,10 @@ def cmd_demo(settings: TidalSettings, args) -> None:
             wait_for_traffic(traffic, collected, demo.requests_per_cycle, f"cycle {n}: traffic")
             time.sleep(settle_s)  # the last records and verdicts reach the store
             collected = traffic.sent
-            run_cycle(model, n)
+            quiet_s = run_cycle(model, n, "train" if demo.quiet_while_training else None, traffic)
             reports = load_cycles(store, model)[first - 1 :]
-            print("\n" + cycle_table(reports) + f"\n({traffic.sent} simulated requests so far)")
+            print("\n" + cycle_table(reports) + f"\n({traffic.sent} simulated requests so far"
+                  + (f"; the users were quiet for {quiet_s:.0f} s while the cycle trained)" if quiet_s else ")"))
     except KeyboardInterrupt:
         leave_consistent(platform, model)
         raise

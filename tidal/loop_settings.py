@@ -57,24 +57,33 @@ def _demo_canary() -> CanaryConfig:
 
 
 def _demo_train() -> TrainSettings:
-    # One short PPO run per cycle on the core the fleet leaves free (the users keep the engine busy meanwhile,
-    # ~15 s an iteration): 16 iterations, and the gate on at most 400 held-out rows (later cycles collect
-    # thousands), keep three cycles within the hour on a clean machine. Hindsight rows with the code loss
-    # (hindsight_partials, ptx_coef 1) raised the held-out accept rate offline (bench/offline_ppo.py on a demo's
-    # logs: 0% -> 1.0% in 40 iterations, bits/byte flat), but doubled a cycle's training time, and a canary could
-    # not tell that candidate from v1; they stay opt-in (see the README's knobs).
+    # One pass over every logged row of the cycle (the users are quiet meanwhile, so the trainer has every core:
+    # ~2-3 s an iteration instead of 15-19 s beside their traffic). The losses are the offline study's best balance
+    # (docs/learning.md, items 10-17): exact stop/abstain credit from the verdicts (abstaining credited on at most
+    # half of a minibatch's requests), kept credit on the characters users kept, and the code loss given that the
+    # line continues; the gate scores bits/byte the same way, so it charges the code model, not the stop decision.
     return TrainSettings(ppo=PPOConfig(learning_rate=1e-3, critic_learning_rate=1e-2, batch_size=32, minibatch_size=8,
-                                       epochs=2, passes=2, max_iterations=16, kl_coef=0.1),
-                         gate=GateConfig(eval_bytes=20_000, bpb_tolerance=0.1, max_heldout_rows=400),
+                                       epochs=2, passes=1, kl_coef=0.1, stop_credit_coef=1.0, abstain_budget=0.5,
+                                       kept_credit_coef=4.0, ptx_coef=1.0, ptx_given_continues=True),
+                         gate=GateConfig(eval_bytes=20_000, bpb_tolerance=0.05, bpb_stop="\n", max_heldout_rows=400),
                          checkpoint_every=8)
 
 
 class DemoSettings(Section):
-    cycles: int = Field(3, ge=1, description="Flywheel cycles `tidal demo` runs (continuing from the current champion).")
+    cycles: int = Field(4, ge=1, description="Flywheel cycles `tidal demo` runs (continuing from the current champion).")
     requests_per_cycle: int = Field(1200, ge=50, description=(
         "Simulated requests served since the last cycle collected before the next one collects (the users keep "
         "sending while a cycle runs, so after the first cycle there is rarely a wait)."))
-    eval_requests: int = Field(600, ge=20, description="Held-out requests `tidal eval` replays per version at the end.")
+    eval_requests: int = Field(3000, ge=20, description=(
+        "Held-out requests replayed per version at the end (the same requests for every version: paired "
+        "differences). 3,000 resolve a doubling of a ~1% accept rate."))
+    eval_concurrency: int = Field(16, ge=1, description=(
+        "Held-out requests in flight at once during the replay (each is seeded, so the outcome does not depend on "
+        "it; the engine batches them: ~3x the throughput of 4)."))
+    quiet_while_training: bool = Field(True, description=(
+        "The users pause while a cycle trains, and the trainer gets every core (train.torch_threads unset): the "
+        "traffic trough training borrows serving's capacity in. False: they keep typing, and the trainer gets the "
+        "cores the fleet leaves free."))
     users: SimUsersConfig = Field(default_factory=SimUsersConfig, description="The simulated users sending traffic.")
     canary: CanaryConfig = Field(default_factory=_demo_canary, description="Canary settings of the demo's cycles (replace `canary`).")
     train: TrainSettings = Field(default_factory=_demo_train, description="Training settings of the demo's cycles (replace `train`).")

@@ -178,6 +178,7 @@ def test_tidal_demo_runs_one_cycle_and_reports(settings, platform, registry, gat
     assert json.loads((settings.data_path / "demo" / "tab-cycles.json").read_text())[-1]["dataset_id"] == report["dataset_id"]
     assert "held-out users (20 requests" in out.stdout and f"{report['decision']} v{cand.version}" in out.stdout
     assert "learning claim" in out.stdout and f"plot: {png}" in out.stdout
+    assert "the users were quiet for" in out.stdout  # while the cycle trained, on every core
     for v in versions[1:]:
         assert f"v{v} − v1, paired on the same 20 requests" in out.stdout
     # The final report: the final champion against v1 on the same 20 requests, and the cycle's trainer seconds.

@@ -37,11 +37,14 @@ def test_final_report_pairs_the_trained_policy_with_the_checkpoint_and_its_trunc
 def test_learning_study_configurations_are_valid_settings() -> None:
     """Every configuration of bench/learning_study.py is a valid PPO config and reward rule (a typo fails here,
     not an hour into a study)."""
-    from bench.learning_study import CONFIGS
+    from bench.learning_study import CONFIGS, STUDY_BASE
     from tidal.loop_settings import DemoSettings
 
     demo = DemoSettings()
     for name, (ppo, rule) in CONFIGS.items():
-        cfg = type(demo.train.ppo).model_validate({**demo.train.ppo.model_dump(), **ppo})
+        cfg = type(demo.train.ppo).model_validate({**demo.train.ppo.model_dump(), **STUDY_BASE, **ppo})
         assert all(getattr(cfg, k) == v for k, v in ppo.items()), name
         RewardRule.model_validate({**RewardRule().model_dump(), **rule})
+    # The demo runs the study's best balance.
+    best = {**STUDY_BASE, **CONFIGS["stop1_budget50_kept4_ptxc"][0]}
+    assert all(getattr(demo.train.ppo, k) == v for k, v in best.items() if k != "passes"), demo.train.ppo

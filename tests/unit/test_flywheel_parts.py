@@ -3,6 +3,9 @@ and stop signals."""
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 
 from data_contracts.samples import RewardSample
@@ -67,8 +70,33 @@ def test_demo_profile_replaces_canary_and_training_and_stops_schedules(monkeypat
     for k in [k for k in __import__("os").environ if k.startswith("TIDAL_")]:
         monkeypatch.delenv(k)
     s = demo_profile(load_settings())
-    assert s.canary == s.demo.canary and s.train == s.demo.train and s.flywheel.loop == "manual"
+    assert s.canary == s.demo.canary and s.flywheel.loop == "manual"
     assert s.canary.steps == [0.25, 0.5]
+    # The users are quiet while a cycle trains, so the trainer gets every core; otherwise the fleet's leftovers.
+    assert s.train == s.demo.train.model_copy(update={"torch_threads": os.cpu_count()}) and s.demo.quiet_while_training
+    monkeypatch.setenv("TIDAL_DEMO__QUIET_WHILE_TRAINING", "false")
+    assert demo_profile(load_settings()).train.torch_threads is None
+
+
+def test_quiet_users_send_nothing_until_the_trough_ends():
+    from sim.users import SimTraffic, SimUsersConfig
+
+    # Nothing listens on port 9: every request the users send fails at once and is counted as an error.
+    traffic = SimTraffic(SimUsersConfig(sites=50, concurrency=2, think_s=(0.0, 0.0)), "http://127.0.0.1:9", "k", "tab", 0.2)
+    traffic.quiet.set()
+    traffic.start()
+    try:
+        time.sleep(1.0)
+        assert traffic.sent == 0 and traffic.tally.errors == []
+        traffic.quiet.clear()
+        deadline = time.monotonic() + 30
+        while traffic.sent == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert traffic.sent > 0 and "completion" in traffic.tally.errors[0]
+    finally:
+        traffic.stop.set()
+        traffic.join(timeout=30)
+    assert not traffic.is_alive()
 
 
 def test_plot_has_a_panel_per_metric(tmp_path):

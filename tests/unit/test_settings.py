@@ -91,7 +91,7 @@ def test_env_wins_over_yaml_and_nested_sections_merge(monkeypatch: pytest.Monkey
 
 def test_one_demo_setting_keeps_the_demos_other_defaults(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
     default = load_settings().demo
-    assert default.train.ppo.max_iterations != TidalSettings().train.ppo.max_iterations  # the demo's own defaults
+    assert default.train.ppo.kept_credit_coef != TidalSettings().train.ppo.kept_credit_coef  # the demo's own defaults
     write_config(clean_env / "tidal.yaml", "demo:\n  canary:\n    min_samples: 99\n")
     monkeypatch.setenv("TIDAL_DEMO__TRAIN__PPO__HINDSIGHT_PARTIALS", "true")
     demo = load_settings().demo
