@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -213,6 +214,7 @@ def run_cycle(model: str, n: int, quiet_while: str | None = None, traffic=None) 
     run = run_deployment(name=f"flywheel/flywheel-{model}", timeout=0,
                          parameters={"model": model, "cycles": 1, "include_open_hour": True})
     names: dict = {}
+    quiet_event = traffic.quiet if traffic is not None else threading.Event()  # no users: nobody to quiet
     quiet_s, last = 0.0, time.monotonic()
     with get_client(sync_client=True) as client, tqdm(desc=f"cycle {n}", bar_format="{desc} [{elapsed}]") as bar:
         try:
@@ -225,19 +227,20 @@ def run_cycle(model: str, n: int, quiet_while: str | None = None, traffic=None) 
                     stages.append(f"{names[c.flow_id]} {c.state.name.lower() if c.state else '?'}")
                     quiet |= names[c.flow_id] == quiet_while and not (c.state and c.state.is_final())
                 now = time.monotonic()
-                quiet_s, last = quiet_s + (now - last if traffic is not None and traffic.quiet.is_set() else 0.0), now
-                if traffic is not None and quiet:
-                    traffic.quiet.set()
-                elif traffic is not None:
-                    traffic.quiet.clear()
+                if quiet_event.is_set():
+                    quiet_s += now - last
+                last = now
+                if quiet:
+                    quiet_event.set()
+                else:
+                    quiet_event.clear()
                 bar.set_description_str(f"cycle {n}: " + (" → ".join(stages) or state.name.lower()))
                 time.sleep(2.0)
         except KeyboardInterrupt:
             client.set_flow_run_state(run.id, Cancelling(), force=True)
             raise
         finally:
-            if traffic is not None:
-                traffic.quiet.clear()
+            quiet_event.clear()
     if not state.is_completed():
         raise RuntimeError(f"flywheel cycle {n} ended {state.name}: {state.message}; see the flow run '{run.name}' "
                            "in the Prefect UI")
