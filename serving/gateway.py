@@ -15,7 +15,7 @@ from data_contracts.records import CompletionRecord, FeedbackEvent, SamplingPara
 from serving.api_models import ChatRequest, CompletionRequest, FeedbackRequest
 from serving.request_ids import InvalidRequestId, RequestIdSigner
 from serving.routes import ArmSpec, ModelRoutes, RouteTable, assign, user_hash
-from serving.upstream import Endpoint, NoReplica, ReplicaPool
+from serving.upstream import Endpoint, NoReplica, ReplicaPool, describe_failure
 
 
 class GatewayError(Exception):
@@ -65,7 +65,7 @@ class Gateway:
         try:
             await self.pool.refresh(self.session)
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-            self.pool.last_error = f"fleet supervisor unreachable at start: {e!r}"
+            self.pool.last_error = f"fleet supervisor unreachable at start: {describe_failure(e)}"
         self._tasks.append(asyncio.create_task(self.pool.run(self.session)))
 
     async def stop(self) -> None:
@@ -120,12 +120,12 @@ class Gateway:
             try:
                 resp = await self.session.post(ep.url + path, data=orjson.dumps(body), headers={"Content-Type": "application/json"})
             except aiohttp.ServerDisconnectedError as e:
-                last = repr(e)
+                last = describe_failure(e)
                 continue
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as e:
                 self.pool.penalize(ep.replica)
                 self.metrics.failovers.labels(served_name.split("@")[0]).inc()
-                last = repr(e)
+                last = describe_failure(e)
                 continue
             if resp.status >= 400:
                 text = await resp.text()

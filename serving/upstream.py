@@ -17,6 +17,17 @@ class NoReplica(RuntimeError):
     """No ready replica serves the requested version."""
 
 
+def describe_failure(e: BaseException) -> str:
+    """A failed call as text fit for a log line, a health reply or an error message: the exception's type, the
+    HTTP status and the URL without its query, never the request's headers. (The repr of aiohttp's
+    ClientResponseError carries its RequestInfo, whose headers hold the Authorization header.)"""
+    if isinstance(e, aiohttp.ClientResponseError):
+        url = e.request_info.real_url.with_query(None) if e.request_info is not None else "?"
+        return f"HTTP {e.status} {e.message} from {url}"
+    text = str(e)
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
 @dataclass
 class Endpoint:
     replica: str
@@ -65,7 +76,7 @@ class ReplicaPool:
                 await self.refresh(session)
             except (aiohttp.ClientError, asyncio.TimeoutError) as e:
                 # Keep serving from the last snapshot: the supervisor being away must not stop traffic.
-                self.last_error = f"fleet supervisor unreachable: {e!r}"
+                self.last_error = f"fleet supervisor unreachable: {describe_failure(e)}"
                 log.warning(self.last_error)
             await asyncio.sleep(self.poll_s)
 

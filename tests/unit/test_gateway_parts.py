@@ -77,7 +77,7 @@ def test_gateway_error_carries_status_and_headers():
     assert (e.status, e.message, e.headers) == (429, "slow down", {"Retry-After": "1"})
 
 
-def _app_without_engines(tmp_path, rate: float, burst: int):
+def _app_without_engines(tmp_path, rate: float, burst: int, pool: ReplicaPool | None = None):
     """The real app and Gateway, its lifespan not run: no engine, no log upload needed for these paths."""
     import hashlib
 
@@ -90,8 +90,9 @@ def _app_without_engines(tmp_path, rate: float, burst: int):
     from tidal.store import LocalStore
 
     sink = LogSink(tmp_path / "wal", LocalStore(tmp_path / "store"), LogSinkSettings())
-    pool = ReplicaPool("http://unused", "t", poll_s=1.0)
-    pool.apply({"models": {"tab": {"serving_version": 1, "replicas": []}}})
+    if pool is None:
+        pool = ReplicaPool("http://unused", "t", poll_s=1.0)
+        pool.apply({"models": {"tab": {"serving_version": 1, "replicas": []}}})
     gw = Gateway(RouteTable(tmp_path / "routes.json"), pool, sink, RequestIdSigner(b"k" * 32), b"u" * 32,
                  Limits(1000, 64, 60_000, 5.0), GatewayMetrics(sink.metrics))
     clients = {hashlib.sha256(b"alice-key-0123456789").hexdigest(): "alice"}
@@ -136,3 +137,37 @@ def test_malformed_completion_bodies_get_422_naming_the_field_without_echoing_it
     assert "sk-secret" not in r.text
     # authentication still comes first
     assert client.post(path, content=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
+
+
+def test_a_failing_fleet_poll_never_shows_the_admin_token(tmp_path, caplog):
+    """The supervisor answering an error status made aiohttp's ClientResponseError, whose repr carries the
+    request's headers (Authorization included), the pool's last_error: /health returned the admin token and
+    the gateway logged it every poll."""
+    import http.server
+    import threading
+
+    from fastapi.testclient import TestClient
+
+    class Failing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(500)
+            self.end_headers()
+            self.wfile.write(b"supervisor error")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    token = "admin-token-never-shown-0123"
+    try:
+        pool = ReplicaPool(f"http://127.0.0.1:{server.server_address[1]}", token, poll_s=0.05)
+        app = _app_without_engines(tmp_path, rate=100, burst=100, pool=pool)
+        with caplog.at_level("WARNING", logger="tidal.gateway.upstream"), TestClient(app) as client:
+            time.sleep(0.3)  # a few polls
+            health = client.get("/health").json()
+    finally:
+        server.shutdown()
+    assert "HTTP 500" in health["fleet"] and "/fleet" in health["fleet"], health
+    assert token not in health["fleet"] and "Bearer" not in health["fleet"]
+    assert caplog.records and all(token not in r.getMessage() for r in caplog.records)
