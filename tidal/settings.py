@@ -195,7 +195,7 @@ class TidalSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TIDAL_", env_nested_delimiter="__", extra="forbid")
 
     data_dir: Path = Field(Path(".tidal"), description="Local state: logs, pid files, SQLite DBs, the default object store.")
-    admin_token: str | None = Field(None, description="Fleet/route admin token; None = generated once into data_dir.")
+    admin_token: str | None = Field(None, min_length=16, description="Fleet/route admin token; None = generated once into data_dir.")
     models: list[ModelSettings] = Field(default_factory=lambda: [ModelSettings(name="tab")], description="Served models.")
     store: StoreSettings = Field(default_factory=StoreSettings)
     prefect: PrefectSettings = Field(default_factory=PrefectSettings)
@@ -282,6 +282,14 @@ class TidalSettings(BaseSettings):
         raise SettingsError(f"unknown model {name!r}; configured models: {[m.name for m in self.models]}")
 
 
+# Settings whose values are credentials: a settings error names them but never shows what was given.
+SECRET_FIELDS = frozenset({"admin_token", "secret", "key", "password", "token", "api_key"})
+
+
+def _is_secret(loc: list[str]) -> bool:
+    return any(part in SECRET_FIELDS for part in loc)
+
+
 def load_settings(**overrides) -> TidalSettings:
     """Read settings once at start-up; a bad value raises SettingsError naming field and fix."""
     try:
@@ -296,5 +304,8 @@ def load_settings(**overrides) -> TidalSettings:
             # A list item can only be set as a whole list: TIDAL_MODELS='[...]'.
             env_path = loc[: next((i for i, p in enumerate(loc) if p.isdigit()), len(loc))]
             env = "TIDAL_" + "__".join(env_path).upper()
-            lines.append(f"  {'.'.join(loc)}: {err['msg']} (got {err.get('input')!r}; set it in tidal.yaml or {env})")
+            # A credential is never echoed, nor a whole section (a missing field's input is its section, keys and all).
+            value = err.get("input")
+            got = "" if _is_secret(loc) or isinstance(value, (dict, list)) else f"got {value!r}; "
+            lines.append(f"  {'.'.join(loc)}: {err['msg']} ({got}set it in tidal.yaml or {env})")
         raise SettingsError("invalid Tidal settings:\n" + "\n".join(lines)) from None

@@ -267,3 +267,37 @@ def test_sandbox_config_sections_merge_with_the_sandboxes_own(monkeypatch: pytes
     assert s.gateway.logsink.segment_max_age_s == 5.0 and s.gateway.logsink.upload_interval_s == 0.5  # merged, not replaced
     assert s.gateway.port == 21004 and [c.client_id for c in s.gateway.clients] == ["alice", "bob"]
     assert s.canary.steps == [0.5]
+
+
+# ---- credentials -------------------------------------------------------------------------------------
+
+def test_a_bad_credential_setting_is_named_but_never_echoed(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
+    short_token = "tok-9f8e7d"  # too short to be an admin token, still a secret
+    text = settings_error(monkeypatch, yaml=f"admin_token: {short_token}\n"
+                          "gateway:\n  clients:\n    - key: alice-key-0123456789\n", tmp=clean_env)
+    assert "admin_token" in text and "at least 16 characters" in text
+    assert "gateway.clients.0.client_id" in text  # missing: its input is the whole entry, key included
+    assert short_token not in text and "alice-key-0123456789" not in text
+    # an ordinary setting still shows what was given
+    assert "'many'" in settings_error(monkeypatch, env={"TIDAL_FLEET__HEALTH_FAILURES": "many"})
+
+
+def test_secrets_are_generated_once_atomically_private_and_refused_when_empty(clean_env: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tidal.tokens import MIN_SECRET_CHARS, admin_token, secret
+
+    settings = load_settings(data_dir=clean_env / "data")
+    with ThreadPoolExecutor(8) as pool:  # racing first uses all get the one secret that was written
+        values = set(pool.map(lambda _: secret(settings, "racy"), range(32)))
+    path = settings.data_path / "secrets" / "racy"
+    assert len(values) == 1 and len(values.pop()) >= MIN_SECRET_CHARS
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in path.parent.iterdir()) == ["racy"]  # no temporary file left behind
+
+    # A crash between create and write once left an empty file, and an empty token equalled a missing header.
+    (settings.data_path / "secrets" / "admin_token").write_text("")
+    with pytest.raises(SettingsError, match="admin_token is empty.*delete the file"):
+        admin_token(settings)
+    with pytest.raises(SettingsError, match="configured request_id is 5 characters"):
+        secret(settings, "request_id", given="short")
