@@ -109,7 +109,9 @@ def build_app(gw: Gateway, clients: dict[str, str], admin: str, limiter: RateLim
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError):
-        gw.metrics.requests.labels(request.url.path, str(exc.status)).inc()
+        # Labelled by route template, never the raw path: one series per random path would grow without bound.
+        route = request.scope.get("route")
+        gw.metrics.requests.labels(getattr(route, "path", "unmatched"), str(exc.status)).inc()
         return JSONResponse({"error": {"message": exc.message, "type": "invalid_request_error", "code": exc.status}},
                               status_code=exc.status, headers=exc.headers)
 

@@ -171,3 +171,24 @@ def test_a_failing_fleet_poll_never_shows_the_admin_token(tmp_path, caplog):
     assert "HTTP 500" in health["fleet"] and "/fleet" in health["fleet"], health
     assert token not in health["fleet"] and "Bearer" not in health["fleet"]
     assert caplog.records and all(token not in r.getMessage() for r in caplog.records)
+
+
+def test_refused_requests_on_random_paths_add_no_metric_series(tmp_path):
+    """Request metrics were labelled with the raw path, so each 401 on a random admin path made a new series:
+    unauthenticated callers could grow the gateway's memory without bound."""
+    import uuid
+
+    from fastapi.testclient import TestClient
+
+    client = TestClient(_app_without_engines(tmp_path, rate=100, burst=100))
+
+    def series() -> set[str]:
+        text = client.get("/metrics").text
+        return {line.split(" ")[0] for line in text.splitlines() if line.startswith("gateway_requests_total{")}
+
+    for _ in range(50):
+        name = uuid.uuid4().hex
+        assert client.put(f"/admin/routes/{name}", json={"arms": []}).status_code == 401
+        assert client.post(f"/admin/routes/{name}/rollback", json={}).status_code == 401
+    assert series() == {'gateway_requests_total{code="401",endpoint="/admin/routes/{model}"}',
+                        'gateway_requests_total{code="401",endpoint="/admin/routes/{model}/rollback"}'}
