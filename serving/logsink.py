@@ -67,8 +67,10 @@ class LogSink:
         segments are uploaded by the first pass."""
         if self._started:
             raise RuntimeError("LogSink.start() called twice")
-        for kind in KINDS:
-            (self.wal_dir / kind).mkdir(parents=True, exist_ok=True)
+        for kind in KINDS:  # the segments hold raw prompts: owner only
+            (self.wal_dir / kind).mkdir(parents=True, exist_ok=True, mode=0o700)
+        for d in (self.wal_dir, *(self.wal_dir / k for k in KINDS)):
+            d.chmod(0o700)
         fsync_dir(self.wal_dir)
         torn = sum(recover(self.wal_dir, kind) for kind in KINDS)
         pending = [s for k in KINDS for s in list_segments(self.wal_dir, k, (CLOSED,))]  # none open after recover

@@ -19,6 +19,7 @@ import logging
 import os
 import queue
 import re
+import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -31,7 +32,8 @@ log = logging.getLogger("tidal.logsink")
 
 OPEN, CLOSED, UPLOADED = "open", "closed", "uploaded"
 SUFFIXES = {OPEN: ".jsonl", CLOSED: ".closed.jsonl", UPLOADED: ".uploaded.jsonl"}
-_NAME = re.compile(r"^(\d{13}-\d{7}-\d{6})(\.closed|\.uploaded)?\.jsonl$")
+# <opened ms>-<writer>-<counter>; the writer part was the pid (7 digits) before it was a random id per writer
+_NAME = re.compile(r"^(\d{13}-(?:[0-9a-f]{12}|\d{7})-\d{6})(\.closed|\.uploaded)?\.jsonl$")
 
 
 @dataclass(frozen=True)
@@ -109,12 +111,19 @@ def recover(wal_dir: Path, kind: str) -> int:
     return torn
 
 
-_SEGMENT_ID = re.compile(r"(\d{13})-\d{7}-\d{6}")
+_SEGMENT_ID = re.compile(r"(\d{13})-(?:[0-9a-f]{12}|\d{7})-\d{6}")
 
 
-def segment_id(opened_ms: int, pid: int, counter: int) -> str:
-    """A segment's id: its creation time (ms) first, so readers can tell when it began taking records."""
-    return f"{opened_ms:013d}-{pid:07d}-{counter % 1_000_000:06d}"
+def new_writer_id() -> str:
+    """A random id per WAL writer (48 bits). Not the pid: every container's gateway is pid 1, and two gateway
+    pods writing the same object keys would overwrite each other's logs."""
+    return secrets.token_hex(6)
+
+
+def segment_id(opened_ms: int, writer: str, counter: int) -> str:
+    """A segment's id: its creation time (ms) first, so readers can tell when it began taking records, then
+    its writer's id, unique per process and pod, and the writer's own counter."""
+    return f"{opened_ms:013d}-{writer}-{counter % 1_000_000:06d}"
 
 
 def segment_opened_ms(seg_id: str) -> int | None:
@@ -201,7 +210,7 @@ class WalWriter:
         self.commit_interval_s, self.max_bytes, self.max_age_s = commit_interval_s, segment_max_bytes, segment_max_age_s
         self._q: queue.SimpleQueue[_Append | _Control] = queue.SimpleQueue()
         self._open: dict[str, _Open] = {}
-        self._counter = 0
+        self._counter, self._writer = 0, new_writer_id()
         self._last_batch = 1  # size of the previous commit batch: how many appenders to wait for
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -339,14 +348,14 @@ class WalWriter:
 
     def _new_segment(self, kind: str) -> _Open:
         kind_dir = self.wal_dir / kind
-        while True:  # a dead process of the same pid may have used this id in the same millisecond
+        while True:  # never reuse a name, whoever made it
             self._counter += 1
-            seg_id = segment_id(time.time_ns() // 1_000_000, os.getpid(), self._counter)
+            seg_id = segment_id(time.time_ns() // 1_000_000, self._writer, self._counter)
             seg = Segment(kind, seg_id, OPEN, kind_dir / (seg_id + SUFFIXES[OPEN]))
             if any(seg.moved(s).path.exists() for s in (CLOSED, UPLOADED)):
                 continue
             try:
-                fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
+                fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)  # raw prompts: owner only
                 break
             except FileExistsError:
                 continue

@@ -24,7 +24,7 @@ from tidal.store import LocalStore, S3Store
 
 T0 = 1714572000000  # 2024-05-01T14:00:00Z
 HOUR_MS = 3_600_000
-SEGMENT_ID = r"\d{13}-\d{7}-\d{6}"
+SEGMENT_ID = r"\d{13}-[0-9a-f]{12}-\d{6}"
 
 
 def completion(i: int, time_ms: int = T0, model: str = "tab", **over) -> dict:
@@ -225,6 +225,29 @@ def test_uploading_a_segment_again_overwrites_the_same_objects(tmp_path: Path, s
     assert again.flush_now(timeout_s=10)
     assert again.metrics()["uploads_total"] == 3
     assert parquet_objects(tmp_path / "store", "completions") == before
+
+
+def test_two_gateways_of_the_same_pid_never_write_the_same_object(tmp_path: Path, sinks, monkeypatch) -> None:
+    """Segment ids held the pid, which is 1 in every container: two gateway pods opening a segment in the same
+    millisecond wrote the same object keys, and one pod's logs replaced the other's."""
+    import types
+
+    import serving.wal as wal_module
+
+    frozen = types.SimpleNamespace(time_ns=lambda: T0 * 1_000_000, monotonic=time.monotonic)
+    monkeypatch.setattr(wal_module, "time", frozen)  # both open their first segment in the same millisecond
+    store = LocalStore(tmp_path / "store")
+    pods = [start(sinks, tmp_path / f"pod{i}" / "wal", store) for i in range(2)]
+    for i, pod in enumerate(pods):
+        asyncio.run(append_all(pod, "completions", [completion(i)]))
+    assert all(pod.flush_now(timeout_s=10) for pod in pods)
+    objects = parquet_objects(tmp_path / "store", "completions")
+    assert len(objects) == 2 and sorted(r["request_id"] for rows in objects.values() for r in rows) == \
+        sorted(completion(i)["request_id"] for i in range(2))
+    # the segments hold raw prompts: owner only
+    wal = tmp_path / "pod0" / "wal"
+    assert [oct(p.stat().st_mode & 0o777) for p in (wal, wal / "completions")] == ["0o700", "0o700"]
+    assert {oct(p.stat().st_mode & 0o777) for p in (wal / "completions").iterdir()} == {"0o600"}
 
 
 # ---- invalid rows, outages, the cap ---------------------------------------------------------------------
