@@ -13,6 +13,7 @@ import orjson
 
 from data_contracts.records import CompletionRecord, FeedbackEvent, SamplingParams
 from serving.api_models import ChatRequest, CompletionRequest, FeedbackRequest
+from serving.feedback_ledger import FeedbackLedger
 from serving.request_ids import InvalidRequestId, RequestIdSigner
 from serving.routes import ArmSpec, ModelRoutes, RouteTable, assign, user_hash
 from serving.upstream import Endpoint, NoReplica, ReplicaPool, describe_failure
@@ -49,7 +50,7 @@ class Gateway:
         self.routes, self.pool, self.sink, self.signer = routes, pool, sink, signer
         self.user_secret, self.limits, self.metrics = user_secret, limits, metrics
         self.session: aiohttp.ClientSession | None = None
-        self.feedback_seen: dict[str, int] = {}  # request id → feedback time; pruned past the window
+        self.feedback_seen = FeedbackLedger(limits.feedback_window_ms)  # request ids that have their verdict
         self._tasks: list[asyncio.Task] = []
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -61,7 +62,7 @@ class Gateway:
                                              json_serialize=lambda o: orjson.dumps(o).decode())
         self.sink.start()
         for rec in self.sink.iter_recent("feedback"):  # duplicates stay refused across restarts
-            self.feedback_seen[rec["request_id"]] = rec["time_ms"]
+            self.feedback_seen.claim(rec["request_id"], rec["time_ms"])
         try:
             await self.pool.refresh(self.session)
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
@@ -236,25 +237,18 @@ class Gateway:
                                     f"the window is {self.limits.feedback_window_ms / 1000:.0f} s")
         if req.event == "partial" and req.accepted_chars is None:
             raise GatewayError(422, "event 'partial' needs accepted_chars")
-        if req.request_id in self.feedback_seen:
+        if not self.feedback_seen.claim(req.request_id, now):  # claimed before the await: a concurrent duplicate sees it
             self.metrics.feedback.labels("rejected_duplicate").inc()
             raise GatewayError(409, "feedback for this request id was already recorded (one verdict per completion)")
-        self.feedback_seen[req.request_id] = now  # claimed before the await: a concurrent duplicate sees it
         event = FeedbackEvent(request_id=req.request_id, time_ms=now, model=claims.model, event=req.event,
                               accepted_chars=req.accepted_chars, client_id=client_id)
         try:
             await self.sink.append("feedback", event.model_dump())
         except BaseException:
-            self.feedback_seen.pop(req.request_id, None)
+            self.feedback_seen.release(req.request_id)
             raise
         self.metrics.feedback.labels(req.event).inc()
-        self._prune(now)
         return event
-
-    def _prune(self, now: int) -> None:
-        if len(self.feedback_seen) > 100_000:
-            cutoff = now - self.limits.feedback_window_ms
-            self.feedback_seen = {k: t for k, t in self.feedback_seen.items() if t >= cutoff}
 
 
 class _Text:

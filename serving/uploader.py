@@ -187,11 +187,13 @@ class Uploader:
                         "wal_pending_bytes": -size, "wal_retained_bytes": size})
 
     def sweep(self) -> None:
-        """Delete uploaded segments older than retain_s, and the oldest ones early while the WAL is over
-        its cap: they are copies of what the store holds, kept only for iter_recent()."""
+        """Delete uploaded segments older than retain_s, and the oldest ones early (completions before feedback)
+        while the WAL is over its cap: they are copies of what the store holds, kept only for iter_recent()."""
         with self._lock:
+            # Over the cap, completions go first: the retained feedback refills the gateway's duplicate check after
+            # a restart, and its segments are small.
             uploaded = sorted((s for k in self.kinds for s in list_segments(self.wal_dir, k, (UPLOADED,))),
-                              key=lambda s: s.id)
+                              key=lambda s: (s.kind == "feedback", s.id))
             now = time.time()
             total = sum(self.stats.snapshot()[k] for k in ("wal_pending_bytes", "wal_retained_bytes"))
             for seg in uploaded:

@@ -181,6 +181,14 @@ class GatewaySettings(Section):
     logsink: LogSinkSettings = Field(default_factory=LogSinkSettings, description="Write-ahead log and upload of records.")
     route_limits: RouteLimits = Field(default_factory=RouteLimits, description="Bounds on arm sampling overrides.")
 
+    @model_validator(mode="after")
+    def _check(self) -> GatewaySettings:
+        if self.logsink.retain_s < self.feedback_window_s:
+            raise ValueError(f"gateway.logsink.retain_s={self.logsink.retain_s:g} is shorter than gateway.feedback_window_s="
+                             f"{self.feedback_window_s:g}: a restarted gateway refills its duplicate-feedback check from the "
+                             "retained WAL, so a verdict older than retain_s could be recorded twice; raise retain_s")
+        return self
+
 
 class BootstrapSettings(Section):
     vocab_size: int = Field(1024, ge=300, description="Byte-level BPE vocabulary size of the base tokenizer.")
