@@ -91,8 +91,12 @@ class Platform:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         data = self.settings.model_dump(mode="json")
         data["data_dir"] = str(self.settings.data_path)
-        self.settings_file.write_text(yaml.safe_dump(data, sort_keys=False))
-        self.settings_file.chmod(0o600)
+        # Private from its first byte (it may hold keys): a 0600 temporary file renamed over the old one.
+        tmp = self.settings_file.with_name(f".settings.{os.getpid()}.tmp")
+        tmp.unlink(missing_ok=True)
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(yaml.safe_dump(data, sort_keys=False))
+        os.replace(tmp, self.settings_file)
 
     def running(self, name: str) -> ProcInfo | None:
         info = read_procinfo(self.run_dir / f"{name}.json")

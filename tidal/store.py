@@ -178,8 +178,12 @@ def download_dir(store: ObjectStore, prefix: str, local: Path) -> Path:
     keys = store.list(prefix.rstrip("/") + "/")
     if not keys:
         raise FileNotFoundError(f"no objects under {prefix!r} in {store.url}")
+    root = local.resolve()
     for key in keys:
-        store.get_file(key, local / key[len(prefix.rstrip("/")) + 1 :])
+        dest = (local / key[len(prefix.rstrip("/")) + 1 :]).resolve()
+        if not dest.is_relative_to(root):  # an S3 key may hold '..' segments
+            raise ValueError(f"object key {key!r} under {prefix!r} would be written outside {local}")
+        store.get_file(key, dest)
     done.touch()
     return local
 

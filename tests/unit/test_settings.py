@@ -301,3 +301,29 @@ def test_secrets_are_generated_once_atomically_private_and_refused_when_empty(cl
         admin_token(settings)
     with pytest.raises(SettingsError, match="configured request_id is 5 characters"):
         secret(settings, "request_id", given="short")
+
+
+def test_the_settings_file_for_child_processes_is_private_before_it_has_its_name(clean_env: Path, monkeypatch) -> None:
+    """It was written with the umask's mode (0644: it may hold keys) and only then made 0600."""
+    import tidal.platform as platform_module
+    from tidal.platform import Platform
+
+    previous_umask = os.umask(0o022)
+    modes = []
+    real_replace = os.replace
+
+    def replace(src, dst):
+        modes.append(os.stat(src).st_mode & 0o777)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(platform_module.os, "replace", replace)
+    platform = Platform(load_settings(data_dir=clean_env / "data", admin_token="an-admin-token-0123456789"))
+    try:
+        platform.write_settings_file()
+        platform.write_settings_file()  # and again over the first
+    finally:
+        os.umask(previous_umask)
+    assert modes == [0o600, 0o600]
+    assert platform.settings_file.stat().st_mode & 0o777 == 0o600
+    assert "an-admin-token-0123456789" in platform.settings_file.read_text()
+    assert [p.name for p in platform.settings_file.parent.iterdir()] == ["settings.yaml"]

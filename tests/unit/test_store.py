@@ -323,3 +323,12 @@ def test_store_routes_come_from_settings_and_unknown_areas_are_refused(monkeypat
     monkeypatch.setenv("TIDAL_STORE__ROUTES", '{"logs": "ftp://x"}')
     with pytest.raises(ValueError, match=r"store.routes.logs 'ftp://x'"):
         open_store(load_settings())
+
+
+def test_download_dir_refuses_a_key_that_climbs_out_of_the_cache(s3_store: S3Store, tmp_path: Path) -> None:
+    """S3 keys may hold '..' segments: `ckpt/../../x` was written two levels above the cache directory."""
+    s3_store.put_file(make_file(tmp_path / "f", "weights"), "ckpt/model.safetensors")
+    s3_store.put_file(make_file(tmp_path / "g", "planted"), "ckpt/../../planted.py")
+    with pytest.raises(ValueError, match=r"'ckpt/\.\./\.\./planted\.py'.*outside"):
+        download_dir(s3_store, "ckpt", tmp_path / "a" / "b" / "cache")
+    assert not (tmp_path / "a" / "planted.py").exists() and not (tmp_path / "a" / "b" / "cache" / ".complete").exists()
