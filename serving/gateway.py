@@ -15,7 +15,7 @@ from data_contracts.records import CompletionRecord, FeedbackEvent, SamplingPara
 from serving.api_models import ChatRequest, CompletionRequest, FeedbackRequest
 from serving.feedback_ledger import FeedbackLedger
 from serving.request_ids import InvalidRequestId, RequestIdSigner
-from serving.routes import ArmSpec, ModelRoutes, RouteTable, assign, user_hash
+from serving.routes import ArmSpec, ModelRoutes, RouteTable, assign, user_hash, user_hash_key
 from serving.upstream import Endpoint, NoReplica, ReplicaPool, describe_failure
 
 
@@ -48,7 +48,7 @@ class Gateway:
     def __init__(self, routes: RouteTable, pool: ReplicaPool, sink, signer: RequestIdSigner, user_secret: bytes,
                  limits: Limits, metrics):
         self.routes, self.pool, self.sink, self.signer = routes, pool, sink, signer
-        self.user_secret, self.limits, self.metrics = user_secret, limits, metrics
+        self.user_key, self.limits, self.metrics = user_hash_key(user_secret), limits, metrics
         self.session: aiohttp.ClientSession | None = None
         self.feedback_seen = FeedbackLedger(limits.feedback_window_ms)  # request ids that have their verdict
         self._tasks: list[asyncio.Task] = []
@@ -139,7 +139,7 @@ class Gateway:
     def new_record(self, req, routed: Routed, client_id: str, rid: str, ep: Endpoint, prompt_text: str) -> dict:
         return {"request_id": rid, "time_ms": routed.t0_ms, "model": req.model, "version": routed.arm.version,
                 "served_name": routed.served_name, "arm": routed.arm.name,
-                "user_hash": user_hash(req.user or client_id, self.user_secret), "client_id": client_id,
+                "user_hash": user_hash(req.user or client_id, self.user_key), "client_id": client_id,
                 "prompt_text": prompt_text, "replica": ep.replica, "sampling": routed.sampling.model_dump()}
 
     async def log_completion(self, record: dict, routed: Routed) -> None:

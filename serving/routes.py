@@ -313,8 +313,20 @@ def assign(routes: ModelRoutes, user_key: str) -> ArmSpec:
     return arms[1] if u < arms[1].weight else arms[0]
 
 
-def user_hash(user_key: str, secret: bytes) -> str:
-    """Keyed hash of a user/session id for logs: HMAC-SHA256, first 16 bytes, hex (32 characters)."""
+_USER_HASH_LABEL = b"tidal/user-hash/v1"
+
+
+def user_hash_key(secret: bytes) -> bytes:
+    """The key of user hashes, derived from the gateway secret with a label of its own. Keyed by the secret
+    itself, a client sending the user id "tidal/request-id/v1" had the request-id signing key's first half logged
+    as its user hash (serving/request_ids.py derives that key the same way)."""
     if not secret:
         raise ValueError("user_hash needs a non-empty secret (an unkeyed hash of a user id is reversible by guessing)")
-    return hmac.digest(secret, user_key.encode(), "sha256")[:16].hex()
+    return hmac.digest(secret, _USER_HASH_LABEL, "sha256")
+
+
+def user_hash(user_key: str, key: bytes) -> str:
+    """Keyed hash of a user/session id for logs: HMAC-SHA256 under `user_hash_key(secret)`, first 16 bytes, hex."""
+    if not key:
+        raise ValueError("user_hash needs a non-empty key (an unkeyed hash of a user id is reversible by guessing)")
+    return hmac.digest(key, user_key.encode(), "sha256")[:16].hex()

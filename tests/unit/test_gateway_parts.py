@@ -192,3 +192,24 @@ def test_refused_requests_on_random_paths_add_no_metric_series(tmp_path):
         assert client.post(f"/admin/routes/{name}/rollback", json={}).status_code == 401
     assert series() == {'gateway_requests_total{code="401",endpoint="/admin/routes/{model}"}',
                         'gateway_requests_total{code="401",endpoint="/admin/routes/{model}/rollback"}'}
+
+
+def test_a_logged_user_hash_never_reveals_the_request_id_signing_key(tmp_path):
+    """User hashes were keyed by the gateway secret itself, and the request-id key is HMAC(secret, its label): a
+    client sending that label as its user id had the signing key's first half logged as its user hash."""
+    import hmac
+
+    from serving.gateway import Gateway, Limits
+    from serving.gateway_metrics import GatewayMetrics
+    from serving.logsink import LogSink, LogSinkSettings
+    from serving.request_ids import _KEY_LABEL, RequestIdSigner
+    from serving.routes import RouteTable, user_hash
+    from tidal.store import LocalStore
+
+    secret = b"gateway-secret-0123456789abcdef"
+    sink = LogSink(tmp_path / "wal", LocalStore(tmp_path / "store"), LogSinkSettings())
+    gw = Gateway(RouteTable(tmp_path / "routes.json"), ReplicaPool("http://unused", "t" * 16, poll_s=1.0), sink,
+                 RequestIdSigner(secret), secret, Limits(1000, 64, 60_000, 5.0), GatewayMetrics(sink.metrics))
+    signing_key = hmac.digest(secret, _KEY_LABEL, "sha256")
+    logged = user_hash(_KEY_LABEL.decode(), gw.user_key)
+    assert logged != signing_key[:16].hex() and gw.user_key not in (secret, signing_key)

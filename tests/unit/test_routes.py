@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from data_contracts.records import SamplingParams
 from serving import routes as routes_mod
 from serving.routes import (HISTORY_LIMIT, ArmSpec, ModelRoutes, RouteError, RouteLimits, RouteTable, assign,
-                            user_hash)
+                            user_hash, user_hash_key)
 
 
 def make_routes(canary_weight: float | None = None, model: str = "tab", control: int = 3, canary: int = 4,
@@ -99,8 +99,10 @@ def test_user_hash_is_keyed_and_hides_the_raw_id() -> None:
     assert "alice" not in h
     assert h != user_hash("alice@example.com", b"t" * 32)
     assert h != user_hash("bob@example.com", b"s" * 32)
-    with pytest.raises(ValueError, match="secret"):
+    with pytest.raises(ValueError, match="non-empty key"):
         user_hash("alice", b"")
+    with pytest.raises(ValueError, match="non-empty secret"):
+        user_hash_key(b"")
 
 
 # ---- validation ----------------------------------------------------------------------------------
