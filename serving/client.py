@@ -21,11 +21,12 @@ class AdminError(RuntimeError):
 class _AdminClient:
     service = ""
 
-    def __init__(self, url: str, token: str, timeout_s: float):
+    def __init__(self, url: str, token: str, timeout_s: float, retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S):
         self.http = httpx.Client(base_url=url, timeout=timeout_s, headers={"Authorization": f"Bearer {token}"})
+        self.retry_delays_s = retry_delays_s
 
     def _call(self, method: str, path: str, **kw) -> dict:
-        delays = RETRY_DELAYS_S if method in IDEMPOTENT else ()
+        delays = self.retry_delays_s if method in IDEMPOTENT else ()
         for delay in delays:
             try:
                 r = self.http.request(method, path, **kw)
@@ -65,8 +66,9 @@ class FleetClient(_AdminClient):
     def deploy(self, model: str, version: str | int) -> dict:
         return self._call("POST", f"/fleet/{model}/deploy", json={"version": str(version)})
 
-    def undeploy(self, model: str, version: str | int) -> dict:
-        return self._call("POST", f"/fleet/{model}/undeploy", json={"version": str(version)})
+    def undeploy(self, model: str, version: str | int, force: bool = False) -> dict:
+        """Stop serving a version; refused (409) while the gateway's route table sends it traffic, unless force."""
+        return self._call("POST", f"/fleet/{model}/undeploy", json={"version": str(version), "force": force})
 
     def replicas(self, model: str) -> list[dict]:
         return self.status()["models"][model]["replicas"]
@@ -75,8 +77,8 @@ class FleetClient(_AdminClient):
 class RoutesClient(_AdminClient):
     service = "gateway"
 
-    def __init__(self, url: str, token: str, timeout_s: float = 30.0):
-        super().__init__(url, token, timeout_s)
+    def __init__(self, url: str, token: str, timeout_s: float = 30.0, retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S):
+        super().__init__(url, token, timeout_s, retry_delays_s)
 
     def show(self) -> dict:
         return self._call("GET", "/admin/routes")

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 from serving.engine import EngineEnvironmentMissing, EngineError
 from serving.fleet import Fleet
 from serving.probe import ProbeFailed
+from serving.route_guard import RouteGuard, RoutedVersion, RoutesUnknown
 from serving.runtime.base import ClusterError
 from serving.weight_sync import StrategyUnavailable
 from tidal.procs import NotReady, PortInUse
@@ -32,7 +33,7 @@ log = logging.getLogger("tidal.supervisor")
 ERRORS: dict[type[Exception], int] = {RegistryError: 404, SettingsError: 400, StrategyUnavailable: 400, ValueError: 400,
                                       ProbeFailed: 409, NotReady: 503, PortInUse: 503, EngineError: 502,
                                       FileNotFoundError: 404, EngineEnvironmentMissing: 500, CheckpointCorrupt: 409,
-                                      ClusterError: 502}
+                                      ClusterError: 502, RoutedVersion: 409, RoutesUnknown: 503}
 
 
 class ScaleRequest(BaseModel):
@@ -43,11 +44,16 @@ class VersionRequest(BaseModel):
     version: str = Field(..., min_length=1, max_length=64, description="'3', 'v3' or an alias like '@candidate'.")
 
 
-class FleetState:
-    """The fleet plus how its start-up went (it starts in the background so the API answers at once)."""
+class UndeployRequest(VersionRequest):
+    force: bool = Field(False, description="Unload even if the gateway's route table sends it traffic or cannot be read.")
 
-    def __init__(self, fleet: Fleet):
-        self.fleet, self.ready, self.error = fleet, False, ""
+
+class FleetState:
+    """The fleet plus how its start-up went (it starts in the background so the API answers at once), and the
+    guard that keeps a version the route table sends traffic to from being unloaded (None: no gateway to ask)."""
+
+    def __init__(self, fleet: Fleet, guard: RouteGuard | None = None):
+        self.fleet, self.guard, self.ready, self.error = fleet, guard, False, ""
 
     def start(self) -> None:
         try:
@@ -100,7 +106,10 @@ def build_app(state: FleetState, token: str) -> FastAPI:
         return {"model": model, "version": body.version, "probes": [r.summary() for r in reports]}
 
     @app.post("/fleet/{model}/undeploy", dependencies=[Depends(admin)])
-    def undeploy(model: str, body: VersionRequest) -> dict:
+    def undeploy(model: str, body: UndeployRequest) -> dict:
+        if state.guard is not None and not body.force:
+            info = state.fleet.registry.resolve(model, body.version)
+            state.guard.check_unload(model, info.version, info.served_name, state.fleet.group(model).serving)
         state.fleet.undeploy(model, body.version)
         return {"model": model, "version": body.version, "undeployed": True}
 
@@ -110,7 +119,9 @@ def build_app(state: FleetState, token: str) -> FastAPI:
 def serve(settings: TidalSettings) -> None:
     store = open_store(settings)
     fleet = Fleet(settings, Registry(settings.mlflow.tracking_uri), CheckpointCache(store, settings.data_path / "cache"))
-    app = build_app(FleetState(fleet), admin_token(settings))
+    guard = RouteGuard(f"http://{settings.gateway.host}:{settings.gateway.port}", admin_token(settings),
+                       settings.data_path / "gateway" / "routes.json")
+    app = build_app(FleetState(fleet, guard), admin_token(settings))
     uvicorn.run(app, host=settings.fleet.host, port=settings.fleet.admin_port, log_level="warning")
 
 

@@ -98,7 +98,7 @@ def cmd_fleet(settings: TidalSettings, args) -> None:
     elif args.fleet_cmd == "deploy":
         out = client.deploy(args.model, args.version)
     else:
-        out = client.undeploy(args.model, args.version)
+        out = client.undeploy(args.model, args.version, force=args.force)
     print(json.dumps(out, indent=2))
 
 
@@ -183,6 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
         v = fl.add_parser(verb)
         v.add_argument("model")
         v.add_argument("version", help="3, v3 or @alias")
+        if verb == "undeploy":
+            v.add_argument("--force", action="store_true",
+                           help="unload even if the gateway's route table sends it traffic (its users get errors)")
     for parser in fl.choices.values():
         parser.set_defaults(func=cmd_fleet)
     rt = sub.add_parser("route", help="the gateway's traffic split").add_subparsers(dest="route_cmd", required=True)

@@ -149,3 +149,20 @@ def test_bad_requests_get_4xx_with_a_message(gateway, keys, canary, settings, ch
     chaos_report.record("8. hostile input: unauthenticated, oversized, malformed requests", cases=len(cases),
                         server_errors=sum(r.status_code >= 500 for _, r, _ in cases), keys_in_logs=keys_in_logs,
                         statuses=" ".join(f"{n}→{s}" for n, _, s in cases))
+
+
+def test_the_supervisor_refuses_to_unload_a_version_the_routes_send_traffic_to(gateway, keys, canary, fleet, platform):
+    """An operator rollback during the promote task's unload grace routed everyone to the version being unloaded,
+    and a candidate rolled back while it was the control arm could be unloaded too: users then got 503s."""
+    from serving.client import AdminError
+
+    version, _ = canary
+    before = fleet.replicas("tab")
+    with pytest.raises(AdminError) as refused:
+        fleet.undeploy("tab", version)
+    assert refused.value.status == 409 and f"tab@v{version} still gets traffic" in refused.value.detail
+    assert fleet.replicas("tab") == before  # nothing was unloaded
+    assert platform.routes_client().show()["routes"]["tab"]["arms"][1]["version"] == version
+    # the canary's users are still served by it
+    served = {complete(gateway, keys["alice"], f"user-{i}")["tidal"]["version"] for i in range(40)}
+    assert version in served

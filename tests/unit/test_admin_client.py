@@ -77,3 +77,26 @@ def test_an_error_answer_is_not_retried_and_names_the_service() -> None:
         RoutesClient(f"http://127.0.0.1:{server.port}", "t", timeout_s=5).show()
     server.close()
     assert server.connections == 1
+
+
+def test_route_guard_reads_the_table_file_when_the_gateway_does_not_answer(tmp_path):
+    """What the supervisor must not unload: the versions the route table names (from the file a gateway that is
+    down will route by again), else the serving version."""
+    from serving.route_guard import RouteGuard, RoutedVersion, RoutesUnknown
+    from serving.routes import ArmSpec, ModelRoutes, RouteTable
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    guard = RouteGuard(dead, "t" * 16, tmp_path / "routes.json", timeout_s=2)
+    assert guard.routed_versions("tab", serving_version=1) == {1}  # no table: the serving version only
+    RouteTable(tmp_path / "routes.json").set(ModelRoutes(model="tab", arms=[
+        ArmSpec(name="control", version=1, weight=0.8), ArmSpec(name="canary", version=3, weight=0.2)],
+        updated_ms=0, updated_by="test", reason=""))
+    assert guard.routed_versions("tab", serving_version=1) == {1, 3}
+    assert guard.routed_versions("other", serving_version=2) == {2}
+    with pytest.raises(RoutedVersion, match=r"tab@v3 still gets traffic.*tidal route rollback tab"):
+        guard.check_unload("tab", 3, "tab@v3", serving_version=1)
+    guard.check_unload("tab", 2, "tab@v2", serving_version=1)  # not routed: allowed
+    (tmp_path / "routes.json").write_text("{torn")
+    with pytest.raises(RoutesUnknown, match="did not answer.*force"):
+        guard.routed_versions("tab", serving_version=1)
