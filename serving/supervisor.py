@@ -107,9 +107,11 @@ def build_app(state: FleetState, token: str) -> FastAPI:
 
     @app.post("/fleet/{model}/undeploy", dependencies=[Depends(admin)])
     def undeploy(model: str, body: UndeployRequest) -> dict:
-        if state.guard is not None and not body.force:
-            info = state.fleet.registry.resolve(model, body.version)
-            state.guard.check_unload(model, info.version, info.served_name, state.fleet.group(model).serving)
+        group = state.fleet.group(model)
+        info = state.fleet.registry.resolve(model, body.version)
+        # (the version the replicas run is refused by the fleet itself, with its own reason)
+        if state.guard is not None and not body.force and info.version != group.base.version:
+            state.guard.check_unload(model, info.version, info.served_name, group.serving)
         state.fleet.undeploy(model, body.version)
         return {"model": model, "version": body.version, "undeployed": True}
 
