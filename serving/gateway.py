@@ -16,7 +16,7 @@ from serving.api_models import ChatRequest, CompletionRequest, FeedbackRequest
 from serving.feedback_ledger import FeedbackLedger
 from serving.request_ids import InvalidRequestId, RequestIdSigner
 from serving.routes import ArmSpec, ModelRoutes, RouteTable, assign, user_hash, user_hash_key
-from serving.upstream import Endpoint, NoReplica, ReplicaPool, describe_failure
+from serving.upstream import Endpoint, NoReplica, ReplicaPool, Saturated, describe_failure
 
 
 class GatewayError(Exception):
@@ -33,6 +33,9 @@ class Limits:
     max_tokens: int
     feedback_window_ms: int
     upstream_timeout_s: float
+    connect_timeout_s: float = 2.0
+    first_byte_timeout_s: float = 30.0
+    wal_append_timeout_s: float = 10.0
 
 
 @dataclass
@@ -51,6 +54,7 @@ class Gateway:
         self.user_key, self.limits, self.metrics = user_hash_key(user_secret), limits, metrics
         self.session: aiohttp.ClientSession | None = None
         self.feedback_seen = FeedbackLedger(limits.feedback_window_ms)  # request ids that have their verdict
+        self.wal_stuck_since: float | None = None  # wall time of the first append not durable in time; None = healthy
         self._tasks: list[asyncio.Task] = []
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -58,7 +62,8 @@ class Gateway:
         # Idle connections are dropped before the engines' own keep-alive timeout (vLLM: 5 s), so a
         # request rarely meets a connection the engine is closing.
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=3),
-                                             timeout=aiohttp.ClientTimeout(total=self.limits.upstream_timeout_s),
+                                             timeout=aiohttp.ClientTimeout(total=self.limits.upstream_timeout_s,
+                                                                           sock_connect=self.limits.connect_timeout_s),
                                              json_serialize=lambda o: orjson.dumps(o).decode())
         self.sink.start()
         for rec in self.sink.iter_recent("feedback"):  # duplicates stay refused across restarts
@@ -110,31 +115,63 @@ class Gateway:
             body["seed"] = s.seed
         return body
 
-    async def call_engine(self, path: str, served_name: str, body: dict) -> tuple[aiohttp.ClientResponse, Endpoint]:
-        """POST to a replica serving served_name. Failing before the first byte, the call is retried once:
-        on another replica when there is one, else on the same one. A refused connection puts the replica
-        in penalty; a closed keep-alive connection (the engine timed it out as we reused it) does not."""
-        eps = self.pool.candidates(served_name)
+    async def call_engine(self, path: str, served_name: str, body: dict) -> tuple[aiohttp.ClientResponse, Endpoint, int]:
+        """POST to a replica serving served_name; returns the response, its replica and the in-flight token the
+        caller releases (pool.release) once the response is read. Failing before the response headers (refused,
+        no connection within connect_timeout_s, no headers within first_byte_timeout_s: a hung replica), the call
+        is retried once: on another replica when there is one, else on the same one. Such a replica is put in
+        penalty; a closed keep-alive connection (the engine timed it out as we reused it) is not."""
+        try:
+            eps = self.pool.candidates(served_name)
+        except Saturated as e:
+            raise GatewayError(503, str(e), {"Retry-After": "1"}) from None
         tried, last = [], ""
         for ep in [eps[0], *(eps[1:2] or eps[:1])]:
             tried.append(ep.replica)
+            token = self.pool.acquire(ep.replica)
             try:
-                resp = await self.session.post(ep.url + path, data=orjson.dumps(body), headers={"Content-Type": "application/json"})
+                resp = await asyncio.wait_for(self.session.post(ep.url + path, data=orjson.dumps(body),
+                                                                headers={"Content-Type": "application/json"}),
+                                              self.limits.first_byte_timeout_s)
             except aiohttp.ServerDisconnectedError as e:
+                self.pool.release(ep.replica, token)
                 last = describe_failure(e)
                 continue
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as e:
+                self.pool.release(ep.replica, token)
                 self.pool.penalize(ep.replica)
                 self.metrics.failovers.labels(served_name.split("@")[0]).inc()
-                last = describe_failure(e)
+                last = describe_failure(e) if str(e) else f"no answer within {self.limits.first_byte_timeout_s:g} s"
                 continue
+            except BaseException:
+                self.pool.release(ep.replica, token)
+                raise
             if resp.status >= 400:
                 text = await resp.text()
                 resp.release()
+                self.pool.release(ep.replica, token)
                 status = 400 if resp.status < 500 else 502
                 raise GatewayError(status, f"engine {ep.replica} refused the request ({resp.status}): {text[:500]}")
-            return resp, ep
+            return resp, ep, token
         raise GatewayError(503, f"{served_name}: failed before answering on {tried}: {last}")
+
+    async def durable(self, kind: str, record: dict) -> None:
+        """Append to the WAL and wait until it is fsynced, at most wal_append_timeout_s: a stuck disk fails the
+        request (503) and /health, instead of holding every request. The append itself goes on (shielded): a
+        record late to the disk is still logged, and the first append that completes marks the WAL healthy."""
+        task = asyncio.ensure_future(self.sink.append(kind, record))
+        task.add_done_callback(self._append_done)
+        try:
+            await asyncio.wait_for(asyncio.shield(task), self.limits.wal_append_timeout_s)
+        except asyncio.TimeoutError:
+            self.wal_stuck_since = self.wal_stuck_since or time.time()
+            raise GatewayError(503, f"the request log did not make this {kind} record durable within "
+                                    f"{self.limits.wal_append_timeout_s:g} s (see /health); it is written once the "
+                                    "disk recovers") from None
+
+    def _append_done(self, task: asyncio.Future) -> None:
+        if not task.cancelled() and task.exception() is None:
+            self.wal_stuck_since = None
 
     def new_record(self, req, routed: Routed, client_id: str, rid: str, ep: Endpoint, prompt_text: str) -> dict:
         return {"request_id": rid, "time_ms": routed.t0_ms, "model": req.model, "version": routed.arm.version,
@@ -145,7 +182,7 @@ class Gateway:
     async def log_completion(self, record: dict, routed: Routed) -> None:
         record["latency_ms"] = (time.perf_counter() - routed.t0) * 1000
         rec = CompletionRecord.model_validate(record)
-        await self.sink.append("completions", rec.model_dump())
+        await self.durable("completions", rec.model_dump())
         self.metrics.observe(rec.model, rec.arm, record["latency_ms"])
 
     # ---- completions ---------------------------------------------------------------------------
@@ -162,7 +199,7 @@ class Gateway:
         else:
             extra = {"prompt": req.prompt, "logprobs": req.logprobs or 0}  # 0 still returns each sampled token's log-prob
         try:
-            resp, ep = await self.call_engine(fmt.path, routed.served_name, self.engine_body(req, routed, extra))
+            resp, ep, token = await self.call_engine(fmt.path, routed.served_name, self.engine_body(req, routed, extra))
         except NoReplica as e:
             self.metrics.errors.labels(req.model, routed.arm.name).inc()
             raise GatewayError(503, str(e)) from None
@@ -174,9 +211,12 @@ class Gateway:
         record = self.new_record(req, routed, client_id, rid, ep, prompt_text)
         if req.stream:
             meta = {"X-Tidal-Request-Id": rid, "X-Tidal-Version": str(routed.arm.version)}
-            return self.stream(resp, req, routed, record, fmt), meta
-        async with resp:
-            data = orjson.loads(await resp.read())
+            return self.stream(resp, req, routed, record, fmt, ep, token), meta
+        try:
+            async with resp:
+                data = orjson.loads(await resp.read())
+        finally:
+            self.pool.release(ep.replica, token)
         choice = data["choices"][0]
         text, ids, lps = fmt.extract(choice)
         record.update(completion_text=text, completion_token_ids=ids, behaviour_logprobs=lps,
@@ -190,7 +230,15 @@ class Gateway:
         data["tidal"] = {"request_id": rid, "version": routed.arm.version, "arm": routed.arm.name}
         return data
 
-    async def stream(self, resp: aiohttp.ClientResponse, req, routed: Routed, record: dict, fmt) -> AsyncIterator[bytes]:
+    async def stream(self, resp: aiohttp.ClientResponse, req, routed: Routed, record: dict, fmt, ep: Endpoint,
+                     token: int) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._relay(resp, req, routed, record, fmt):
+                yield chunk
+        finally:  # (a stream never started is dropped from the count after upstream_timeout_s)
+            self.pool.release(ep.replica, token)
+
+    async def _relay(self, resp: aiohttp.ClientResponse, req, routed: Routed, record: dict, fmt) -> AsyncIterator[bytes]:
         text, ids, lps, prompt_ids, finish = [], [], [], [], "stop"
         async with resp:
             async for raw in resp.content:
@@ -243,7 +291,9 @@ class Gateway:
         event = FeedbackEvent(request_id=req.request_id, time_ms=now, model=claims.model, event=req.event,
                               accepted_chars=req.accepted_chars, client_id=client_id)
         try:
-            await self.sink.append("feedback", event.model_dump())
+            await self.durable("feedback", event.model_dump())
+        except GatewayError:  # not durable in time, but still being written: the verdict stays claimed
+            raise
         except BaseException:
             self.feedback_seen.release(req.request_id)
             raise

@@ -174,8 +174,12 @@ def build_app(gw: Gateway, clients: dict[str, str], admin: str, limiter: RateLim
         return {"object": "list", "data": [{"id": n, "object": "model", "owned_by": "tidal"} for n in names]}
 
     @app.get("/health")
-    async def health() -> dict:
-        return {"ok": True, "fleet": gw.pool.last_error or "ok", "replica_names": len(gw.pool.snapshot.by_served_name)}
+    async def health() -> JSONResponse:
+        stuck = gw.wal_stuck_since
+        body = {"ok": stuck is None, "fleet": gw.pool.last_error or "ok", "replica_names": len(gw.pool.snapshot.by_served_name),
+                "wal": "ok" if stuck is None else f"appends not durable within {gw.limits.wal_append_timeout_s:g} s "
+                                                  f"for {time.time() - stuck:.0f} s"}
+        return JSONResponse(body, status_code=200 if stuck is None else 503)
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
@@ -217,9 +221,11 @@ def build_gateway(settings: TidalSettings) -> tuple[FastAPI, TidalSettings]:
     metrics = GatewayMetrics(sink.metrics)
     key = secret(settings, "request_id", g.secret).encode()  # signs request ids and keys user hashes
     gw = Gateway(routes=RouteTable(settings.data_path / "gateway" / "routes.json", g.route_limits),
-                 pool=ReplicaPool(f"http://{settings.fleet.host}:{settings.fleet.admin_port}", admin_token(settings), g.fleet_poll_s),
+                 pool=ReplicaPool(f"http://{settings.fleet.host}:{settings.fleet.admin_port}", admin_token(settings),
+                                  g.fleet_poll_s, max_in_flight=g.max_in_flight_per_replica, call_limit_s=g.upstream_timeout_s),
                  sink=sink, signer=RequestIdSigner(key), user_secret=key,
-                 limits=Limits(g.max_prompt_chars, g.max_tokens, int(g.feedback_window_s * 1000), g.upstream_timeout_s),
+                 limits=Limits(g.max_prompt_chars, g.max_tokens, int(g.feedback_window_s * 1000), g.upstream_timeout_s,
+                               g.connect_timeout_s, g.first_byte_timeout_s, g.wal_append_timeout_s),
                  metrics=metrics)
     clients = {_digest(c.key): c.client_id for c in client_keys(settings)}
     return build_app(gw, clients, admin_token(settings), RateLimiter(g.rate_limit_rps, g.rate_limit_burst), g.max_body_bytes), settings

@@ -17,6 +17,10 @@ class NoReplica(RuntimeError):
     """No ready replica serves the requested version."""
 
 
+class Saturated(RuntimeError):
+    """Every replica of the requested version has max_in_flight engine calls in flight."""
+
+
 def describe_failure(e: BaseException) -> str:
     """A failed call as text fit for a log line, a health reply or an error message: the exception's type, the
     HTTP status and the URL without its query, never the request's headers. (The repr of aiohttp's
@@ -44,8 +48,14 @@ class PoolSnapshot:
 class ReplicaPool:
     """A snapshot of ready replicas, refreshed every poll interval; failed replicas sit out briefly."""
 
-    def __init__(self, fleet_url: str, admin_token: str, poll_s: float, penalty_s: float = 5.0):
+    def __init__(self, fleet_url: str, admin_token: str, poll_s: float, penalty_s: float = 5.0,
+                 max_in_flight: int = 64, call_limit_s: float = 120.0):
         self.fleet_url, self.poll_s, self.penalty_s = fleet_url, poll_s, penalty_s
+        # Engine calls in flight per replica: replica → {call token: monotonic start}. A call cannot outlive
+        # call_limit_s (the session's total timeout), so a token a lost stream never released is dropped then.
+        self.max_in_flight, self.call_limit_s = max_in_flight, call_limit_s
+        self._in_flight: dict[str, dict[int, float]] = {}
+        self._tokens = itertools.count()
         self._headers = {"Authorization": f"Bearer {admin_token}"}
         self.snapshot = PoolSnapshot()
         self._down_until: dict[str, float] = {}  # replica → monotonic time it may be used again
@@ -81,15 +91,36 @@ class ReplicaPool:
             await asyncio.sleep(self.poll_s)
 
     def candidates(self, served_name: str) -> list[Endpoint]:
-        """Ready replicas for served_name, rotated round-robin, replicas in penalty last."""
+        """Ready replicas for served_name below their in-flight cap, rotated round-robin, replicas in penalty last."""
         eps = self.snapshot.by_served_name.get(served_name, [])
         if not eps:
             raise NoReplica(f"no ready replica serves {served_name}")
         k = next(self._rr) % len(eps)
-        rotated = eps[k:] + eps[:k]
+        rotated = [e for e in eps[k:] + eps[:k] if self.in_flight(e.replica) < self.max_in_flight]
+        if not rotated:
+            raise Saturated(f"all {len(eps)} replica(s) serving {served_name} have {self.max_in_flight} requests in "
+                            "flight (gateway.max_in_flight_per_replica); retry shortly")
         now = time.monotonic()
         return [e for e in rotated if self._down_until.get(e.replica, 0) <= now] + \
                [e for e in rotated if self._down_until.get(e.replica, 0) > now]
+
+    def in_flight(self, replica: str) -> int:
+        calls = self._in_flight.get(replica)
+        if not calls:
+            return 0
+        stale = time.monotonic() - self.call_limit_s
+        for token in [t for t, started in calls.items() if started < stale]:
+            del calls[token]
+        return len(calls)
+
+    def acquire(self, replica: str) -> int:
+        """Count an engine call to replica; returns the token release() takes."""
+        token = next(self._tokens)
+        self._in_flight.setdefault(replica, {})[token] = time.monotonic()
+        return token
+
+    def release(self, replica: str, token: int) -> None:
+        self._in_flight.get(replica, {}).pop(token, None)
 
     def penalize(self, replica: str) -> None:
         self._down_until[replica] = time.monotonic() + self.penalty_s

@@ -35,7 +35,9 @@ def settings(tmp_path_factory) -> TidalSettings:
               "mixture_sd": 0.5}
     # The tests drive every stage themselves: with the default 'chained' loop, a test's collect would start a
     # train run of the deployed train-tab through its event trigger, beside the test's own.
-    path = write_config(root, models, train=train, canary=canary, flywheel={"loop": "manual"})
+    # A hung replica (test_gateway) is failed over after 15 s instead of the production 30 s.
+    path = write_config(root, models, train=train, canary=canary, flywheel={"loop": "manual"},
+                        gateway={"first_byte_timeout_s": 15.0})
     with pytest.MonkeyPatch.context() as mp:
         for key in [k for k in os.environ if k.startswith("TIDAL_")]:
             mp.delenv(key)

@@ -178,11 +178,23 @@ class GatewaySettings(Section):
     rate_limit_burst: int = Field(400, ge=1, description="Requests a client may send at once.")
     fleet_poll_s: float = Field(1.0, gt=0, description="How often the replica list is refreshed from the fleet supervisor.")
     upstream_timeout_s: float = Field(120.0, gt=0, description="Longest a single engine call may take.")
+    connect_timeout_s: float = Field(2.0, gt=0, description=(
+        "Longest wait for a connection to a replica; past it the call fails over to another replica."))
+    first_byte_timeout_s: float = Field(30.0, gt=0, description=(
+        "Longest wait for a replica's response headers (for a non-streamed completion, its whole generation); past it "
+        "the call fails over, so a hung replica (alive, not answering) costs this rather than upstream_timeout_s."))
+    max_in_flight_per_replica: int = Field(64, ge=1, description=(
+        "Engine calls in flight per replica; a request whose version's replicas are all at it gets 503 with Retry-After."))
+    wal_append_timeout_s: float = Field(10.0, gt=0, description=(
+        "A record not durable in the WAL by then fails its request (503) and /health reports the WAL stuck."))
     logsink: LogSinkSettings = Field(default_factory=LogSinkSettings, description="Write-ahead log and upload of records.")
     route_limits: RouteLimits = Field(default_factory=RouteLimits, description="Bounds on arm sampling overrides.")
 
     @model_validator(mode="after")
     def _check(self) -> GatewaySettings:
+        if self.first_byte_timeout_s > self.upstream_timeout_s:
+            raise ValueError(f"gateway.first_byte_timeout_s={self.first_byte_timeout_s:g} exceeds gateway.upstream_timeout_s="
+                             f"{self.upstream_timeout_s:g}: the whole call would end first; lower it or raise upstream_timeout_s")
         if self.logsink.retain_s < self.feedback_window_s:
             raise ValueError(f"gateway.logsink.retain_s={self.logsink.retain_s:g} is shorter than gateway.feedback_window_s="
                              f"{self.feedback_window_s:g}: a restarted gateway refills its duplicate-feedback check from the "

@@ -77,7 +77,7 @@ def test_gateway_error_carries_status_and_headers():
     assert (e.status, e.message, e.headers) == (429, "slow down", {"Retry-After": "1"})
 
 
-def _app_without_engines(tmp_path, rate: float, burst: int, pool: ReplicaPool | None = None):
+def _app_without_engines(tmp_path, rate: float, burst: int, pool: ReplicaPool | None = None, limits=None):
     """The real app and Gateway, its lifespan not run: no engine, no log upload needed for these paths."""
     import hashlib
 
@@ -94,7 +94,7 @@ def _app_without_engines(tmp_path, rate: float, burst: int, pool: ReplicaPool | 
         pool = ReplicaPool("http://unused", "t", poll_s=1.0)
         pool.apply({"models": {"tab": {"serving_version": 1, "replicas": []}}})
     gw = Gateway(RouteTable(tmp_path / "routes.json"), pool, sink, RequestIdSigner(b"k" * 32), b"u" * 32,
-                 Limits(1000, 64, 60_000, 5.0), GatewayMetrics(sink.metrics))
+                 limits or Limits(1000, 64, 60_000, 5.0), GatewayMetrics(sink.metrics))
     clients = {hashlib.sha256(b"alice-key-0123456789").hexdigest(): "alice"}
     return build_app(gw, clients, "admin-token-0123456789", RateLimiter(rate, burst), 4096)
 
@@ -213,3 +213,79 @@ def test_a_logged_user_hash_never_reveals_the_request_id_signing_key(tmp_path):
     signing_key = hmac.digest(secret, _KEY_LABEL, "sha256")
     logged = user_hash(_KEY_LABEL.decode(), gw.user_key)
     assert logged != signing_key[:16].hex() and gw.user_key not in (secret, signing_key)
+
+
+def test_a_request_finding_every_replica_at_its_in_flight_cap_gets_503_with_retry_after(tmp_path):
+    """Nothing bounded the engine calls in flight: one client could pile any number onto a replica."""
+    from fastapi.testclient import TestClient
+
+    pool = ReplicaPool("http://unused", "t" * 16, poll_s=1.0, max_in_flight=2, call_limit_s=60.0)
+    pool.apply({"models": {"tab": {"serving_version": 1, "replicas": [
+        {"name": "tab-0", "state": "ready", "served": ["tab@v1"], "url": "http://127.0.0.1:9"}]}}})
+    tokens = [pool.acquire("tab-0") for _ in range(2)]
+    client = TestClient(_app_without_engines(tmp_path, rate=100, burst=100, pool=pool))
+    r = client.post("/v1/completions", json={"model": "tab", "prompt": "x"}, headers={"Authorization": "Bearer alice-key-0123456789"})
+    assert r.status_code == 503 and r.headers["Retry-After"] == "1", r.text
+    assert "2 requests in flight" in r.json()["error"]["message"] and "max_in_flight_per_replica" in r.json()["error"]["message"]
+    pool.release("tab-0", tokens[0])
+    assert pool.in_flight("tab-0") == 1 and [e.replica for e in pool.candidates("tab@v1")] == ["tab-0"]
+
+
+def test_a_call_token_a_lost_stream_never_released_expires_after_the_call_limit(monkeypatch):
+    pool = ReplicaPool("http://unused", "t" * 16, poll_s=1.0, max_in_flight=1, call_limit_s=30.0)
+    pool.acquire("tab-0")
+    assert pool.in_flight("tab-0") == 1
+    later = time.monotonic() + 31
+    monkeypatch.setattr("serving.upstream.time.monotonic", lambda: later)
+    assert pool.in_flight("tab-0") == 0
+
+
+def test_a_stuck_wal_fails_requests_and_health_within_its_timeout_then_recovers(tmp_path, monkeypatch):
+    """Only a 120 s total timeout existed: a disk that stopped acknowledging fsyncs held every request, and
+    /health still said ok."""
+    import os
+    import threading
+    import types
+
+    from fastapi.testclient import TestClient
+
+    import orjson
+
+    import serving.wal as wal_module
+    from serving.gateway import Limits
+    from serving.request_ids import RequestIdSigner
+
+    stuck, disk = threading.Event(), threading.Event()  # stuck: fsyncs hang until the disk answers again
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if stuck.is_set():
+            disk.wait(30)
+        real_fsync(fd)
+
+    proxy = types.SimpleNamespace(**{k: getattr(os, k) for k in dir(os) if not k.startswith("__")})
+    proxy.fsync = fsync
+    monkeypatch.setattr(wal_module, "os", proxy)
+    app = _app_without_engines(tmp_path, rate=100, burst=100, limits=Limits(1000, 64, 60_000, 5.0, wal_append_timeout_s=0.3))
+    rid = RequestIdSigner(b"k" * 32).issue("tab", "alice", int(time.time() * 1000))
+    auth = {"Authorization": "Bearer alice-key-0123456789"}
+    with TestClient(app) as client:
+        stuck.set()
+        t0 = time.monotonic()
+        r = client.post("/v1/feedback", json={"request_id": rid, "event": "accepted"}, headers=auth)
+        waited = time.monotonic() - t0
+        assert r.status_code == 503 and "durable within 0.3 s" in r.json()["error"]["message"], r.text
+        assert waited < 10  # the stuck disk holds the request for the timeout, not for good
+        health = client.get("/health")
+        assert health.status_code == 503 and health.json()["ok"] is False and "not durable" in health.json()["wal"]
+        # the verdict stays claimed: it is still being written
+        assert client.post("/v1/feedback", json={"request_id": rid, "event": "accepted"}, headers=auth).status_code == 409
+        disk.set()
+        deadline = time.monotonic() + 10
+        while client.get("/health").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        health = client.get("/health")
+        assert health.status_code == 200 and health.json()["ok"] is True and health.json()["wal"] == "ok"
+    written = [orjson.loads(line)["request_id"] for p in (tmp_path / "wal" / "feedback").iterdir()
+               for line in p.read_bytes().splitlines()]
+    assert written == [rid]  # written once the disk recovered

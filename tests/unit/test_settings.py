@@ -327,3 +327,8 @@ def test_the_settings_file_for_child_processes_is_private_before_it_has_its_name
     assert platform.settings_file.stat().st_mode & 0o777 == 0o600
     assert "an-admin-token-0123456789" in platform.settings_file.read_text()
     assert [p.name for p in platform.settings_file.parent.iterdir()] == ["settings.yaml"]
+
+
+def test_a_first_byte_timeout_longer_than_the_whole_call_is_refused(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
+    text = settings_error(monkeypatch, env={"TIDAL_GATEWAY__FIRST_BYTE_TIMEOUT_S": "300"})
+    assert "first_byte_timeout_s=300 exceeds gateway.upstream_timeout_s=120" in text and "raise upstream_timeout_s" in text
