@@ -174,16 +174,20 @@ class Fleet:
         self.runtime.observe()
         for group in list(self.groups.values()):
             for r in list(group.replicas):
-                if r.state in ("ready", "unhealthy"):
+                seen = r.state
+                if seen in ("ready", "unhealthy"):
                     why = self.runtime.lost(r)  # exited, or (kubernetes) pod replaced / container restarted
                     if why:
                         self.runtime.discard(r)  # local: the engine's children (EngineCore, workers) outlive its API server
                         self._crashed(r, why)
-                    elif self._healthy(r):
-                        r.state, r.health_failures = "ready", 0
+                    elif self._healthy(r):  # (an HTTP call, without the lock: the state may change meanwhile)
+                        if not r.move(seen, "ready"):
+                            continue  # drained (or retired) during the check: its mover owns it now
+                        r.health_failures = 0
                     else:
+                        if not r.move(seen, "unhealthy"):  # out of rotation until healthy again
+                            continue
                         r.health_failures += 1
-                        r.state = "unhealthy"  # out of rotation until healthy again
                         if r.health_failures >= f.health_failures:
                             self.runtime.discard(r)
                             self._crashed(r, f"{r.health_failures} failed health checks")

@@ -4,6 +4,7 @@ versions loaded on it, verified by the served-weight probe before it gets traffi
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,6 +39,21 @@ class Replica:
     last_error: str = ""
     probes: list[ProbeReport] = field(default_factory=list)
     pod: str = ""  # kubernetes: the pod the replica is bound to ('' while it has none)
+    # guards state changes that depend on the state read before a slow step (a health check's HTTP call)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def move(self, expected: State, new: State) -> bool:
+        """Set the state to `new` only if it is still `expected`: a health check that waited on the engine must
+        not put back in rotation a replica that a weight move began draining meanwhile."""
+        with self.lock:
+            if self.state != expected:
+                return False
+            self.state = new
+            return True
+
+    def set_state(self, new: State) -> None:
+        with self.lock:
+            self.state = new
 
     @property
     def name(self) -> str:
@@ -122,7 +138,7 @@ def warm_up(replica: Replica, base_dir, bursts: list[int], max_tokens: int = 16)
 
 def drain(replica: Replica, grace_s: float, runtime: EngineRuntime | None = None) -> None:
     """Leave rotation, let in-flight requests finish (the gateway stops picking a draining replica)."""
-    replica.state = "draining"
+    replica.set_state("draining")
     if runtime is not None:
         runtime.publish(replica)
     time.sleep(grace_s)

@@ -480,3 +480,20 @@ def test_the_supervisor_reads_only_the_probe_of_a_full_checkpoint(tmp_path):
     got = copies.local_dir(full)
     assert sorted(p.name for p in got.iterdir()) == ["probe.json"]
     assert (copies.local_dir(adapter) / "adapter_model.safetensors").is_file()  # checked for NaN/inf before loading
+
+
+def test_a_health_check_never_puts_back_a_replica_drained_while_it_waited(tmp_path, monkeypatch):
+    """The check read `ready`, called the engine without the lock, then wrote `ready` over the `draining` that an
+    in-place weight move had set meanwhile, sending traffic to a paused engine."""
+    w = World(tmp_path, monkeypatch).start()
+    replica = w.fleet.group("tab").replicas[0]
+
+    def slow_check(r):  # the weight move begins while the check waits on the engine
+        if r is replica:
+            drain(r, 0, w.runtime)
+        return True
+
+    monkeypatch.setattr(w.fleet, "_healthy", slow_check)
+    w.fleet.check_health()
+    assert [r["state"] for r in w.replicas()] == ["draining", "ready"]
+    assert w.in_rotation("tab@v1") == ["tab-1"]
