@@ -4,7 +4,10 @@ A closed segment becomes one Parquet object per (model, UTC date, UTC hour) of i
 `logs/{kind}/model={model}/date={YYYY-MM-DD}/hour={HH}/part-{segment_id}.parquet`, plus, if any row is
 invalid, `quarantine/wal/{kind}/part-{segment_id}.jsonl` (`{"reason", "record"}` lines). Keys depend on
 the segment id only, so uploading a segment again (after a crash between the puts and the rename to
-`.uploaded`) overwrites the same objects: each record is in the store once.
+`.uploaded`) overwrites the same objects: each record is in the store once. A segment the store keeps
+refusing while later ones upload is set aside under `<wal_dir>/<kind>/poison/` with its reason, copied to
+`quarantine/wal/{kind}/poison-{segment_id}.jsonl` when the store takes it, and counted
+(`segments_poisoned_total`, its records in `quarantined_total`); objects it put before failing stay.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import pyarrow.parquet as pq
 from pydantic import ValidationError
 
 from data_contracts.records import RECORD_TYPES, to_table
-from serving.wal import CLOSED, UPLOADED, Segment, SinkStats, list_segments, read_lines
+from serving.wal import CLOSED, UPLOADED, Segment, SinkStats, fsync_dir, list_segments, read_lines
 from tidal.store import ObjectStore
 
 log = logging.getLogger("tidal.logsink")
@@ -33,11 +36,16 @@ Partition = tuple[str, str, str]  # (model, YYYY-MM-DD, HH)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _SAFE_MODEL = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,127}$")  # no '/', '=', '..': one key segment
 _ARROW_ERRORS = (ValueError, TypeError, OverflowError)  # pa.ArrowInvalid/ArrowTypeError subclass these
+POISON_AFTER = 5  # failed uploads in a row of one segment, while the next one uploads, that make it poison
 
 
 def partition_key(kind: str, part: Partition, segment_id: str) -> str:
     model, date, hour = part
     return f"logs/{kind}/model={model}/date={date}/hour={hour}/part-{segment_id}.parquet"
+
+
+def poison_key(kind: str, segment_id: str, suffix: str = "jsonl") -> str:
+    return f"quarantine/wal/{kind}/poison-{segment_id}.{suffix}"
 
 
 def quarantine_key(kind: str, segment_id: str) -> str:
@@ -98,6 +106,7 @@ class Uploader:
         self.wal_dir, self.kinds, self.store, self.stats = wal_dir, kinds, store, stats
         self.interval_s, self.backoff_max_s, self.retain_s, self.cap_bytes = interval_s, backoff_max_s, retain_s, cap_bytes
         self._lock = threading.Lock()  # one pass at a time: the background thread or a flush
+        self._failures: dict[str, int] = {}  # segment id → consecutive failed uploads
         self._wake, self._stop = threading.Event(), threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -147,18 +156,58 @@ class Uploader:
                 time.sleep(delay)
 
     def upload_pending(self) -> None:
-        """One pass over the closed segments, oldest first; raises on the first failure (the store is
-        likely down for the rest too)."""
+        """One pass over the closed segments, oldest first; raises on the first failure (the store is likely
+        down for the rest too). A segment that has failed POISON_AFTER times in a row while the next one uploads
+        is poison, not an outage: it is set aside with its reason, so that it no longer blocks the rest."""
         with self._lock:
             for kind in self.kinds:
-                for seg in list_segments(self.wal_dir, kind, (CLOSED,)):
+                segs, i = list_segments(self.wal_dir, kind, (CLOSED,)), 0
+                while i < len(segs):
                     try:
-                        self.upload_segment(seg)
+                        self._upload_counted(segs[i])
+                        i += 1
+                        continue
                     except Exception as e:
-                        self.stats.add({"upload_errors_total": 1})
-                        log.warning("upload of WAL segment %s/%s to %s failed (will retry): %s: %s",
-                                    kind, seg.id, self.store.url, type(e).__name__, e)
-                        raise
+                        if self._failures[segs[i].id] < POISON_AFTER or i + 1 == len(segs):
+                            raise
+                        self._upload_counted(segs[i + 1])  # raises too during an outage
+                        self.set_aside(segs[i], f"upload failed {self._failures.pop(segs[i].id)} times in a row "
+                                                f"while later segments uploaded: {type(e).__name__}: {e}")
+                        i += 2
+
+    def _upload_counted(self, seg: Segment) -> None:
+        try:
+            self.upload_segment(seg)
+        except Exception as e:
+            self.stats.add({"upload_errors_total": 1})
+            self._failures[seg.id] = self._failures.get(seg.id, 0) + 1
+            log.warning("upload of WAL segment %s/%s to %s failed (will retry): %s: %s",
+                        seg.kind, seg.id, self.store.url, type(e).__name__, e)
+            raise
+        self._failures.pop(seg.id, None)
+
+    def set_aside(self, seg: Segment, reason: str) -> None:
+        """Move a poison segment to <wal_dir>/<kind>/poison/ beside a .reason file, count its records as
+        quarantined, and copy both to the store's quarantine if it takes them; an alarm stays on in the metrics
+        (segments_poisoned_total) until an operator has dealt with it."""
+        lines, _ = read_lines(seg.path)
+        poison = seg.path.parent / "poison"
+        poison.mkdir(exist_ok=True)
+        size = seg.path.stat().st_size
+        target = poison / f"{seg.id}.jsonl"
+        os.rename(seg.path, target)
+        (poison / f"{seg.id}.reason").write_text(reason + "\n")
+        fsync_dir(seg.path.parent)
+        self.stats.add({"segments_pending": -1, "wal_pending_bytes": -size, "segments_poisoned_total": 1,
+                        "quarantined_total": len(lines)})
+        log.error("WAL segment %s/%s set aside as poison (%d records) at %s: %s", seg.kind, seg.id, len(lines),
+                  target, reason)
+        try:
+            self.store.put_file(target, poison_key(seg.kind, seg.id))
+            self.store.put_file(poison / f"{seg.id}.reason", poison_key(seg.kind, seg.id, "reason"))
+        except Exception as e:  # it stays on local disk, counted; the store may refuse exactly this object
+            log.error("poison segment %s/%s could not be copied to the store: %s: %s", seg.kind, seg.id,
+                      type(e).__name__, e)
 
     def upload_segment(self, seg: Segment) -> None:
         lines, _ = read_lines(seg.path)  # closed segments have no torn tail (recovery cut it)

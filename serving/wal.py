@@ -142,7 +142,8 @@ class SinkStats:
         self.over_cap = self.near_cap = False
         self.values: dict[str, int] = dict.fromkeys(
             ["wal_pending_bytes", "wal_retained_bytes", "segments_pending", "commits_total", "uploads_total",
-             "segments_uploaded_total", "upload_errors_total", "quarantined_total", "torn_lines_total"]
+             "segments_uploaded_total", "upload_errors_total", "quarantined_total", "torn_lines_total",
+             "segments_poisoned_total"]
             + [f"records_appended_total:{k}" for k in kinds], 0)
 
     def add(self, deltas: dict[str, int]) -> None:

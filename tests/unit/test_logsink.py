@@ -252,6 +252,45 @@ def test_two_gateways_of_the_same_pid_never_write_the_same_object(tmp_path: Path
 
 # ---- invalid rows, outages, the cap ---------------------------------------------------------------------
 
+class RefusingStore(FlakyStore):
+    """A real LocalStore that always refuses the objects of one segment (say, a deny policy on those keys)."""
+
+    def __init__(self, inner: LocalStore):
+        super().__init__(inner, failures=0)
+        self.refuse = "never"
+
+    def put_file(self, local: Path, key: str) -> None:
+        if self.refuse in key and "/poison-" not in key:
+            raise PermissionError(f"AccessDenied on {key}")
+        self.inner.put_file(local, key)
+
+
+def test_a_segment_that_always_fails_is_set_aside_and_no_longer_blocks_the_others(tmp_path: Path, sinks) -> None:
+    """One upload that always failed blocked every later segment forever."""
+    from serving.uploader import POISON_AFTER
+
+    wal, store = tmp_path / "wal", RefusingStore(LocalStore(tmp_path / "store"))
+    sink = start(sinks, wal, store)
+    asyncio.run(append_all(sink, "completions", [completion(0), completion(1)]))
+    sink._writer.rotate()
+    (first,) = wal_files(wal, "completions", ".closed.jsonl")
+    store.refuse = first.name.split(".")[0]
+    asyncio.run(append_all(sink, "completions", [completion(2)]))
+    assert sink.flush_now(timeout_s=10)  # failed POISON_AFTER times, then the next segment uploaded
+
+    m = sink.metrics()
+    assert m["segments_poisoned_total"] == 1 and m["quarantined_total"] == 2 and m["segments_pending"] == 0
+    assert m["upload_errors_total"] == POISON_AFTER
+    assert [r["request_id"] for rows in parquet_objects(tmp_path / "store", "completions").values() for r in rows] == \
+        [completion(2)["request_id"]]
+    poison = wal / "completions" / "poison"
+    assert sorted(p.name for p in poison.iterdir()) == [f"{store.refuse}.jsonl", f"{store.refuse}.reason"]
+    assert f"failed {POISON_AFTER} times in a row" in (poison / f"{store.refuse}.reason").read_text()
+    assert "AccessDenied" in (poison / f"{store.refuse}.reason").read_text()
+    copied = store.inner.list("quarantine/wal/completions/")
+    assert copied == [f"quarantine/wal/completions/poison-{store.refuse}.jsonl",
+                      f"quarantine/wal/completions/poison-{store.refuse}.reason"]
+
 def test_invalid_rows_are_quarantined_with_a_reason_and_counted(tmp_path: Path, sinks) -> None:
     wal, store = tmp_path / "wal", LocalStore(tmp_path / "store")
     # A closed segment left by an earlier run, with a line that is not JSON: start() queues it.
