@@ -244,7 +244,7 @@ def refuse_runtime(fleet, strategy: str) -> None:
 
 
 def leave_rotation(fleet, replica, grace_s: float) -> None:
-    replica.set_state("draining")  # the gateway stops picking it; the health monitor leaves it alone
+    replica.state = "draining"  # the gateway stops picking it; the health monitor leaves it alone
     _publish(fleet, replica)
     time.sleep(grace_s)
 
