@@ -3,6 +3,8 @@ memory bounded by one window of ids; and the WAL keeps the feedback a restarted 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from serving.feedback_ledger import FeedbackLedger
@@ -68,7 +70,7 @@ def test_the_wal_keeps_feedback_over_its_cap_and_a_short_retention_is_refused(tm
         sink.stop(timeout_s=2)
     assert kept == {feedback(i)["request_id"] for i in range(6)}
 
-    for name in [k for k in __import__("os").environ if k.startswith("TIDAL_")]:
+    for name in [k for k in os.environ if k.startswith("TIDAL_")]:
         monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SettingsError, match="retain_s=3600 is shorter than gateway.feedback_window_s=86400"):
