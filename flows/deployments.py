@@ -83,7 +83,7 @@ def main() -> None:
                        "PREFECT_RUNNER_SERVER_PORT": str(settings.prefect.runner_port)})
     from prefect import serve
 
-    from flows.resume import resume_orphaned_runs
+    from flows.resume import reconcile_live_state, resume_orphaned_runs
 
     deps = deployments(settings)
     if settings.flywheel.work_pool:
@@ -91,6 +91,7 @@ def main() -> None:
         print(f"registered {len(ids)} deployments on work pool {settings.flywheel.work_pool!r}; its workers run them")
         return
     resume_orphaned_runs(settings, [f"{d.flow_name}/{d.name}" for d in deps])  # before serving: the runner picks them up
+    reconcile_live_state(settings)  # after orphaned canaries are rolled back, before any release runs
     serve(*deps, print_starting_message=False, query_seconds=settings.flywheel.runner_poll_s)
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 from prefect.flow_runs import pause_flow_run
 
-from tasks.promote import (deploy_and_verify, promote_candidate, resolve_release, roll_back_candidate, run_canary,
-                           unload_after_grace)
+from tasks.promote import (abandon_release, deploy_and_verify, promote_candidate, reconcile_live, resolve_release,
+                           roll_back_candidate, run_canary, unload_after_grace)
 from tasks.promote_approval import Approval, approval_description
 from tidal.platform import Platform
 from tidal.registry import Registry
@@ -31,23 +31,32 @@ def promote(model: str = "tab", candidate: str = "@candidate", require_gate: boo
     fleet, routes = platform.fleet_client(), platform.routes_client()
     gateway_url = f"http://{settings.gateway.host}:{settings.gateway.port}"
 
-    release = resolve_release(registry, model, candidate, require_gate, settings.model(model).update_strategy)
+    live = reconcile_live(model, registry, routes, fleet)  # the routes are the truth; aliases and fleet follow them
+    release = resolve_release(registry, model, candidate, require_gate, settings.model(model).update_strategy, live)
     deploy_and_verify(fleet, registry, release)
     # a gateway segment is open at most segment_max_age_s; a minute more covers clock skew between hosts
     span_s = settings.gateway.logsink.segment_max_age_s + 60
-    look = run_canary(release, cfg, routes, fleet, registry, store, settings.collect.rule_for(model), gateway_url,
-                      log_segment_span_s=span_s)
-    if look.action == "inconclusive" and cfg.on_inconclusive == "ask":
-        answer = pause_flow_run(wait_for_input=Approval.with_initial_data(
-            description=approval_description(release, look), decision="rollback"), timeout=int(cfg.approval_timeout_s))
-        registry.set_tags(model, release.candidate.version, answer.audit_tags())
-        look.action, look.reason = ("promote" if answer.decision == "promote" else "rollback"), answer.summary()
+    try:
+        look = run_canary(release, cfg, routes, fleet, registry, store, settings.collect.rule_for(model), gateway_url,
+                          log_segment_span_s=span_s)
+        if look.action == "inconclusive" and cfg.on_inconclusive == "ask":
+            # the pause holds the canary as it is: the watchdog waits as long as a human may take, and a bit more
+            routes.watch(model, release.candidate.version, cfg.approval_timeout_s + cfg.watchdog_s)
+            answer = pause_flow_run(wait_for_input=Approval.with_initial_data(
+                description=approval_description(release, look), decision="rollback"), timeout=int(cfg.approval_timeout_s))
+            registry.set_tags(model, release.candidate.version, answer.audit_tags())
+            look.action, look.reason = ("promote" if answer.decision == "promote" else "rollback"), answer.summary()
+    except BaseException as e:  # a failed or interrupted release leaves no canary routed (or leaves it to the watchdog)
+        abandon_release(release, e, routes, fleet, registry)
+        raise
     if look.action == "promote":
         promote_candidate(release, look, routes, registry)
+        reconcile_live(model, registry, routes, fleet)
         print(f"{model}: v{release.candidate.version} promoted ({look.reason}); "
               f"v{release.champion.version} stays loaded {cfg.unload_grace_s:.0f} s for instant rollback")
         get_run_logger().info(unload_after_grace(fleet, release, cfg.unload_grace_s))
         return "promoted"
     roll_back_candidate(release, look, routes, fleet, registry)
+    reconcile_live(model, registry, routes, fleet)
     print(f"{model}: v{release.candidate.version} rolled back: {look.reason}")
     return "rolled_back"

@@ -65,3 +65,26 @@ def _roll_back_canary(settings: TidalSettings, model: str, run_name: str) -> Non
             routes.rollback(model, by="runner", reason=f"release run {run_name} was orphaned by a dead runner")
     except Exception as e:  # noqa: BLE001  the gateway may be down too: said loudly, for `tidal rollback`
         log.error("could not roll back %s's canary of orphaned run %s (%s): run `tidal rollback %s`", model, run_name, e, model)
+
+
+def reconcile_live_state(settings: TidalSettings) -> list[dict]:
+    """At the runner's start: each model's champion alias and fleet serving version made to follow the gateway's
+    routes (tasks/live_state.py), so no release starts from records a crash left disagreeing. A model that cannot
+    be reconciled now (a server down) is logged; its next release reconciles it again before it starts."""
+    from tasks.live_state import reconcile
+    from tidal.platform import Platform
+    from tidal.registry import Registry
+
+    platform, registry, out = Platform(settings), Registry(settings.mlflow.tracking_uri), []
+    routes, fleet = platform.routes_client(), platform.fleet_client(timeout_s=30.0)
+    for m in settings.models:
+        try:
+            live = reconcile(m.name, registry, routes, fleet, by="runner")
+        except Exception as e:  # noqa: BLE001  reported; the release reconciles again
+            log.error("could not reconcile %s's live state at start (%s: %s)", m.name, type(e).__name__, str(e)[:200])
+            continue
+        for fix in live.fixed:
+            log.warning("%s: reconciled %s", m.name, fix)
+        out.append(live.model_dump())
+    return out
+

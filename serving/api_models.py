@@ -78,6 +78,18 @@ class CanaryUpdate(BaseModel):
     weight: float = Field(ge=0, le=1, description="Canary share of users.")
     reason: str = Field("", max_length=500)
     by: str = Field("admin", max_length=100)
+    watch_s: float | None = Field(None, gt=0, le=30 * 86400, description=(
+        "The caller watches this canary and checks in (POST .../canary/watch) within this many seconds, or the "
+        "gateway rolls it back; None: nobody watches it (a canary set by hand)."))
+
+
+class CanaryWatch(BaseModel):
+    """A release's check-in: it still watches its canary."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: int = Field(ge=1, description="The canary version the caller watches (409 when it is no longer routed).")
+    watch_s: float = Field(gt=0, le=30 * 86400, description="Next check-in due within this many seconds.")
 
 
 class RollbackRequest(BaseModel):

@@ -52,16 +52,22 @@ class CanaryConfig(Section):
     max_p99_ratio: float = Field(1.5, ge=1, description="Canary p99 latency may be this many times control's p99 ...")
     p99_slack_ms: float = Field(50.0, ge=0, description="... plus this many ms, before the latency guardrail fails.")
     on_inconclusive: Literal["rollback", "ask"] = Field("rollback", description="At max_step_s: roll back, or pause the flow for a human decision.")
-    approval_timeout_s: float = Field(86400.0, gt=0, description="How long an 'ask' pause waits for a human before the flow fails.")
+    approval_timeout_s: float = Field(86400.0, gt=0, le=28 * 86400, description="How long an 'ask' pause waits for a human before the flow fails.")
     feedback_wait_s: float = Field(30.0, ge=0, description="A completion without feedback counts (as 'ignored') once this old.")
     poll_s: float = Field(5.0, gt=0, description="Seconds between looks.")
     unload_grace_s: float = Field(60.0, ge=0, description="After promotion, the old champion stays loaded this long (instant rollback).")
+    watchdog_s: float = Field(60.0, gt=0, description=(
+        "The release checks in with the gateway at every look; a canary whose release has not checked in for this "
+        "long (its run was killed, crashed or lost the gateway) is rolled back by the gateway itself."))
 
     @model_validator(mode="after")
     def _check(self) -> CanaryConfig:
         s = self.steps
         if not s or any(not 0 < w < 1 for w in s) or any(b <= a for a, b in zip(s, s[1:])):
             raise ValueError(f"canary.steps={s}: need increasing shares in (0, 1), e.g. [0.05, 0.25, 0.5]")
+        if self.watchdog_s < 3 * self.poll_s:
+            raise ValueError(f"canary.watchdog_s={self.watchdog_s} is under 3 × canary.poll_s={self.poll_s}: a slow look "
+                             f"would have a healthy release rolled back; raise watchdog_s to at least {3 * self.poll_s:g}")
         return self
 
 

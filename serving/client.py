@@ -70,6 +70,10 @@ class FleetClient(_AdminClient):
         """Stop serving a version; refused (409) while the gateway's route table sends it traffic, unless force."""
         return self._call("POST", f"/fleet/{model}/undeploy", json={"version": str(version), "force": force})
 
+    def set_serving(self, model: str, version: int) -> dict:
+        """The version the gateway serves a model on while it has no routes for it (must be served already)."""
+        return self._call("PUT", f"/fleet/{model}/serving", json={"version": str(version)})
+
     def replicas(self, model: str) -> list[dict]:
         return self.status()["models"][model]["replicas"]
 
@@ -83,8 +87,15 @@ class RoutesClient(_AdminClient):
     def show(self) -> dict:
         return self._call("GET", "/admin/routes")
 
-    def canary(self, model: str, version: int, weight: float, by: str = "cli", reason: str = "") -> dict:
-        return self._call("POST", f"/admin/routes/{model}/canary", json={"version": version, "weight": weight, "by": by, "reason": reason})
+    def canary(self, model: str, version: int, weight: float, by: str = "cli", reason: str = "",
+               watch_s: float | None = None) -> dict:
+        """watch_s: the caller will check in (`watch`) within this many seconds, or the gateway rolls the canary back."""
+        return self._call("POST", f"/admin/routes/{model}/canary",
+                          json={"version": version, "weight": weight, "by": by, "reason": reason, "watch_s": watch_s})
+
+    def watch(self, model: str, version: int, watch_s: float) -> dict:
+        """Check in as the release watching the canary `version`; AdminError 409 once it is no longer routed."""
+        return self._call("POST", f"/admin/routes/{model}/canary/watch", json={"version": version, "watch_s": watch_s})
 
     def set(self, model: str, arms: list[dict], by: str = "cli", reason: str = "") -> dict:
         return self._call("PUT", f"/admin/routes/{model}", json={"arms": arms, "by": by, "reason": reason})

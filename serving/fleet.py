@@ -134,6 +134,19 @@ class Fleet:
             group.strategy.retire(self, group, info)
         self._save_state()
 
+    def set_serving(self, model: str, ref: str | int) -> int:
+        """The version the gateway falls back to for this model while it has no routes (it follows the routes'
+        control arm: tasks/live_state.py). It must be served already: the base, a loaded adapter or a surge version."""
+        group = self.group(model)
+        info = self.registry.resolve(model, ref)
+        with group.lock:
+            served = {group.base.version, *group.adapters, *group.surge}
+            if info.version not in served:
+                raise ValueError(f"{info.served_name} is not served by the fleet (serving {sorted(served)}); deploy it first")
+            group.serving = info.version
+        self._save_state()
+        return info.version
+
     # ---- replicas (used by strategies) ---------------------------------------------------------
     def boot_replica(self, group: ModelGroup, base: VersionInfo, adapters: dict[int, VersionInfo]) -> Replica:
         host, port = self.runtime.address()

@@ -4,6 +4,7 @@ shape the answer for the client; and validate feedback (signed ids, window, owne
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -17,6 +18,9 @@ from serving.feedback_ledger import FeedbackLedger
 from serving.request_ids import InvalidRequestId, RequestIdSigner
 from serving.routes import ArmSpec, ModelRoutes, RouteTable, assign, user_hash, user_hash_key
 from serving.upstream import Endpoint, NoReplica, ReplicaPool, Saturated, describe_failure
+
+log = logging.getLogger("tidal.gateway")
+WATCHDOG_PERIOD_S = 1.0  # how often the canary watchdog looks: a missed deadline costs at most this much more
 
 
 class GatewayError(Exception):
@@ -73,6 +77,19 @@ class Gateway:
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             self.pool.last_error = f"fleet supervisor unreachable at start: {describe_failure(e)}"
         self._tasks.append(asyncio.create_task(self.pool.run(self.session)))
+        self._tasks.append(asyncio.create_task(self.watch_canaries()))
+
+    async def watch_canaries(self) -> None:
+        """The release watchdog: a canary whose release missed its check-in deadline goes back to control (at start
+        too, so a deadline that passed while the gateway was down is acted on at once)."""
+        while True:
+            try:
+                for r in await asyncio.to_thread(self.routes.expire_watches):
+                    self.metrics.watchdog.labels(r.model).inc()
+                    log.warning("routes %s: %s", r.model, r.reason)
+            except Exception:  # noqa: BLE001  (a full disk, say): logged, and tried again next period
+                log.exception("canary watchdog pass failed")
+            await asyncio.sleep(WATCHDOG_PERIOD_S)
 
     async def stop(self) -> None:
         for t in self._tasks:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import math
@@ -17,13 +18,13 @@ from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
-from serving.api_models import (CanaryUpdate, ChatRequest, CompletionRequest, FeedbackRequest, FeedbackResponse,
+from serving.api_models import (CanaryUpdate, CanaryWatch, ChatRequest, CompletionRequest, FeedbackRequest, FeedbackResponse,
                                 RollbackRequest, RoutesUpdate)
 from serving.gateway import Gateway, GatewayError, Limits
 from serving.gateway_metrics import GatewayMetrics, RateLimiter
 from serving.logsink import LogSink
 from serving.request_ids import RequestIdSigner
-from serving.routes import ModelRoutes, RouteError, RouteTable
+from serving.routes import CanaryGone, ModelRoutes, RouteError, RouteTable
 from serving.upstream import ReplicaPool
 from tidal.settings import TidalSettings, load_settings
 from tidal.store import open_store
@@ -123,7 +124,8 @@ def build_app(gw: Gateway, clients: dict[str, str], admin: str, limiter: RateLim
 
     @app.exception_handler(RouteError)
     async def route_error(request: Request, exc: RouteError):
-        return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error", "code": 400}}, status_code=400)
+        code = 409 if isinstance(exc, CanaryGone) else 400
+        return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error", "code": code}}, status_code=code)
 
     # async dependencies: FastAPI runs plain `def` ones in a thread pool, a hand-off per request.
     async def client(authorization: str = Header("", description="Bearer <client API key>")) -> str:
@@ -206,7 +208,11 @@ def build_app(gw: Gateway, clients: dict[str, str], admin: str, limiter: RateLim
         require_served(model, [body.version])
         if gw.routes.get(model) is None:  # first change: start from the fleet's default control arm
             gw.routes.set(gw.model_routes(model))
-        return gw.routes.set_weights(model, body.version, body.weight, body.by, body.reason).model_dump()
+        return gw.routes.set_weights(model, body.version, body.weight, body.by, body.reason, watch_s=body.watch_s).model_dump()
+
+    @app.post("/admin/routes/{model}/canary/watch", dependencies=[Depends(admin_only)])
+    async def watch_canary(model: str, body: CanaryWatch) -> dict:
+        return (await asyncio.to_thread(gw.routes.watch, model, body.version, body.watch_s)).model_dump()
 
     @app.post("/admin/routes/{model}/rollback", dependencies=[Depends(admin_only)])
     async def rollback(model: str, body: RollbackRequest) -> dict:

@@ -21,6 +21,8 @@ class GatewayMetrics:
                               registry=r)
         self.failovers = Counter("gateway_upstream_failovers", "Replica failures before the first byte", ["model"], registry=r)
         self.feedback = Counter("gateway_feedback", "Feedback events by outcome", ["outcome"], registry=r)
+        self.watchdog = Counter("gateway_canary_watchdog_rollbacks", "Canaries rolled back because their release stopped "
+                                "checking in", ["model"], registry=r)
         self.rate_limited = Counter("gateway_rate_limited", "Requests refused by the rate limiter", ["client"], registry=r)
         self._wal = Gauge("gateway_wal", "Log sink state (wal_bytes, segments_pending, wal_over_cap, ...)", ["figure"], registry=r)
         self._sink_metrics = sink_metrics

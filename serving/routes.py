@@ -37,6 +37,10 @@ class RouteError(ValueError):
     """A route change refused (limits, unknown model) or a route file that cannot be read."""
 
 
+class CanaryGone(RouteError):
+    """A release checked in for a canary that is no longer routed (an operator or the watchdog rolled it back)."""
+
+
 class ArmSpec(BaseModel):
     """One arm: which version serves it, its traffic share, and optional sampling overrides."""
 
@@ -70,6 +74,10 @@ class ModelRoutes(BaseModel):
     updated_ms: int = Field(ge=0, description="Unix epoch milliseconds of the change.")
     updated_by: str = Field(min_length=1, description="Who made the change (operator, flow or service name).")
     reason: str = Field("", description="Why the change was made.")
+    watch_until_ms: int | None = Field(None, ge=0, description=(
+        "While a release watches its canary: the Unix epoch ms by which it must check in again (RouteTable.watch); "
+        "past it the gateway rolls the canary back, so a release that died or lost the gateway cannot leave users on "
+        "a ramp nobody watches. None: nobody watches it (no canary, or one set by hand)."))
 
     @field_validator("arms")
     @classmethod
@@ -86,6 +94,12 @@ class ModelRoutes(BaseModel):
             shares = ", ".join(f"{a.name}={a.weight!r}" for a in arms)
             raise ValueError(f"arm weights must sum to 1 (within {WEIGHT_TOLERANCE:g}), got {total:.12g} ({shares})")
         return sorted(arms, key=lambda a: a.name != "control")
+
+    @model_validator(mode="after")
+    def _check_watch(self) -> ModelRoutes:
+        if self.watch_until_ms is not None and len(self.arms) != 2:
+            raise ValueError("watch_until_ms is set but there is no canary arm: only a canary is watched; leave it unset")
+        return self
 
     @property
     def control(self) -> ArmSpec:
@@ -195,15 +209,50 @@ class RouteTable:
         return self._apply(routes, "set")
 
     def set_weights(self, model: str, canary_version: int, canary_weight: float, by: str, reason: str, *,
-                    temperature: float | None = None, top_p: float | None = None) -> ModelRoutes:
-        """Control keeps its version at 1 - canary_weight; the canary serves `canary_version`."""
+                    temperature: float | None = None, top_p: float | None = None,
+                    watch_s: float | None = None) -> ModelRoutes:
+        """Control keeps its version at 1 - canary_weight; the canary serves `canary_version`. watch_s: the
+        release watching it must check in (`watch`) within this many seconds, or the canary is rolled back."""
         with self._lock:
             current = self._require(model)
             arms = [ArmSpec(name="control", version=current.control.version, weight=1.0 - canary_weight),
                     ArmSpec(name="canary", version=canary_version, weight=canary_weight,
                             temperature=temperature, top_p=top_p)]
-            routes = ModelRoutes(model=model, arms=arms, updated_ms=now_ms(), updated_by=by, reason=reason)
+            t = now_ms()
+            routes = ModelRoutes(model=model, arms=arms, updated_ms=t, updated_by=by, reason=reason,
+                                 watch_until_ms=None if watch_s is None else t + int(watch_s * 1000))
             return self._apply(routes, "set_weights")
+
+    def watch(self, model: str, canary_version: int, watch_s: float) -> ModelRoutes:
+        """The release watching `canary_version` checks in: its deadline moves to now + watch_s (written, so a
+        restarted gateway keeps it; not a route change, so not in the history). CanaryGone when that canary is
+        no longer routed: the release must stop."""
+        with self._lock:
+            current = self.get(model)
+            canary = current.canary if current is not None else None
+            if canary is None or canary.version != canary_version:
+                last = f" (last change by {current.updated_by}: {current.reason})" if current is not None else ""
+                raise CanaryGone(f"no canary of {model}@v{canary_version} is routed{last}; the release must stop")
+            routes = current.model_copy(update={"watch_until_ms": now_ms() + int(watch_s * 1000)})
+            old = self._snap
+            new = _Snapshot({**old.routes, model: routes}, old.history)
+            self._write(new)
+            self._snap = new
+            return routes
+
+    def expire_watches(self, at_ms: int | None = None) -> list[ModelRoutes]:
+        """Roll back every canary whose release missed its deadline (its run was killed, crashed or cannot reach
+        the gateway): all traffic back to control. Returns the new routes of each model rolled back."""
+        at_ms = now_ms() if at_ms is None else at_ms
+        out = []
+        with self._lock:
+            for model, r in self.all().items():
+                if r.watch_until_ms is not None and at_ms > r.watch_until_ms:
+                    late_s = (at_ms - r.watch_until_ms) / 1000
+                    why = (f"release watchdog: the release watching canary v{r.canary.version} did not check in "
+                           f"(deadline passed {late_s:.1f} s ago; its run died or lost the gateway)")
+                    out.append(self.rollback(model, by="watchdog", reason=why))
+        return out
 
     def rollback(self, model: str, by: str, reason: str) -> ModelRoutes:
         """All traffic to the control version, without overrides, in one change."""

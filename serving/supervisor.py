@@ -105,12 +105,17 @@ def build_app(state: FleetState, token: str) -> FastAPI:
         reports = state.fleet.deploy(model, body.version)
         return {"model": model, "version": body.version, "probes": [r.summary() for r in reports]}
 
+    @app.put("/fleet/{model}/serving", dependencies=[Depends(admin)])
+    def set_serving(model: str, body: VersionRequest) -> dict:
+        return {"model": model, "serving_version": state.fleet.set_serving(model, body.version)}
+
     @app.post("/fleet/{model}/undeploy", dependencies=[Depends(admin)])
     def undeploy(model: str, body: UndeployRequest) -> dict:
         group = state.fleet.group(model)
         info = state.fleet.registry.resolve(model, body.version)
-        # (the version the replicas run is refused by the fleet itself, with its own reason)
-        if state.guard is not None and not body.force and info.version != group.base.version:
+        # The version the replicas run is refused by the fleet itself, with its own reason, unless a surge version
+        # can replace it (`restart`, `reload`, `nccl`): that rolling replacement is an unload too.
+        if state.guard is not None and not body.force and (info.version != group.base.version or group.surge):
             state.guard.check_unload(model, info.version, info.served_name, group.serving)
         state.fleet.undeploy(model, body.version)
         return {"model": model, "version": body.version, "undeployed": True}

@@ -21,6 +21,7 @@ from data_contracts.outcomes import LogReader, read_outcomes
 from data_contracts.rewards import RewardRule
 from serving.canary_policy import ArmHealth, CanaryConfig, Look, Ramp
 from serving.client import FleetClient, RoutesClient
+from tasks.live_state import LiveState, reconcile
 from tidal.registry import Registry, VersionInfo
 from tidal.store import ObjectStore
 
@@ -47,7 +48,20 @@ def audit(registry: Registry, info: VersionInfo, event: str, **details) -> None:
 
 
 @task(cache_policy=NO_CACHE)
-def resolve_release(registry: Registry, model: str, candidate: str, require_gate: bool, strategy: str) -> Release:
+def reconcile_live(model: str, registry: Registry, routes: RoutesClient, fleet: FleetClient) -> LiveState:
+    """The champion alias and the fleet's serving version made to follow the route table (tasks/live_state.py)."""
+    live = reconcile(model, registry, routes, fleet, by="promote")
+    for fix in live.fixed:
+        get_run_logger().warning("%s: reconciled %s", model, fix)
+    return live
+
+
+@task(cache_policy=NO_CACHE)
+def resolve_release(registry: Registry, model: str, candidate: str, require_gate: bool, strategy: str,
+                    live: LiveState) -> Release:
+    if live.canary is not None:
+        raise ReleaseError(f"{model}: a canary of v{live.canary} is routed already (another release is running, or an "
+                           f"operator set it); wait for it to end, or end it with `tidal rollback {model}`")
     champion = registry.by_alias(model, "champion")
     if champion is None:
         raise ReleaseError(f"{model} has no champion: run `tidal bootstrap {model}` first")
@@ -116,21 +130,40 @@ def candidate_verified(fleet: FleetClient, model: str, cand: VersionInfo, strate
     return bool(serving) and (strategy != "lora" or len(serving) == len(ready))
 
 
-def route_when_served(routes: RoutesClient, model: str, version: int, weight: float, reason: str,
+def route_when_served(routes: RoutesClient, model: str, version: int, weight: float, reason: str, watch_s: float,
                       timeout_s: float = 60.0) -> None:
     """Set the canary weight once the gateway lists the verified version (it polls the fleet every
-    gateway.fleet_poll_s, so right after a deploy it may not know the version yet: 409)."""
+    gateway.fleet_poll_s, so right after a deploy it may not know the version yet: 409). From then on the release
+    must check in within watch_s at every look, or the gateway rolls the canary back by itself."""
     from serving.client import AdminError
 
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            routes.canary(model, version, weight, by="promote", reason=reason)
+            routes.canary(model, version, weight, by="promote", reason=reason, watch_s=watch_s)
             return
         except AdminError as e:
             if e.status != 409 or time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
+
+
+def check_in(routes: RoutesClient, model: str, version: int, watch_s: float) -> str:
+    """Tell the gateway's watchdog this release still watches its canary (next check-in due within watch_s).
+    Returns "" while the canary is routed, else why it is gone (an operator's `tidal rollback`, or the watchdog)."""
+    from serving.client import AdminError
+
+    try:
+        routes.watch(model, version, watch_s)
+        return ""
+    except AdminError as e:
+        if e.status != 409:
+            raise
+    last = routes.show()["routes"].get(model) or {}
+    by, why = last.get("updated_by", "?"), last.get("reason", "")
+    if by == "watchdog":
+        return f"canary removed from the routes by the gateway's release watchdog ({why})"
+    return f"canary removed from the routes by an operator ({by}: {why})"
 
 
 def canary_arm(routes: RoutesClient, model: str) -> dict | None:
@@ -149,21 +182,21 @@ def run_canary(release: Release, cfg: CanaryConfig, routes: RoutesClient, fleet:
     versions = {"control": champ.version, "canary": cand.version}
     start_ms, base = now_ms(), arm_counters(gateway_url, model)
     ramp, logs = Ramp(cfg, time.monotonic()), LogReader(store, model, start_ms, log_segment_span_s)
-    route_when_served(routes, model, cand.version, ramp.weight, f"canary step 1 at {ramp.weight:.0%}")
+    route_when_served(routes, model, cand.version, ramp.weight, f"canary step 1 at {ramp.weight:.0%}", cfg.watchdog_s)
     audit(registry, cand, "step_1", weight=ramp.weight)
     while True:
         time.sleep(cfg.poll_s)
-        live = canary_arm(routes, model)
-        if live is None or live["version"] != cand.version:
-            return Look("rollback", "canary removed from the routes by an operator (tidal rollback)", ramp.step,
-                        ramp.weight, figures={})
+        gone = check_in(routes, model, cand.version, cfg.watchdog_s)
+        if gone:
+            return Look("rollback", gone, ramp.step, ramp.weight, figures={})
         outcomes = read_outcomes(logs, versions, rule, cfg.feedback_wait_s, now_ms())
         step = ramp.step
         result = ramp.observe(outcomes, _since(arm_counters(gateway_url, model), base), time.monotonic(),
                               probe_ok=candidate_verified(fleet, model, cand, release.strategy))
         log.info("step %d (%.0f%%): %s: %s", step + 1, ramp.cfg.steps[step] * 100, result.action, result.reason)
         if result.action == "advance":
-            routes.canary(model, cand.version, ramp.weight, by="promote", reason=f"canary step {ramp.step + 1}: {result.reason}")
+            routes.canary(model, cand.version, ramp.weight, by="promote", reason=f"canary step {ramp.step + 1}: {result.reason}",
+                          watch_s=cfg.watchdog_s)
             audit(registry, cand, f"step_{ramp.step + 1}", weight=ramp.weight, after=result.row())
         elif result.action != "wait":
             publish_step_table(release, ramp)
@@ -196,6 +229,30 @@ def unload_after_grace(fleet: FleetClient, release: Release, grace_s: float) -> 
         return f"unloaded {release.champion.served_name}"
     except Exception as e:  # noqa: BLE001  the base of a lora model cannot be unloaded: it keeps serving adapters
         return f"kept {release.champion.served_name}: {e}"
+
+
+def abandon_release(release: Release, error: BaseException, routes: RoutesClient, fleet: FleetClient,
+                    registry: Registry) -> None:
+    """The release failed (an MLflow, store, gateway or supervisor error, a bug): its canary goes back to control
+    now, each step on its own so that one failure does not stop the next. A step that fails here is left to the
+    gateway's watchdog, which rolls the canary back once the release misses its check-in (canary.watchdog_s)."""
+    log = get_run_logger()
+    model, cand = release.model, release.candidate
+    reason = f"the release failed: {type(error).__name__}: {str(error)[:300]}"
+    try:
+        arm = canary_arm(routes, model)
+        if arm is not None and arm["version"] == cand.version:
+            routes.rollback(model, by="promote", reason=reason)
+    except Exception as e:  # noqa: BLE001  the watchdog does it once the check-in deadline passes
+        log.error("could not roll back %s's canary (%s: %s); the gateway's watchdog will", cand.served_name,
+                  type(e).__name__, str(e)[:200])
+        return  # still routed: unloading it would be refused anyway
+    for step in (lambda: audit(registry, cand, "rolled_back", by="promote", reason=reason),
+                 lambda: fleet.undeploy(model, cand.version)):
+        try:
+            step()
+        except Exception as e:  # noqa: BLE001  traffic is off it; the rest is bookkeeping, reported
+            log.warning("after rolling back %s: %s: %s", cand.served_name, type(e).__name__, str(e)[:200])
 
 
 @task(cache_policy=NO_CACHE)
@@ -254,4 +311,5 @@ def rollback_now(registry: Registry, routes: RoutesClient, fleet: FleetClient, m
     if champion is not None and champion != target:
         registry.set_alias(model, "previous", champion)
         registry.set_alias(model, "champion", target)
+    reconcile(model, registry, routes, fleet, by=by)  # the fleet's serving version follows too
     return {"model": model, "serving": target, "rolled_back": left, "route_change_s": round(seconds, 3), "by": by, "reason": why}

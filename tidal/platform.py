@@ -158,10 +158,12 @@ class Platform:
 
         return RoutesClient(f"http://{self.settings.gateway.host}:{self.settings.gateway.port}", admin_token(self.settings))
 
-    def fleet_client(self):
+    def fleet_client(self, timeout_s: float = 1800.0):
+        """timeout_s: a deploy or scale answers once its replicas are verified (minutes); status reads need less."""
         from serving.client import FleetClient
 
-        return FleetClient(f"http://{self.settings.fleet.host}:{self.settings.fleet.admin_port}", admin_token(self.settings))
+        return FleetClient(f"http://{self.settings.fleet.host}:{self.settings.fleet.admin_port}", admin_token(self.settings),
+                           timeout_s)
 
     # ---- stopping -------------------------------------------------------------------------------
     def stop(self, name: str) -> None:

@@ -261,6 +261,100 @@ def test_operator_rollback_ends_a_ramp_at_once(settings, registry, checkpoints, 
     assert users.errors == []
 
 
+def wait_for_tag(registry, promote: Promote, version: int, tag: str, timeout: float = 600, model: str = "tab") -> None:
+    deadline = time.monotonic() + timeout
+    while f"tidal.release.{tag}" not in registry.get(model, version).tags:
+        assert promote.running() and time.monotonic() < deadline, promote.log.read_text()[-3000:]
+        time.sleep(0.5)
+
+
+def tab_arms(platform) -> list[tuple]:
+    return [(a["name"], a["version"], a["weight"]) for a in platform.routes_client().show()["routes"]["tab"]["arms"]]
+
+
+def test_a_promote_run_killed_mid_ramp_leaves_no_canary_behind(settings, registry, checkpoints, base_dir, users, tmp_path,
+                                                               platform, chaos_report):
+    """kill -9 of the process running a release (the CLI here; a runner or a worker pod likewise) left its canary
+    routed at its weight with nothing watching it, for good. The gateway's watchdog now takes it off."""
+    same = zero_adapter(base_dir, tmp_path / "killed")
+    info = publish(registry, checkpoints.store, "tab", same, "lora", 1, {"tidal.origin": "test: killed release"})
+    watchdog_s = 8.0  # ≥ 3 × the session's 2 s looks
+    env = {**os.environ, "TIDAL_CANARY__WATCHDOG_S": str(watchdog_s), "TIDAL_CANARY__MIN_SAMPLES": "1000000"}
+    promote = Promote(info.version, tmp_path / "promote.log", env=env)
+    start_when_verified(users, registry, promote, info.version)
+    wait_for_tag(registry, promote, info.version, "step_1")
+    time.sleep(5)  # the ramp runs, checking in at every look
+    assert tab_arms(platform)[1][:2] == ("canary", info.version)
+    promote.proc.kill()
+    killed = time.monotonic()
+    promote.proc.wait(timeout=30)
+    while len(tab_arms(platform)) == 2:
+        assert time.monotonic() - killed < watchdog_s + 10, "the canary outlived its release"
+        time.sleep(0.2)
+    back_s = time.monotonic() - killed
+    last = platform.routes_client().show()["routes"]["tab"]
+    assert tab_arms(platform) == [("control", 1, 1.0)] and last["updated_by"] == "watchdog", last
+    time.sleep(3)  # users keep being served by the control arm
+    users.stop.set()
+    users.join(timeout=120)
+    chaos_report.record("11. promote run killed mid-ramp (kill -9)", watchdog_s=watchdog_s,
+                        traffic_back_on_control_s=round(back_s, 1), client_errors=len(users.errors))
+    # the check-in deadline was at most watchdog_s after the kill, then one watchdog period
+    assert back_s <= watchdog_s + 2.0, back_s
+    assert users.errors == []
+    platform.fleet_client().undeploy("tab", info.version)
+
+
+def test_a_release_that_fails_mid_ramp_takes_its_canary_off_at_once(settings, registry, checkpoints, base_dir, tmp_path,
+                                                                    platform, s3_endpoint):
+    """An error raised out of the flow mid-ramp (here the object store holding the logs cannot be reached) left the
+    canary at its weight. The flow now rolls it back before it fails, and says why on the version."""
+    same = zero_adapter(base_dir, tmp_path / "failing")
+    info = publish(registry, checkpoints.store, "tab", same, "lora", 1, {"tidal.origin": "test: failing release"})
+    # This process only: its log reads go to a bucket that does not exist; the fleet and gateway are untouched.
+    env = {**os.environ, "TIDAL_STORE__ROUTES": json.dumps({"logs": "s3://no-such-bucket-tidal"}),
+           "TIDAL_STORE__S3_ENDPOINT_URL": s3_endpoint}
+    promote = Promote(info.version, tmp_path / "promote.log", env=env)
+    rc, out = promote.finish(timeout=600)
+    assert rc != 0 and "NoSuchBucket" in out, out[-3000:]
+    t = tags(registry, info.version)
+    assert "tidal.release.step_1" in t, out[-3000:]  # it failed mid-ramp, not before
+    ended = json.loads(t["tidal.release.rolled_back"])
+    assert ended["by"] == "promote" and ended["reason"].startswith("the release failed:"), ended
+    assert tab_arms(platform) == [("control", 1, 1.0)]
+    assert all(f"tab@v{info.version}" not in r["served"] for r in platform.fleet_client().replicas("tab"))
+
+
+def test_a_release_after_a_crash_between_the_route_and_alias_writes_finds_the_routes_authoritative(
+        settings, registry, checkpoints, base_dir, tmp_path, platform):
+    """A promotion that died after its route change but before the aliases left routes on vN, the champion alias
+    on v1 and the fleet on v1; releasing vN again then built a canary whose two arms were both vN."""
+    same = zero_adapter(base_dir, tmp_path / "half-promoted")
+    info = publish(registry, checkpoints.store, "tab", same, "lora", 1, {"tidal.origin": "test: half promoted"})
+    fleet, routes = platform.fleet_client(), platform.routes_client()
+    fleet.deploy("tab", info.version)
+    deadline = time.monotonic() + 60
+    while True:  # the gateway learns of the new adapter at its next fleet poll
+        try:
+            routes.set("tab", [{"name": "control", "version": info.version, "weight": 1.0}], by="promote", reason="crashed after this")
+            break
+        except Exception:  # noqa: BLE001  409 until the gateway has polled the fleet
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+    assert registry.aliases("tab")["champion"] == 1  # the crash: no alias written
+    rc, out = Promote(info.version, tmp_path / "promote.log").finish(timeout=300)
+    assert rc != 0 and f"v{info.version} is already the champion" in out, out[-3000:]
+    assert "reconciled champion alias: v1 → v" in out, out[-3000:]
+    aliases = registry.aliases("tab")
+    assert (aliases["champion"], aliases["previous"]) == (info.version, 1)
+    assert fleet.status()["models"]["tab"]["serving_version"] == info.version
+    assert tab_arms(platform) == [("control", info.version, 1.0)]  # no canary of vN against vN
+    rb = subprocess.run([sys.executable, "-m", "tidal.cli", "rollback", "tab", "--to", "1", "--reason", "test cleanup"],
+                        capture_output=True, text=True, env=dict(os.environ), check=False)
+    assert rb.returncode == 0 and registry.aliases("tab")["champion"] == 1, rb.stdout + rb.stderr
+    fleet.undeploy("tab", info.version)
+
+
 def paused_promote_run(api: str, timeout: float = 600) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -342,16 +436,19 @@ def test_better_candidate_is_promoted_through_every_step(settings, registry, che
     assert (aliases["champion"], aliases["previous"]) == (info.version, 1)
     arms = platform.routes_client().show()["routes"]["tab"]["arms"]
     assert [(a["name"], a["version"], a["weight"]) for a in arms] == [("control", info.version, 1.0)]
+    # A LoRA promotion left the fleet's serving version on the base: a gateway with no routes served the old model.
+    assert platform.fleet_client().status()["models"]["tab"]["serving_version"] == info.version
     assert users.errors == []
     # back to version 1 for the tests that follow
     rb = subprocess.run([sys.executable, "-m", "tidal.cli", "rollback", "tab", "--to", "1", "--reason", "test cleanup"],
                         capture_output=True, text=True, env=dict(os.environ), check=False)
     assert rb.returncode == 0 and registry.aliases("tab")["champion"] == 1, rb.stdout + rb.stderr
+    assert platform.fleet_client().status()["models"]["tab"]["serving_version"] == 1
 
 
 @pytest.mark.timeout(1500)
 def test_restart_strategy_canary_runs_on_a_surge_replica_and_promotes(settings, registry, checkpoints, base_dir, gateway,
-                                                                       keys, platform, tmp_path):
+                                                                       keys, platform, tmp_path, chaos_report):
     # tabfull serves full checkpoints with `restart`: the candidate boots on its own replica beside the champion's
     better = merged(newline_adapter(base_dir, tmp_path / "adapter", strength=-40.0), base_dir, tmp_path / "single-line")
     info = publish(registry, checkpoints.store, "tabfull", better, "full", None,
@@ -362,24 +459,45 @@ def test_restart_strategy_canary_runs_on_a_surge_replica_and_promotes(settings, 
         # the control replica's ~26 ms over a whole ramp (warm-up does not close the gap): the p99 guardrail
         # rightly rolled the release back at that. This test is about the restart path, so it tolerates that, and
         # ramps in one 50% step (walking every step is test_better_candidate_is_promoted_through_every_step's).
+        # The old champion stays loaded 20 s after the promotion, and an operator rolls back within them: the
+        # promote task's unload at the end of the grace must then be refused, since users are on that version again.
         env = {**os.environ, "TIDAL_CANARY__STEPS": "[0.5]", "TIDAL_CANARY__MIN_SAMPLES": "30",
-               "TIDAL_CANARY__MAX_STEP_S": "600", "TIDAL_CANARY__MAX_P99_RATIO": "20"}
+               "TIDAL_CANARY__MAX_STEP_S": "600", "TIDAL_CANARY__MAX_P99_RATIO": "20", "TIDAL_CANARY__UNLOAD_GRACE_S": "20"}
         promote = Promote(info.version, tmp_path / "promote.log", env=env, model="tabfull")
         start_when_verified(users, registry, promote, info.version, model="tabfull")
-        rc, out = promote.finish(timeout=1200)
+        wait_for_tag(registry, promote, info.version, "promoted", timeout=1200, model="tabfull")
+        rb = subprocess.run([sys.executable, "-m", "tidal.cli", "rollback", "tabfull", "--by", "oncall", "--reason",
+                             "within the grace"], capture_output=True, text=True, env=dict(os.environ), check=False)
+        grace_left = promote.running()
+        rc, out = promote.finish(timeout=300)
+        time.sleep(3)  # users keep being served by the old champion after its unload was refused
     finally:
         users.stop.set()
         if users.is_alive():
             users.join(timeout=120)
     assert rc == 0 and "promoted" in out, out[-3000:]
+    assert rb.returncode == 0 and grace_left, (rb.stdout + rb.stderr, out[-2000:])
     t = registry.get("tabfull", info.version).tags
     assert {"tidal.release.verified", "tidal.release.step_1", "tidal.release.promoted"} <= set(t)
     assert json.loads(t["tidal.release.step_1"])["weight"] == 0.5
     print("restart canary:", json.loads(t["tidal.release.promoted"])["figures"])
+    rolled = json.loads(rb.stdout)
+    assert rolled["serving"] == 1 and "kept tabfull@v1" in out and "still gets traffic" in out, out[-2000:]
+    chaos_report.record("10. operator rollback during the unload grace (restart strategy)",
+                        route_change_s=rolled["route_change_s"], old_champion_unload="refused (routed)",
+                        requests=sum(users.by_arm.values()), client_errors=len(users.errors))
     assert users.by_arm.get("canary", 0) > 0 and users.errors == []
-    assert registry.aliases("tabfull")["champion"] == info.version
-    # the old champion's replica was replaced (unload_grace_s is 0 here): the fleet runs the candidate only
-    replicas = platform.fleet_client().replicas("tabfull")
-    assert [r["served"] for r in replicas] == [{f"tabfull@v{info.version}": info.version}]
+    assert registry.aliases("tabfull")["champion"] == 1
+    fleet = platform.fleet_client()
+    assert fleet.status()["models"]["tabfull"]["serving_version"] == 1  # the fleet follows the routes too
+    assert {v for r in fleet.replicas("tabfull") for v in r["served"].values()} == {1, info.version}
+
+    # forward again, then unload v1: the rolling replacement boots the candidate before the old replica goes
+    fwd = subprocess.run([sys.executable, "-m", "tidal.cli", "rollback", "tabfull", "--to", str(info.version), "--reason",
+                          "forward"], capture_output=True, text=True, env=dict(os.environ), check=False)
+    assert fwd.returncode == 0, fwd.stdout + fwd.stderr
+    fleet.undeploy("tabfull", 1)
+    assert [r["served"] for r in fleet.replicas("tabfull")] == [{f"tabfull@v{info.version}": info.version}]
+    assert fleet.status()["models"]["tabfull"]["serving_version"] == info.version
     arms = platform.routes_client().show()["routes"]["tabfull"]["arms"]
     assert [(a["name"], a["version"], a["weight"]) for a in arms] == [("control", info.version, 1.0)]

@@ -289,3 +289,32 @@ def test_a_stuck_wal_fails_requests_and_health_within_its_timeout_then_recovers(
     written = [orjson.loads(line)["request_id"] for p in (tmp_path / "wal" / "feedback").iterdir()
                for line in p.read_bytes().splitlines()]
     assert written == [rid]  # written once the disk recovered
+
+
+def test_the_gateway_rolls_back_a_canary_whose_release_stops_checking_in(tmp_path):
+    """A release that died mid-ramp (killed, crashed, an MLflow error raised out of the flow) left its canary
+    routed with nothing watching it. The gateway now rolls a watched canary back once its release misses a check-in."""
+    from fastapi.testclient import TestClient
+
+    pool = ReplicaPool("http://127.0.0.1:9", "t" * 16, poll_s=60.0)
+    pool.apply({"models": {"tab": {"serving_version": 1, "replicas": [
+        {"name": "tab-0", "state": "ready", "served": ["tab@v1", "tab@v2"], "url": "http://127.0.0.1:9"}]}}})
+    admin = {"Authorization": "Bearer admin-token-0123456789"}
+    with TestClient(_app_without_engines(tmp_path, rate=100, burst=100, pool=pool)) as client:
+        r = client.post("/admin/routes/tab/canary", headers=admin, json={"version": 2, "weight": 0.05, "watch_s": 1.5})
+        assert r.status_code == 200 and r.json()["watch_until_ms"] is not None, r.text
+        for _ in range(3):  # checking in keeps it routed past its first deadline
+            time.sleep(0.8)
+            assert client.post("/admin/routes/tab/canary/watch", headers=admin, json={"version": 2, "watch_s": 1.5}).status_code == 200
+        t0 = time.monotonic()
+        while client.get("/admin/routes", headers=admin).json()["routes"]["tab"]["updated_by"] != "watchdog":
+            assert time.monotonic() - t0 < 10, "the watchdog never rolled the canary back"
+            time.sleep(0.1)
+        waited = time.monotonic() - t0
+        arms = client.get("/admin/routes", headers=admin).json()["routes"]["tab"]["arms"]
+        late = client.post("/admin/routes/tab/canary/watch", headers=admin, json={"version": 2, "watch_s": 1.5})
+        metrics = client.get("/metrics").text
+    assert 0.5 < waited < 1.5 + 1.0 + 0.5, waited  # the deadline, plus at most one watchdog period
+    assert [(a["name"], a["version"], a["weight"]) for a in arms] == [("control", 1, 1.0)]
+    assert late.status_code == 409 and "watchdog" in late.json()["error"]["message"]
+    assert 'gateway_canary_watchdog_rollbacks_total{model="tab"} 1.0' in metrics

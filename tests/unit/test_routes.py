@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from data_contracts.records import SamplingParams
 from serving import routes as routes_mod
-from serving.routes import (HISTORY_LIMIT, ArmSpec, ModelRoutes, RouteError, RouteLimits, RouteTable, assign,
+from serving.routes import (HISTORY_LIMIT, ArmSpec, CanaryGone, ModelRoutes, RouteError, RouteLimits, RouteTable, assign,
                             user_hash, user_hash_key)
 
 
@@ -220,6 +220,39 @@ def test_rollback_sends_everyone_to_control_in_one_change(tmp_path: Path) -> Non
     assert RouteTable(path, RouteLimits()).get("tab") == r
     with pytest.raises(RouteError, match="no routes for model 'chat'"):
         table.rollback("chat", by="oncall", reason="x")
+
+
+def test_a_watched_canary_is_rolled_back_once_its_release_misses_a_check_in(tmp_path: Path) -> None:
+    path = tmp_path / "routes.json"
+    table = RouteTable(path, RouteLimits())
+    table.set(make_routes(None, control=3))
+    set_at = table.set_weights("tab", 4, 0.05, by="promote", reason="step 1", watch_s=10).watch_until_ms
+    assert set_at is not None and abs(set_at - (routes_mod.now_ms() + 10_000)) < 1_000
+    assert table.expire_watches(set_at) == []  # not yet late
+    renewed = table.watch("tab", 4, 60).watch_until_ms
+    assert renewed > set_at + 40_000 and len(table.history) == 2  # a check-in is no route change
+    assert RouteTable(path, RouteLimits()).get("tab").watch_until_ms == renewed  # a restarted gateway keeps it
+    assert table.expire_watches(renewed) == []
+    [rolled] = table.expire_watches(renewed + 1)
+    assert [(a.name, a.version, a.weight) for a in rolled.arms] == [("control", 3, 1.0)] and rolled.watch_until_ms is None
+    assert rolled.updated_by == "watchdog" and "did not check in" in rolled.reason
+    assert table.history[-1].action == "rollback" and table.expire_watches(renewed + 10**6) == []
+    with pytest.raises(CanaryGone, match=r"no canary of tab@v4 is routed \(last change by watchdog"):
+        table.watch("tab", 4, 60)
+
+
+def test_an_unwatched_canary_is_never_expired_and_a_watch_needs_a_canary(tmp_path: Path) -> None:
+    table = RouteTable(tmp_path / "routes.json", RouteLimits())
+    table.set(make_routes(None, control=3))
+    table.set_weights("tab", 4, 0.05, by="alice", reason="by hand")
+    assert table.expire_watches(routes_mod.now_ms() + 10**9) == []
+    with pytest.raises(CanaryGone, match="tab@v5"):
+        table.watch("tab", 5, 60)  # another version's release
+    with pytest.raises(CanaryGone, match="chat@v4"):
+        table.watch("chat", 4, 60)
+    with pytest.raises(ValidationError, match="only a canary is watched"):
+        ModelRoutes(model="tab", arms=[ArmSpec(name="control", version=3, weight=1.0)], updated_ms=0, updated_by="t",
+                    watch_until_ms=5)
 
 
 def test_history_is_bounded(tmp_path: Path, no_fsync: None) -> None:
