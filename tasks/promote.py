@@ -130,22 +130,26 @@ def candidate_verified(fleet: FleetClient, model: str, cand: VersionInfo, strate
     return bool(serving) and (strategy != "lora" or len(serving) == len(ready))
 
 
-def route_when_served(routes: RoutesClient, model: str, version: int, weight: float, reason: str, watch_s: float,
-                      timeout_s: float = 60.0) -> None:
-    """Set the canary weight once the gateway lists the verified version (it polls the fleet every
-    gateway.fleet_poll_s, so right after a deploy it may not know the version yet: 409). From then on the release
-    must check in within watch_s at every look, or the gateway rolls the canary back by itself."""
+def when_served(change, timeout_s: float = 60.0):
+    """Run a route change once the gateway lists the versions it names: the gateway polls the fleet every
+    gateway.fleet_poll_s, so right after a deploy (or while a replica is briefly out of rotation) it answers 409."""
     from serving.client import AdminError
 
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            routes.canary(model, version, weight, by="promote", reason=reason, watch_s=watch_s)
-            return
+            return change()
         except AdminError as e:
             if e.status != 409 or time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
+
+
+def route_when_served(routes: RoutesClient, model: str, version: int, weight: float, reason: str, watch_s: float,
+                      timeout_s: float = 60.0) -> None:
+    """Set the canary weight once the gateway lists the verified version. From then on the release must check
+    in within watch_s at every look, or the gateway rolls the canary back by itself."""
+    when_served(lambda: routes.canary(model, version, weight, by="promote", reason=reason, watch_s=watch_s), timeout_s)
 
 
 def check_in(routes: RoutesClient, model: str, version: int, watch_s: float) -> str:
@@ -301,8 +305,8 @@ def rollback_now(registry: Registry, routes: RoutesClient, fleet: FleetClient, m
         except AdminError as e:
             if e.status != 409:
                 raise
-            fleet.deploy(model, target)  # not loaded any more: load and verify it, then switch
-            routes.set(model, arm, by=by, reason=why)
+            fleet.deploy(model, target)  # not loaded any more: load and verify it (nothing to do if it is), then switch
+            when_served(lambda: routes.set(model, arm, by=by, reason=why))
     seconds = time.monotonic() - t0
     left = sorted({v for v in (arms.get("canary", {}).get("version"), control) if v is not None and v != target})
     for version in left:
