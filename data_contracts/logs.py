@@ -19,8 +19,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data_contracts.records import SCHEMAS
-from data_contracts.scope import (Partition, Range, Watermark, completes_hour, first_hour, owned_completions, owned_feedback,
-                                  parse_key, partition_prefix, rid_time_ms)
+from data_contracts.scope import (Partition, Range, Watermark, completes_hour, first_hour, is_new, late_rows,
+                                  owned_completions, owned_feedback, parse_key, partition_prefix, rid_time_ms)
 from tidal.store import ObjectStore
 
 log = logging.getLogger("tidal.collect")
@@ -32,6 +32,16 @@ class LogFile:
     key: str
     kind: str
     partition: Partition
+    new: bool = False  # not there when the previous run listed the store: may hold late arrivals
+
+
+@dataclass(frozen=True)
+class Listing:
+    """The log objects a run reads, and what it records of its listing for the next run."""
+
+    files: list[LogFile]
+    listed_from_ms: int  # objects modified before this were there when the listing started
+    listed_recent: list[str]  # keys listed that were modified at or after listed_from_ms
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,7 @@ class KindRows:
     table: pa.Table
     source: np.ndarray  # (N,) int index into Batch.files
     joinable: np.ndarray | None = None  # feedback: (N,) bool, may be matched to this run's completions
+    late: np.ndarray | None = None  # (N,) bool, arrived after an earlier run's range passed its time
 
 
 @dataclass
@@ -73,19 +84,25 @@ class Batch:
         return not (self.completions.table.num_rows or self.feedback.table.num_rows or self.bad_files)
 
 
-def find_log_files(store: ObjectStore, model: str, rng: Range) -> list[LogFile]:
-    """Log objects of hours that may hold rows this run owns (future hours included: their rows fail the contract)."""
-    files = []
+def find_log_files(store: ObjectStore, model: str, rng: Range, wm: Watermark, listed_from_ms: int) -> Listing:
+    """Log objects of hours that may hold rows this run owns (future hours included: their rows fail the contract),
+    and objects new since the previous run's listing in any hour (late arrivals). listed_from_ms: the listing's
+    start less the clock skew allowed between this host and the store."""
+    files, recent, seen_recent = [], [], set(wm.listed_recent)
     for kind in KINDS:
         start = first_hour(rng, kind)
-        for key in store.list(f"logs/{kind}/model={model}/"):
+        for key, modified_ms in store.list_modified(f"logs/{kind}/model={model}/").items():
             part = parse_key(key, model)
             if part is None:
                 log.warning("ignoring %s: not a log part (expected logs/%s/model=%s/date=YYYY-MM-DD/hour=HH/part-*.parquet)",
                             store.uri(key), kind, model)
-            elif part.hour_ms >= start:
-                files.append(LogFile(key, kind, part))
-    return files
+                continue
+            if modified_ms >= listed_from_ms:
+                recent.append(key)
+            new = is_new(wm, seen_recent, key, modified_ms)
+            if part.hour_ms >= start or new:
+                files.append(LogFile(key, kind, part, new))
+    return Listing(files, listed_from_ms, recent)
 
 
 def _read(path: Path, kind: str) -> tuple[pa.Table | None, str, int]:
@@ -113,41 +130,48 @@ def load_batch(store: ObjectStore, model: str, rng: Range, wm: Watermark, files:
     sources: dict[str, list[np.ndarray]] = {k: [] for k in KINDS}
     joinable: list[np.ndarray] = []
     used, bad, future = [], [], {k: {} for k in KINDS}
+    lates: dict[str, list[np.ndarray]] = {k: [] for k in KINDS}
     with tempfile.TemporaryDirectory(prefix="collect-") as tmp:
         for f in sorted(files, key=lambda f: f.key):
             local = Path(tmp) / "part.parquet"
             store.get_file(f.key, local)
             table, why, rows = _read(local, f.kind)
             done_hour = completes_hour(rng, f.partition, f.kind)
-            if table is None:
-                if done_hour:
+            if table is None:  # quarantined whole by the run completing its hour, or by the first to list it late
+                if done_hour or (f.new and f.partition.end_ms <= (rng.c_old if f.kind == "completions" else rng.f_old)):
                     bad.append(BadFile(f.key, f.kind, rows, why))
                 continue
             has_t = pc.is_valid(table["time_ms"]).to_numpy(zero_copy_only=False)
             t = pc.fill_null(table["time_ms"], 0).to_numpy()
             seen = wm.future_seen.get(f.kind, {})
+            t_c = None
             if f.kind == "completions":
                 owned = owned_completions(rng, t, has_t, done_hour, table["request_id"], seen)
                 fb_join = None
             else:
-                owned, fb_join = owned_feedback(rng, t, has_t, rid_time_ms(table["request_id"]), done_hour, table["request_id"], seen)
-            if not owned.any():
+                t_c = rid_time_ms(table["request_id"])
+                owned, fb_join = owned_feedback(rng, t, has_t, t_c, done_hour, table["request_id"], seen)
+            late = late_rows(rng, f.kind, f.partition, t, has_t, t_c) & ~owned if f.new else np.zeros(len(t), bool)
+            take = owned | late
+            if not take.any():
                 continue
-            kept = table.filter(pa.array(owned))
+            kept = table.filter(pa.array(take))
             future_rows = owned & has_t & (t > rng.future_ms)
             if future_rows.any():
                 ids = table["request_id"].to_pylist()
                 future[f.kind].update({ids[i]: int(t[i]) for i in np.flatnonzero(future_rows) if ids[i] is not None})
             tables[f.kind].append(kept)
             sources[f.kind].append(np.full(kept.num_rows, len(used), dtype=np.int32))
+            lates[f.kind].append(late[take])
             if fb_join is not None:
-                joinable.append(fb_join[owned])
+                joinable.append((fb_join & ~late)[take])
             used.append(f.key)
 
     def rows(kind: str) -> KindRows:
         table = pa.concat_tables(tables[kind]) if tables[kind] else SCHEMAS[kind].empty_table()
         source = np.concatenate(sources[kind]) if sources[kind] else np.zeros(0, np.int32)
-        return KindRows(table.combine_chunks(), source)
+        late = np.concatenate(lates[kind]) if lates[kind] else np.zeros(0, bool)
+        return KindRows(table.combine_chunks(), source, late=late)
 
     batch = Batch(model, rng, rows("completions"), rows("feedback"), used, bad, future)
     batch.feedback.joinable = np.concatenate(joinable) if joinable else np.zeros(0, bool)

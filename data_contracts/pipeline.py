@@ -50,6 +50,8 @@ class Plan:
     watermark: Watermark  # where the run starts (the stored one, or the window's start)
     rng: Range
     files: list[LogFile]
+    listed_from_ms: int | None = None  # recorded in the watermark this run writes (data_contracts/scope.py)
+    listed_recent: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -70,7 +72,8 @@ class CollectResult:
 def find_partitions(store: ObjectStore, model: str, cfg: CollectSettings, as_of_ms: int, include_open_hour: bool) -> Plan:
     wm = dataset.read_watermark(store, model) or initial_watermark(model, as_of_ms, cfg.window_s)
     rng = next_range(wm, as_of_ms, include_open_hour, cfg.feedback_timeout_s, cfg.upload_grace_s, cfg.max_clock_skew_s)
-    return Plan(model, wm, rng, find_log_files(store, model, rng))
+    listing = find_log_files(store, model, rng, wm, as_of_ms - int(cfg.max_clock_skew_s * 1000))
+    return Plan(model, wm, rng, listing.files, listing.listed_from_ms, listing.listed_recent)
 
 
 def load_logs(store: ObjectStore, plan: Plan) -> Batch:
@@ -102,6 +105,9 @@ def validate_logs(batch: Batch, params: ContractParams, pii_policy: PiiPolicy = 
     for kind in ("completions", "feedback"):
         ledger = Ledger(kind, getattr(batch, kind).table.num_rows)
         ledger.quarantine(outcomes[kind].reasons)
+        late = getattr(batch, kind).late
+        if late is not None and late.any():  # no run's range holds them any more (data_contracts/scope.py)
+            ledger.quarantine({int(i): ["late_arrival"] for i in np.flatnonzero(late)})
         ledger.schema_rows = sum(b.rows for b in batch.bad_files if b.kind == kind)
         ledgers[kind] = ledger
     work = Work(batch, ledgers["completions"], ledgers["feedback"], c_frame, f_frame, c_replay, f_replay, outcomes)
@@ -154,6 +160,8 @@ def manifest_fields(plan: Plan, batch: Batch, work: Work, rule: RewardRule, cfg:
         "source_partitions": batch.partitions, "source_files": batch.files,
         "schema_quarantined_files": [{"key": b.key, "kind": b.kind, "rows": b.rows, "detail": b.detail} for b in batch.bad_files],
         "watermark_before": plan.watermark.model_dump(mode="json"), "watermark_after": wm_after.model_dump(mode="json"),
+        "late_arrivals": {k: int(getattr(batch, k).late.sum()) if getattr(batch, k).late is not None else 0
+                          for k in ("completions", "feedback")},
         "counts": reconcile(work), "reconciled": True, "scrubbed": dict(work.scrubbed), "quarantine": quarantine,
         "versions": {"known": versions.known, "champion": versions.champion, "max_stale_versions": cfg.max_stale_versions},
     }
@@ -177,7 +185,7 @@ def collect_once(store: ObjectStore, registry: VersionSource, model: str, cfg: C
     work = settle_feedback(dedupe(work))
     samples = build_samples(work, rule)
     check_samples(samples, params, rule)
-    wm_after = advance(plan.watermark, plan.rng, batch.future, ds_id, as_of_ms)
+    wm_after = advance(plan.watermark, plan.rng, batch.future, ds_id, as_of_ms, plan.listed_from_ms, plan.listed_recent)
     manifest = dataset.write_dataset(store, model, ds_id, samples, {**manifest_fields(
         plan, batch, work, rule, cfg, versions, wm_after, quarantine, as_of_ms), "summary": summarize(samples, rule)})
     dataset.write_watermark(store, wm_after)  # only once the dataset is complete

@@ -15,6 +15,11 @@ Event-time accounting, so that every stored record is counted by exactly one run
   seen; the watermark keeps their ids until the range passes them, so they are not counted again.
 * A row without a time, or a file that does not match its schema, is owned by the run that completes
   its partition's hour.
+* Late arrivals: an object first listed by a run (modified after the previous run listed the store) may
+  hold rows whose time an earlier run's range already passed: an upload delayed past upload_grace_s (a
+  store outage), a gateway clock running behind, or an object uploaded again after it was collected. No
+  range owns them any more, so the run that first lists the object takes them and quarantines them with
+  reason `late_arrival`: counted, kept in the quarantine, never silently dropped.
 """
 
 from __future__ import annotations
@@ -46,6 +51,12 @@ class Watermark(BaseModel):
         "Future-dated rows already quarantined, kind → request id → time, until the range passes them."))
     dataset_id: str | None = Field(None, description="Dataset written by the run that set this watermark.")
     updated_ms: int | None = None
+    listed_from_ms: int | None = Field(None, description=(
+        "Log objects last modified before this time (the store's clock) were listed by the run that set this "
+        "watermark: the start of its listing less max_clock_skew_s. Later ones are new to the next run, which "
+        "looks in them for late arrivals. None: not recorded (an older watermark): no object counts as new."))
+    listed_recent: list[str] = Field(default_factory=list, description=(
+        "Keys that run listed which were modified at or after listed_from_ms: they are not new to the next run."))
 
 
 def watermark_key(model: str) -> str:
@@ -183,12 +194,32 @@ def owned_feedback(rng: Range, t_f: np.ndarray, has_t: np.ndarray, t_c: np.ndarr
     return owned, joinable
 
 
-def advance(wm: Watermark, rng: Range, future: dict[str, dict[str, int]], dataset_id: str, now_ms: int) -> Watermark:
-    """The watermark after a successful run: the new range, and future ids kept until the range passes them."""
+def is_new(wm: Watermark, recent: set[str], key: str, modified_ms: int) -> bool:
+    """Whether a log object was not there when the run that set `wm` listed the store (recent: wm.listed_recent)."""
+    return wm.listed_from_ms is not None and modified_ms >= wm.listed_from_ms and key not in recent
+
+
+def late_rows(rng: Range, kind: str, part: Partition, t: np.ndarray, has_t: np.ndarray,
+              t_c: np.ndarray | None = None) -> np.ndarray:
+    """(N,) bool: the rows of a new object that an earlier run's range already passed (see the module's doc).
+    t: (N,) row times; t_c: feedback only, (N,) completion times from the request ids (-1: unreadable)."""
+    if kind == "completions":
+        passed, old = t < rng.c_old, rng.c_old
+    else:
+        t_c = np.where(t_c >= 0, t_c, t)
+        passed, old = (t_c < rng.c_old) & (t < rng.f_old), rng.f_old
+    return (has_t & passed) | (~has_t & (part.end_ms <= old))  # undatable rows of an hour an earlier run completed
+
+
+def advance(wm: Watermark, rng: Range, future: dict[str, dict[str, int]], dataset_id: str, now_ms: int,
+            listed_from_ms: int | None = None, listed_recent: list[str] | None = None) -> Watermark:
+    """The watermark after a successful run: the new range, future ids kept until the range passes them, and
+    what this run listed (so the next one knows which objects are new to it)."""
     seen = {}
     for kind, through in (("completions", rng.c_new), ("feedback", rng.f_new)):
         merged = {**wm.future_seen.get(kind, {}), **future.get(kind, {})}
         seen[kind] = {rid: t for rid, t in merged.items() if t >= through}
     last_full = floor_hour(rng.c_new) - HOUR_MS
     return Watermark(model=wm.model, hour=hour_label(last_full), completions_through_ms=rng.c_new,
-                     feedback_through_ms=rng.f_new, future_seen=seen, dataset_id=dataset_id, updated_ms=now_ms)
+                     feedback_through_ms=rng.f_new, future_seen=seen, dataset_id=dataset_id, updated_ms=now_ms,
+                     listed_from_ms=listed_from_ms, listed_recent=sorted(listed_recent or []))

@@ -116,7 +116,7 @@ def build_samples(work: Work, rule: RewardRule, params: ContractParams) -> pa.Ta
 def write_dataset_version(store: ObjectStore, plan: Plan, work: Work, samples: pa.Table, rule: RewardRule, cfg: CollectSettings,
                           versions: Versions, quarantine: dict, ds_id: str, as_of_ms: int) -> tuple[dict, Watermark]:
     """Dataset + manifest; returns the manifest and the watermark to set once everything else succeeded."""
-    wm_after = advance(plan.watermark, plan.rng, work.batch.future, ds_id, as_of_ms)
+    wm_after = advance(plan.watermark, plan.rng, work.batch.future, ds_id, as_of_ms, plan.listed_from_ms, plan.listed_recent)
     fields = pipeline.manifest_fields(plan, work.batch, work, rule, cfg, versions, wm_after, quarantine, as_of_ms)
     manifest = dataset.write_dataset(store, plan.model, ds_id, samples, {**fields, "summary": pipeline.summarize(samples, rule)})
     return manifest, wm_after

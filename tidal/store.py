@@ -21,6 +21,7 @@ class ObjectStore(Protocol):
     def get_file(self, key: str, local: Path) -> None: ...
     def exists(self, key: str) -> bool: ...
     def list(self, prefix: str) -> list[str]: ...
+    def list_modified(self, prefix: str) -> dict[str, int]: ...  # key → last modified, Unix ms (the store's clock)
     def uri(self, key: str) -> str: ...
 
 
@@ -61,6 +62,16 @@ class LocalStore:
             return []
         return sorted(p.relative_to(self.root).as_posix() for p in base.rglob("*") if p.is_file() and not p.name.endswith(".tmp"))
 
+    def list_modified(self, prefix: str) -> dict[str, int]:
+        """key → when the object was last written (put_file replaces it whole, so that is its upload), Unix ms."""
+        out = {}
+        for key in self.list(prefix):
+            try:
+                out[key] = self._path(key).stat().st_mtime_ns // 1_000_000
+            except FileNotFoundError:  # replaced or removed meanwhile
+                continue
+        return out
+
     def uri(self, key: str) -> str:
         return self._path(key).as_uri()
 
@@ -100,6 +111,13 @@ class S3Store:
             keys += [o["Key"][strip:] for o in page.get("Contents", [])]
         return sorted(keys)
 
+    def list_modified(self, prefix: str) -> dict[str, int]:
+        """key → LastModified, Unix ms (S3 keeps whole seconds)."""
+        out, strip = {}, len(self.prefix) + 1 if self.prefix else 0
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
+            out.update({o["Key"][strip:]: int(o["LastModified"].timestamp() * 1000) for o in page.get("Contents", [])})
+        return dict(sorted(out.items()))
+
     def uri(self, key: str) -> str:
         return f"s3://{self.bucket}/{self._key(key)}"
 
@@ -133,6 +151,11 @@ class RoutedStore:
             if area.startswith(prefix) or prefix.startswith(area):
                 found |= {k for k in store.list(prefix) if k.split("/", 1)[0] == area}
         return sorted(found)
+
+    def list_modified(self, prefix: str) -> dict[str, int]:
+        if "/" not in prefix:
+            raise ValueError(f"list_modified needs a prefix within one area (like 'logs/...'), got {prefix!r}")
+        return self._for(prefix).list_modified(prefix)
 
     def uri(self, key: str) -> str:
         return self._for(key).uri(key)

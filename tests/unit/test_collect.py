@@ -163,3 +163,28 @@ def test_reports_and_data_docs(tmp_path):
     assert f"collected {res.dataset_id}" in md and "| completions | 6 | 5 | 0 | 1 |" in md
     assert "| v1 | control | 5 | 5 | 0.400 |" in md and "[s3://bucket/reports/index.html]" in md
     assert "| feedback | quarantined | orphan_feedback | 1 |" in md and len(cs) == 6
+
+
+def test_rows_stored_after_their_hour_was_collected_are_quarantined_as_late_arrivals(tmp_path):
+    """A segment uploaded after the watermark passed its rows' time (a store outage longer than upload_grace_s, a
+    gateway clock running behind) was never read by any run: its rows vanished without being counted."""
+    store = LocalStore(tmp_path)
+    traffic(store, T0 + 5 * MIN, 4, 4)
+    first = collect(store, T0 + 2 * HOUR)  # hour 0 collected: the watermark is past it
+    assert first.new and first.manifest["late_arrivals"] == {"completions": 0, "feedback": 0}
+    late = completion(T0 + 20 * MIN, 99)  # stored only now
+    put_logs(store, "completions", [late])
+    put_logs(store, "feedback", [feedback(late, "accepted")])
+    (tmp_path / "logs/feedback/model=tab/date=2026-01-01/hour=00/part-broken.parquet").write_bytes(b"not parquet")
+    traffic(store, T0 + HOUR + 5 * MIN, 2, 2)  # the next hour's own traffic
+    second = collect(store, T0 + 3 * HOUR)
+    counts = second.manifest["counts"]
+    assert second.new and second.manifest["late_arrivals"] == {"completions": 1, "feedback": 1}
+    assert counts["completions"]["quarantined_by_reason"] == {"late_arrival": 1} and counts["completions"]["kept"] == 2
+    assert counts["feedback"]["quarantined_by_reason"] == {"late_arrival": 1}  # (the broken file has no readable rows)
+    assert [f["key"].rsplit("/", 1)[1] for f in second.manifest["schema_quarantined_files"]] == ["part-broken.parquet"]
+    assert late["request_id"] not in second.samples["request_id"].to_pylist()
+    quarantined = read_parquet(store, second.manifest["quarantine"]["completions"])
+    assert quarantined["request_id"].to_pylist() == [late["request_id"]] and quarantined["reason"].to_pylist() == ["late_arrival"]
+    assert collect(store, T0 + 4 * HOUR).new is False  # counted once: the next run does not take them again
+    assert read_watermark(store, "tab").listed_from_ms is not None
