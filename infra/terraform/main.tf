@@ -92,6 +92,7 @@ module "platform" {
     max_replicas    = var.gateway_max_replicas
     allowed_cidrs   = var.gateway_allowed_cidrs
     certificate_arn = var.gateway_certificate_arn
+    storage         = var.gateway_storage
   }
   gateway_clients      = var.gateway_clients
   prometheus_retention = var.prometheus_retention

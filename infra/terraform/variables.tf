@@ -281,24 +281,50 @@ variable "gateway_max_replicas" {
 }
 
 variable "gateway_allowed_cidrs" {
-  description = "Networks allowed to reach the gateway's load balancer (clients authenticate with API keys)."
+  description = "Networks allowed to reach the gateway's load balancer (clients authenticate with API keys). Required: name them; [\"0.0.0.0/0\"] (a public API) needs TLS."
   type        = list(string)
-  default     = ["0.0.0.0/0"]
 
   validation {
     condition     = length(var.gateway_allowed_cidrs) > 0 && alltrue([for c in var.gateway_allowed_cidrs : can(cidrhost(c, 0))])
     error_message = "gateway_allowed_cidrs must list at least one valid CIDR block."
   }
+  validation {
+    condition     = var.gateway_certificate_arn != "" || !contains(var.gateway_allowed_cidrs, "0.0.0.0/0")
+    error_message = "gateway_allowed_cidrs contains 0.0.0.0/0 while the gateway serves plain HTTP: API keys would cross the internet in clear text. Set gateway_certificate_arn, or name the private networks that call it."
+  }
 }
 
 variable "gateway_certificate_arn" {
-  description = "ACM certificate for TLS on the gateway's load balancer (port 443); \"\" serves plain HTTP on port 80."
+  description = "ACM certificate for TLS on the gateway's load balancer (port 443). Required unless gateway_allow_plain_http is set."
   type        = string
-  default     = ""
 
   validation {
     condition     = var.gateway_certificate_arn == "" || can(regex("^arn:aws[a-z-]*:acm:", var.gateway_certificate_arn))
     error_message = "gateway_certificate_arn must be an ACM certificate ARN (arn:aws:acm:...) or empty."
+  }
+  validation {
+    condition     = var.gateway_certificate_arn != "" || var.gateway_allow_plain_http
+    error_message = "gateway_certificate_arn is empty: clients send API keys to the gateway, so it serves TLS. Pass an ACM certificate ARN, or set gateway_allow_plain_http = true for a stack reached only from private networks."
+  }
+}
+
+variable "gateway_allow_plain_http" {
+  description = "Serve the gateway over plain HTTP (port 80) when no certificate is given: only for a stack reached from private networks (gateway_allowed_cidrs may then not contain 0.0.0.0/0)."
+  type        = bool
+  default     = false
+}
+
+variable "gateway_storage" {
+  description = "Persistent volume of each gateway pod: its write-ahead log (records not uploaded yet) and route table survive a pod's restart or rescheduling. storage_class \"\" = the cluster's default."
+  type = object({
+    size          = optional(string, "10Gi")
+    storage_class = optional(string, "")
+  })
+  default = {}
+
+  validation {
+    condition     = can(regex("^[0-9]+(Mi|Gi|Ti)$", var.gateway_storage.size))
+    error_message = "gateway_storage.size must be a quantity like 10Gi."
   }
 }
 

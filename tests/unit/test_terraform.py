@@ -15,6 +15,8 @@ import pytest
 
 from tests.unit.terraform_hcl import (
     BUCKETS,
+    CHART,
+    ROOT,
     STRATEGIES,
     TF,
     _merge,
@@ -273,3 +275,102 @@ def test_update_strategy_is_validated():
     assert strategy, "variable models needs a validation of update_strategy"
     assert set(re.findall(r'"([^"]+)"', strategy[0]["condition"])) == STRATEGIES
     assert all(s in strategy[0]["error_message"] for s in STRATEGIES)
+
+
+# ---- in-cluster network ------------------------------------------------------------------------
+
+def _components(selector: dict, local_values: dict) -> set[str] | None:
+    """The components a pod selector picks (the literals of its component matchers), None = any pod."""
+    labels = selector.get("match_labels", {})
+    found = set()
+    if isinstance(labels, dict) and "app.kubernetes.io/component" in labels:
+        found.add(labels["app.kubernetes.io/component"])
+    elif isinstance(labels, str):  # an expression, e.g. merge(local.tidal_labels, { "app.kubernetes.io/component" = "x" })
+        found |= set(re.findall(r'"?app\.kubernetes\.io/component"?\s*[=:]\s*"([^"]+)"', labels))
+    for m in selector.get("match_expressions", []):
+        if m["key"] == "app.kubernetes.io/component" and m["operator"] == "In":
+            found |= reachable_literals(m["values"], local_values)
+    return found or None
+
+
+def ingress_sources(policy: dict, local_values: dict) -> set[str]:
+    """Who an ingress policy lets in: component names, or 'ANY' for a rule without `from`, an ip_block or a
+    namespace selector (every pod of a namespace, or addresses outside the cluster)."""
+    out = set()
+    for rule in policy["spec"][0].get("ingress", []):
+        if not rule.get("from"):
+            out.add("ANY")
+        for peer in rule.get("from", []):
+            if "ip_block" in peer or "namespace_selector" in peer or "pod_selector" not in peer:
+                out.add("ANY")
+                continue
+            out |= _components(peer["pod_selector"][0], local_values) or {"ANY"}
+    return out
+
+
+def test_the_ingress_checker_sees_an_open_policy():
+    bad = _module_from('''
+resource "kubernetes_network_policy_v1" "engines" {
+  metadata { name = "x" }
+  spec {
+    pod_selector { match_labels = { "app.kubernetes.io/component" = "engine" } }
+    policy_types = ["Ingress"]
+    ingress {
+      from {
+        ip_block { cidr = "0.0.0.0/0" }
+      }
+    }
+    ingress {
+      ports {
+        port = 8000
+      }
+    }
+  }
+}''')
+    assert ingress_sources(bad["resource"]["kubernetes_network_policy_v1"]["engines"], {}) == {"ANY"}
+
+
+def test_only_the_gateway_and_the_supervisor_reach_the_engines():
+    """The engines' API is unauthenticated and includes admin endpoints (runtime LoRA loading, collective_rpc):
+    without a NetworkPolicy, any pod of the cluster could load weights into a serving engine."""
+    import yaml
+
+    from serving.runtime.k8s_manifest import selector
+
+    platform = load_dir(TF / "modules" / "platform")
+    policies, local_values = platform["resource"]["kubernetes_network_policy_v1"], platform["locals"]
+    engines = policies["engines"]
+    selected = _components(engines["spec"][0]["pod_selector"][0], local_values)
+    assert "engine" in selected, selected  # the supervisor's engines
+    assert '"vllm-${m.name}"' in local_values["engine_components"]  # the chart's static ones, one per model
+    assert engines["spec"][0]["policy_types"] == ["Ingress"]
+    assert ingress_sources(engines, local_values) == {"gateway", "fleet-supervisor"}
+    assert ingress_sources(policies["fleet_supervisor"], local_values) == {"gateway", "flow-run"}
+    # the selectors name the labels the pods carry
+    assert selector("tidal", "tab", 1)["app.kubernetes.io/component"] == "engine"
+    templates = CHART / "templates"
+    assert '"component" "gateway"' in (templates / "gateway-statefulset.yaml").read_text()
+    assert '"component" "fleet-supervisor"' in (templates / "fleet-supervisor.yaml").read_text()
+    assert 'printf "vllm-%s" .name' in (templates / "vllm-deployment.yaml").read_text()
+    pool = (ROOT / "infra" / "prefect" / "kubernetes-work-pool.json").read_text()
+    assert '"app.kubernetes.io/component": "flow-run"' in pool
+    # and the ports are the ones the pods listen on
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert int(local_values["engine_port"]) == values["vllm"]["port"]
+    assert int(local_values["supervisor_port"]) == values["settings"]["fleet"]["admin_port"]
+    from serving.kube_settings import KubernetesFleetSettings
+
+    k8s = KubernetesFleetSettings.model_fields
+    assert (int(local_values["engine_port"]), int(local_values["weights_port"])) == (k8s["port"].default, k8s["weights_port"].default)
+    assert int(local_values["gateway_pod_port"]) == values["gateway"]["port"]
+
+
+def test_the_gateway_keeps_its_log_and_routes_on_a_persistent_volume():
+    """The WAL (records not uploaded yet) and the route table lived on an emptyDir: a rescheduled pod lost both."""
+    text = (CHART / "templates" / "gateway-statefulset.yaml").read_text()
+    assert "kind: StatefulSet" in text and "volumeClaimTemplates:" in text
+    volumes = text.split("volumes:", 1)[1].split("volumeClaimTemplates:", 1)[0]
+    assert "name: data" not in volumes  # the data volume is the claim, not an emptyDir
+    assert "kind: StatefulSet" in (CHART / "templates" / "gateway-hpa.yaml").read_text()
+    tidal = load_dir(TF / "modules" / "platform")["variable"]["gateway"]["type"]
+    assert "storage" in tidal

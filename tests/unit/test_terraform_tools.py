@@ -58,6 +58,11 @@ def test_tfvars_example_passes_validation(tmp_path):
     (('tag        = "0.1.0"', 'tag        = "latest"'), "immutable tag"),
     (('name            = "tabfull"', 'name            = "tab"'), "must be unique"),
     (('key = "0123456789abcdef0123"', 'key = "short"'), "key at least 16 characters"),
+    # the gateway: TLS unless plain HTTP is asked for, and never plain HTTP to the whole internet
+    (('gateway_certificate_arn = "arn:aws:acm:', 'gateway_certificate_arn = "" # "arn:aws:acm:'), "gateway_certificate_arn is empty"),
+    (('gateway_certificate_arn = "arn:aws:acm:', 'gateway_allow_plain_http = true\ngateway_certificate_arn = "" # "arn:aws:acm:'),
+     "contains 0.0.0.0/0 while the gateway serves plain HTTP"),
+    (('gateway_allowed_cidrs   = ["0.0.0.0/0"]', ''), '"gateway_allowed_cidrs" is not set, and has no default value'),
     (('[{ client_id = "test", key = "0123456789abcdef0123" }]', '[]'), "must list at least one API client"),
 ])
 def test_bad_variables_are_refused_with_a_clear_message(tmp_path, change, message):
@@ -168,13 +173,17 @@ def test_chart_renders_gateway_and_fleet(tmp_path):
     assert out.returncode == 0, out.stderr
     docs = [d for d in yaml.safe_load_all(out.stdout) if d]
     kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
-    assert {("Deployment", "tidal-gateway"), ("Service", "tidal-gateway"), ("HorizontalPodAutoscaler", "tidal-gateway"),
+    assert {("StatefulSet", "tidal-gateway"), ("Service", "tidal-gateway"), ("HorizontalPodAutoscaler", "tidal-gateway"),
             ("ServiceMonitor", "tidal-gateway"), ("ConfigMap", "tidal-settings"),
             ("Deployment", "tidal-vllm-tab"), ("Deployment", "tidal-vllm-tabfull")} <= kinds
     by_name = {(d["kind"], d["metadata"]["name"]): d for d in docs}
     sa = by_name[("ServiceAccount", "tidal-gateway")]
     assert sa["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].endswith("role/tidal-gateway")
-    for dep in [d for d in docs if d["kind"] == "Deployment"]:
+    gateway = by_name[("StatefulSet", "tidal-gateway")]["spec"]
+    assert [v["metadata"]["name"] for v in gateway["volumeClaimTemplates"]] == ["data"]
+    assert "data" not in {v["name"] for v in gateway["template"]["spec"]["volumes"]}  # not an emptyDir any more
+    assert by_name[("HorizontalPodAutoscaler", "tidal-gateway")]["spec"]["scaleTargetRef"]["kind"] == "StatefulSet"
+    for dep in [d for d in docs if d["kind"] in ("Deployment", "StatefulSet")]:
         for c in dep["spec"]["template"]["spec"]["containers"]:
             sc = c["securityContext"]
             assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]

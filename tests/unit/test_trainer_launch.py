@@ -104,7 +104,7 @@ def test_defaults_match_the_cluster_and_the_chart():
     assert cfg.service_account == values["serviceAccounts"]["trainer"]["name"]
     assert cfg.data_dir == values["settings"]["data_dir"]
     assert f"name: {cfg.settings_configmap}" in (CHART / "templates" / "configmap.yaml").read_text()
-    assert f'"uid" {cfg.run_as_user}' in (CHART / "templates" / "gateway-deployment.yaml").read_text()
+    assert f'"uid" {cfg.run_as_user}' in (CHART / "templates" / "gateway-statefulset.yaml").read_text()
 
 
 def test_the_trainer_container_is_locked_down():

@@ -39,6 +39,7 @@ resource "helm_release" "tidal" {
         annotations              = local.gateway_service_annotations
         loadBalancerSourceRanges = var.gateway.allowed_cidrs
       }
+      persistence = { size = var.gateway.storage.size, storageClass = var.gateway.storage.storage_class }
     }
     metrics = { serviceMonitor = { enabled = true } }
     settings = {

@@ -58,12 +58,13 @@ variable "vllm_image" {
 }
 
 variable "gateway" {
-  description = "Gateway replicas, who may reach it, and an optional ACM certificate for TLS on the load balancer."
+  description = "Gateway replicas, who may reach it, the ACM certificate for TLS on the load balancer (\"\": plain HTTP, checked at the root), and each pod's persistent volume."
   type = object({
     min_replicas    = number
     max_replicas    = number
     allowed_cidrs   = list(string)
     certificate_arn = string
+    storage         = object({ size = string, storage_class = string })
   })
 }
 
