@@ -16,7 +16,7 @@ from data_contracts.records import CompletionRecord, FeedbackEvent, SamplingPara
 from serving.api_models import ChatRequest, CompletionRequest, FeedbackRequest
 from serving.feedback_ledger import FeedbackLedger
 from serving.request_ids import InvalidRequestId, RequestIdSigner
-from serving.routes import ArmSpec, ModelRoutes, RouteTable, assign, user_hash, user_hash_key
+from serving.routes import ArmSpec, ModelRoutes, RouteTable, arm_key, assign, assignment_key, user_hash, user_hash_key
 from serving.upstream import Endpoint, NoReplica, ReplicaPool, Saturated, describe_failure
 
 log = logging.getLogger("tidal.gateway")
@@ -56,6 +56,7 @@ class Gateway:
                  limits: Limits, metrics):
         self.routes, self.pool, self.sink, self.signer = routes, pool, sink, signer
         self.user_key, self.limits, self.metrics = user_hash_key(user_secret), limits, metrics
+        self.arm_key = arm_key(user_secret)  # keys the canary assignment (serving/routes.py assign)
         self.session: aiohttp.ClientSession | None = None
         self.feedback_seen = FeedbackLedger(limits.feedback_window_ms)  # request ids that have their verdict
         self.wal_stuck_since: float | None = None  # wall time of the first append not durable in time; None = healthy
@@ -116,7 +117,7 @@ class Gateway:
         max_tokens = 16 if max_tokens is None else max_tokens
         if max_tokens > self.limits.max_tokens:
             raise GatewayError(400, f"max_tokens {max_tokens} exceeds this gateway's limit of {self.limits.max_tokens}")
-        arm = assign(self.model_routes(req.model), req.user or client_id)
+        arm = assign(self.model_routes(req.model), assignment_key(client_id, req.user), self.arm_key)
         sampling = arm.apply(SamplingParams(temperature=1.0 if req.temperature is None else req.temperature,
                                             top_p=1.0 if req.top_p is None else req.top_p, max_tokens=max_tokens,
                                             stop=req.stops(), seed=req.seed))

@@ -2,7 +2,7 @@
 
 `control` is the serving version; an optional `canary` takes a share of users. An arm may carry
 bounded sampling overrides (temperature, top_p) for controlled exploration on a small share of
-traffic; `RouteLimits` bounds them. Users are assigned by a hash of (model, user key), so a user
+traffic; `RouteLimits` bounds them. Users are assigned by a keyed hash of (model, client, user), so a user
 keeps their arm while the weights hold, and raising the canary weight only moves users into it.
 
 The table is one JSON file (routes + the last `HISTORY_LIMIT` changes), replaced atomically on
@@ -11,7 +11,6 @@ every change. One process owns it (the gateway); readers in that process see who
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import logging
 import os
@@ -350,15 +349,33 @@ def _first_error(e: ValidationError) -> str:
     return f"{loc}: {err['msg']}" if loc else err["msg"]
 
 
-def assign(routes: ModelRoutes, user_key: str) -> ArmSpec:
-    """The arm of `user_key`: canary iff u < canary.weight, u = first 8 bytes of sha256(model NUL key) / 2**64.
+_ARM_LABEL = b"tidal/arm-assignment/v1"
+
+
+def arm_key(secret: bytes) -> bytes:
+    """The key of arm assignment, derived from the gateway secret with a label of its own. Unkeyed, anyone could
+    compute offline which user ids land in a canary and send traffic and feedback as those users only."""
+    if not secret:
+        raise ValueError("arm_key needs a non-empty secret")
+    return hmac.digest(secret, _ARM_LABEL, "sha256")
+
+
+def assignment_key(client_id: str, user: str | None) -> str:
+    """Who is assigned an arm: the client's user (keyed by the client too, so one client's user ids say nothing
+    about another's arms), or the client itself when it names no user."""
+    return f"{client_id}\0{user}" if user else client_id
+
+
+def assign(routes: ModelRoutes, user_key: str, key: bytes) -> ArmSpec:
+    """The arm of `user_key`: canary iff u < canary.weight, u = first 8 bytes of HMAC-SHA256(key, model NUL
+    user_key) / 2**64, key = arm_key(gateway secret).
 
     Sticky (same arm while the weights hold) and monotone (raising the canary weight only moves users in).
     """
     arms = routes.arms
     if len(arms) == 1:
         return arms[0]
-    u = int.from_bytes(hashlib.sha256(f"{routes.model}\0{user_key}".encode()).digest()[:8], "big") / _HASH_SCALE
+    u = int.from_bytes(hmac.digest(key, f"{routes.model}\0{user_key}".encode(), "sha256")[:8], "big") / _HASH_SCALE
     return arms[1] if u < arms[1].weight else arms[0]
 
 

@@ -35,9 +35,11 @@ def settings(tmp_path_factory) -> TidalSettings:
               "mixture_sd": 0.5}
     # The tests drive every stage themselves: with the default 'chained' loop, a test's collect would start a
     # train run of the deployed train-tab through its event trigger, beside the test's own.
-    # A hung replica (test_gateway) is failed over after 15 s instead of the production 30 s.
+    # A hung replica (test_gateway) is failed over after 15 s instead of the production 30 s. A fixed gateway secret
+    # keys the canary assignment the same way every session: it puts 25 of test_promote's 400 users (6.25%) in a 5%
+    # canary, enough outcomes for its first step to judge (a generated secret gives 14 to 30 of them).
     path = write_config(root, models, train=train, canary=canary, flywheel={"loop": "manual"},
-                        gateway={"first_byte_timeout_s": 15.0})
+                        gateway={"first_byte_timeout_s": 15.0, "secret": "tidal-test-session-secret-0010"})
     with pytest.MonkeyPatch.context() as mp:
         for key in [k for k in os.environ if k.startswith("TIDAL_")]:
             mp.delenv(key)

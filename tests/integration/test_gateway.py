@@ -10,9 +10,10 @@ import httpx
 import pytest
 
 from serving.request_ids import RequestIdSigner
-from serving.routes import assign
+from serving.routes import arm_key, assign, assignment_key
 from sim.audit import wait_stored
 from tidal.registry import publish
+from tidal.tokens import secret
 from training.variants import random_adapter
 
 pytestmark = pytest.mark.slow
@@ -62,14 +63,15 @@ def test_openai_sdk_completions_streaming_and_chat(gateway, keys, canary, checkp
     assert len(rows[chat.id]["behaviour_logprobs"]) == len(rows[chat.id]["completion_token_ids"]) > 0
 
 
-def test_canary_split_is_sticky_and_every_record_names_its_version(gateway, keys, canary, checkpoints):
+def test_canary_split_is_sticky_and_every_record_names_its_version(gateway, keys, canary, checkpoints, settings):
     version, routes_dump = canary
     from serving.routes import ModelRoutes
 
     routes = ModelRoutes.model_validate(routes_dump)
     # The split itself is the gateway's own hash over 2000 users (cheap); 250 of them go through
     # the real gateway and engines, which must serve each one exactly that arm.
-    expected = [assign(routes, f"user-{i}").name for i in range(2000)]
+    key = arm_key(secret(settings, "request_id", settings.gateway.secret).encode())  # the gateway's own key
+    expected = [assign(routes, assignment_key("alice", f"user-{i}"), key).name for i in range(2000)]
     share = expected.count("canary") / len(expected)
     assert abs(share - 0.1) < 4 * (0.1 * 0.9 / len(expected)) ** 0.5  # binomial, 4 sigma
     users = [f"user-{i}" for i in range(250)]

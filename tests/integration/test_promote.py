@@ -190,13 +190,15 @@ def start_when_verified(users: Users, registry, promote: Promote, version: int, 
     users.start()
 
 
-def canary_user_share(model: str, users: int, weight: float) -> float:
-    """The share of the simulated users `user-0 … user-{users-1}` the gateway's hash puts on a canary of `weight`."""
-    from serving.routes import ArmSpec, ModelRoutes, assign
+def canary_user_share(settings, model: str, users: int, weight: float, client: str = "alice") -> float:
+    """The share of `client`'s simulated users `user-0 … user-{users-1}` the gateway's keyed hash puts on a canary."""
+    from serving.routes import ArmSpec, ModelRoutes, arm_key, assign, assignment_key
+    from tidal.tokens import secret
 
+    key = arm_key(secret(settings, "request_id", settings.gateway.secret).encode())
     routes = ModelRoutes(model=model, updated_ms=0, updated_by="test", arms=[
         ArmSpec(name="control", version=1, weight=1 - weight), ArmSpec(name="canary", version=2, weight=weight)])
-    return sum(assign(routes, f"user-{i}").name == "canary" for i in range(users)) / users
+    return sum(assign(routes, assignment_key(client, f"user-{i}"), key).name == "canary" for i in range(users)) / users
 
 
 @pytest.mark.timeout(1800)  # ~15 canary outcomes at 5% of a few requests/s, plus the platform when run alone
@@ -217,10 +219,10 @@ def test_degraded_candidate_is_rolled_back_at_the_first_step(settings, registry,
     print("degraded canary:", rolled["reason"], rolled["figures"])
     assert rolled["by"] == "promote" and rolled["figures"]["step"] == 1 and "fell" in rolled["reason"]
     exposed = rolled["figures"]["n_canary"] / (rolled["figures"]["n_canary"] + rolled["figures"]["n_control"])
-    # The first step's 5% weight exposes the users the hash puts below 0.05: 25 of these 400 (6.25%, within the
-    # binomial spread of 5% of 400 users, ±1.1 points); each user sends the same share of the requests.
+    # The first step's 5% weight exposes the users the keyed hash puts below 0.05: 25 of these 400 with the session's
+    # secret (6.25%, within the binomial spread of 5% of 400 users, ±1.1 points); each sends the same share of requests.
     w = settings.canary.steps[0]
-    hashed = canary_user_share("tab", users.users, w)
+    hashed = canary_user_share(settings, "tab", users.users, w)
     assert abs(hashed - w) <= 3 * (w * (1 - w) / users.users) ** 0.5, hashed
     assert abs(exposed - hashed) <= 0.015, (exposed, hashed)
     step_1_ms = json.loads(t["tidal.release.step_1"])["at_ms"]  # canary traffic starts

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
+import hmac
 import itertools
 import json
 import math
@@ -17,8 +17,10 @@ from pydantic import ValidationError
 
 from data_contracts.records import SamplingParams
 from serving import routes as routes_mod
-from serving.routes import (HISTORY_LIMIT, ArmSpec, CanaryGone, ModelRoutes, RouteError, RouteLimits, RouteTable, assign,
-                            user_hash, user_hash_key)
+from serving.routes import (HISTORY_LIMIT, ArmSpec, CanaryGone, ModelRoutes, RouteError, RouteLimits, RouteTable,
+                            arm_key, assign, assignment_key, user_hash, user_hash_key)
+
+KEY = arm_key(b"gateway-secret-0123456789abcdef")
 
 
 def make_routes(canary_weight: float | None = None, model: str = "tab", control: int = 3, canary: int = 4,
@@ -37,7 +39,7 @@ def user_keys(n: int, seed: int = 0) -> list[str]:
 
 
 def canary_users(r: ModelRoutes, keys: list[str]) -> set[str]:
-    return {k for k in keys if assign(r, k).name == "canary"}
+    return {k for k in keys if assign(r, k, KEY).name == "canary"}
 
 
 @pytest.fixture
@@ -51,19 +53,19 @@ def no_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_assign_is_deterministic_and_follows_the_documented_formula() -> None:
     r = make_routes(0.3)
     for key in user_keys(500):
-        digest = hashlib.sha256(f"tab\0{key}".encode()).digest()
+        digest = hmac.digest(KEY, f"tab\0{key}".encode(), "sha256")
         u = int.from_bytes(digest[:8], "big") / 2**64
         expected = "canary" if u < 0.3 else "control"
-        assert assign(r, key).name == expected
-        assert assign(r, key) == assign(make_routes(0.3), key)
+        assert assign(r, key, KEY).name == expected
+        assert assign(r, key, KEY) == assign(make_routes(0.3), key, KEY)
 
 
 def test_every_user_stays_in_the_same_arm_on_repeated_calls() -> None:
     r = make_routes(0.5)
     keys = user_keys(2000, seed=1)
-    first = [assign(r, k).name for k in keys]
+    first = [assign(r, k, KEY).name for k in keys]
     for _ in range(3):
-        assert [assign(r, k).name for k in keys] == first
+        assert [assign(r, k, KEY).name for k in keys] == first
 
 
 def test_canary_share_is_within_binomial_tolerance() -> None:
@@ -87,9 +89,23 @@ def test_assignment_depends_on_the_model() -> None:
     assert a != b
 
 
+def test_the_arm_of_a_user_id_depends_on_the_secret_and_the_client() -> None:
+    """Unkeyed, anyone could compute which user ids a canary gets and send traffic and feedback as those only;
+    and one client's choice of user ids put the same ids of every client on the same arms."""
+    r, n = make_routes(0.5), 2000
+    keys = user_keys(n, seed=4)
+    other_secret = {k for k in keys if assign(r, k, arm_key(b"another-secret-0123456789abcd")).name == "canary"}
+    mine = canary_users(r, keys)
+    alice = {k for k in keys if assign(r, assignment_key("alice", k), KEY).name == "canary"}
+    bob = {k for k in keys if assign(r, assignment_key("bob", k), KEY).name == "canary"}
+    for a, b in ((mine, other_secret), (alice, bob)):  # independent halves: ~n/4 in both, far from n/2
+        assert abs(len(a & b) - n / 4) < 4 * (n * 0.25 * 0.75) ** 0.5, (len(a), len(b), len(a & b))
+    assert assignment_key("alice", None) == "alice" and assignment_key("alice", "") == "alice"
+
+
 def test_single_control_arm_gets_everyone() -> None:
     r = make_routes(None)
-    assert {assign(r, k).name for k in user_keys(100)} == {"control"}
+    assert {assign(r, k, KEY).name for k in user_keys(100)} == {"control"}
 
 
 def test_user_hash_is_keyed_and_hides_the_raw_id() -> None:
