@@ -76,6 +76,54 @@ def test_fuzzed_gateway_never_answers_5xx_or_leaks_a_secret(settings, gateway, k
                         statuses=" ".join(f"{s}×{n}" for s, n in sorted(statuses.items())))
 
 
+def _rss_mb(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def _flood(gateway: str, n: int, seed: int) -> Counter:
+    """n unauthenticated or wrongly authenticated requests to random paths, 8 at a time."""
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = random.Random(seed)
+    shapes = ["/admin/{x}", "/admin/routes/{x}", "/admin/routes/{x}/canary", "/v1/{x}", "/{x}", "/v1/completions"]
+    calls = [(rng.choice(["GET", "POST", "PUT"]), rng.choice(shapes).format(x=f"{rng.getrandbits(64):016x}"),
+              {"Authorization": f"Bearer wrong-{rng.getrandbits(32):08x}"} if rng.random() < 0.5 else {})
+             for _ in range(n)]
+
+    def send(chunk) -> Counter:
+        out = Counter()
+        with httpx.Client(base_url=gateway, timeout=30) as client:
+            for method, path, headers in chunk:
+                out[client.request(method, path, headers=headers, json={}).status_code] += 1
+        return out
+
+    with ThreadPoolExecutor(8) as pool:
+        return sum(pool.map(send, [calls[i::8] for i in range(8)]), Counter())
+
+
+def test_an_unauthenticated_flood_leaves_the_gateways_memory_bounded(gateway, platform, chaos_report):
+    """Request metrics were labelled with the raw path: every 401 on a new random path added a metric series that
+    lived as long as the process, so anyone who could reach the gateway could grow its memory without bound."""
+    pid = platform.running("gateway").pid
+    warm = _flood(gateway, 2000, seed=1)  # allocator and connection pools settle
+    rss_1, series_1 = _rss_mb(pid), len(httpx.get(gateway + "/metrics").text.splitlines())
+    flood = _flood(gateway, 8000, seed=2)
+    rss_2, series_2 = _rss_mb(pid), len(httpx.get(gateway + "/metrics").text.splitlines())
+    statuses = warm + flood
+    chaos_report.record("12. unauthenticated flood on random paths", requests=sum(statuses.values()),
+                        statuses=" ".join(f"{s}×{n}" for s, n in sorted(statuses.items())),
+                        rss_mb_after_warmup=round(rss_1, 1), rss_mb_after_8000_more=round(rss_2, 1),
+                        metric_lines=f"{series_1} → {series_2}")
+    assert not [s for s in statuses if s >= 500] and statuses[401] > 0, statuses
+    assert series_2 == series_1  # no series per path
+    assert rss_2 - rss_1 < 10, (rss_1, rss_2)  # 8000 distinct paths held nothing (a series each was ~1-2 kB)
+    assert httpx.get(gateway + "/health").status_code == 200
+
+
 SECRETS = {
     "secret:aws_access_key": "aws = 'AKIAIOSFODNN7EXAMPLE'\n",
     "secret:private_key": "KEY = '''-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA\n-----END RSA PRIVATE KEY-----'''\n",
