@@ -35,10 +35,16 @@ class ChaosReport:
                  "Each scenario runs on the real platform (vLLM fleet, gateway, Prefect, MLflow, object store) "
                  "on 127.0.0.1; figures are measured in that run.", "",
                  "| scenario | test | outcome | seconds | figures |", "|---|---|---|---|---|"]
-        for e in sorted(self.entries.values(), key=lambda e: e.scenario):
+        for e in sorted(self.entries.values(), key=_order):
             figs = "<br>".join(f"{k}: {_fmt(v, scrub or {})}" for k, v in e.figures.items()) or "—"
             lines.append(f"| {e.scenario} | `{e.test}` | {e.outcome} | {e.seconds:.0f} | {figs} |")
         return "\n".join(lines) + "\n"
+
+
+def _order(e) -> tuple:
+    """By scenario number (10 after 9), then name."""
+    head = e.scenario.split(".", 1)[0]
+    return (int(head) if head.isdigit() else 10**6, e.scenario)
 
 
 def _fmt(v: object, scrub: dict[str, str]) -> str:

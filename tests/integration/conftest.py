@@ -1,0 +1,27 @@
+"""Fixtures of the release tests (tests/integration/test_promote.py, test_release_safety.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.release_helpers import Users, cursor_prompts
+
+
+@pytest.fixture(scope="module")
+def base_dir(registry, checkpoints):
+    return checkpoints.local_dir(registry.get("tab", 1))
+
+
+@pytest.fixture()
+def users(settings, gateway, keys, platform):
+    """Tab users, not yet typing: a test starts them once its candidate is built and published, so the traffic
+    does not slow that work down on a small machine; stopped after the test."""
+    routes = platform.routes_client()
+    current = routes.show()["routes"].get("tab", {}).get("arms", [])
+    if any(a["name"] == "canary" for a in current):  # a canary left by another test
+        routes.rollback("tab", by="test", reason="clean start")
+    u = Users(gateway, keys["alice"], cursor_prompts(settings, 300, seed=11))
+    yield u
+    u.stop.set()
+    if u.is_alive():
+        u.join(timeout=120)
