@@ -189,7 +189,7 @@ def test_restart_strategy_canary_runs_on_a_surge_replica_and_promotes(settings, 
         # the control replica's ~26 ms over a whole ramp (warm-up does not close the gap): the p99 guardrail
         # rightly rolled the release back at that. This test is about the restart path, so it tolerates that, and
         # ramps in one 50% step (walking every step is test_better_candidate_is_promoted_through_every_step's).
-        # The old champion stays loaded 20 s after the promotion, and an operator rolls back within them: the
+        # The old champion stays loaded 30 s after the promotion, and an operator rolls back within them: the
         # promote task's unload at the end of the grace must then be refused, since users are on that version again.
         env = {**os.environ, "TIDAL_CANARY__STEPS": "[0.5]", "TIDAL_CANARY__MIN_SAMPLES": "30",
                "TIDAL_CANARY__MAX_STEP_S": "600", "TIDAL_CANARY__MAX_P99_RATIO": "20", "TIDAL_CANARY__UNLOAD_GRACE_S": "30"}

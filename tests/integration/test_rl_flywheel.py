@@ -211,7 +211,10 @@ def test_interrupting_the_demo_during_its_canary_leaves_the_champion_serving_eve
         proc.kill()
     print(output[-3000:])
     assert proc.returncode == 130, output[-3000:]
-    assert "the interrupted canary was rolled back" in output and "interrupted" in output
+    # The cancelled release rolls its canary back itself (flows/promote.py); if it could not, the demo does.
+    last = platform.routes_client().show()["routes"]["tab"]
+    assert "interrupted" in output, output[-3000:]
+    assert "the interrupted canary was rolled back" in output or last["updated_by"] == "promote", (last, output[-3000:])
     assert arm_weights(platform) == [("control", 1.0)]
     assert registry.aliases("tab")["champion"] == champion
     # The cancelled cycle's flow run stops in the runner, and nothing puts the canary back.
