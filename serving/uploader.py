@@ -106,7 +106,7 @@ class Uploader:
         self.wal_dir, self.kinds, self.store, self.stats = wal_dir, kinds, store, stats
         self.interval_s, self.backoff_max_s, self.retain_s, self.cap_bytes = interval_s, backoff_max_s, retain_s, cap_bytes
         self._lock = threading.Lock()  # one pass at a time: the background thread or a flush
-        self._failures: dict[str, int] = {}  # segment id → consecutive failed uploads
+        self._strikes: dict[str, int] = {}  # segment id → passes in a row it failed while the next segment uploaded
         self._wake, self._stop = threading.Event(), threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -156,10 +156,14 @@ class Uploader:
                 time.sleep(delay)
 
     def upload_pending(self) -> None:
-        """One pass over the closed segments, oldest first; raises on the first failure (the store is likely
-        down for the rest too). A segment that has failed POISON_AFTER times in a row while the next one uploads
-        is poison, not an outage: it is set aside with its reason, so that it no longer blocks the rest."""
+        """One pass over the closed segments, oldest first. A failure ends the pass (raised: the store is likely
+        down for the rest too) unless the next segment then uploads: the failure is then the segment's own, a
+        strike against it, and the pass goes on past it (raising at its end, for the back-off). A segment with
+        POISON_AFTER strikes in a row is poison, not an outage: it is set aside with its reason, so that it no
+        longer blocks the rest. Failures while the store is down are no strikes, so a segment that fails once
+        more as the store comes back (a stale pooled connection, say) is retried, never set aside."""
         with self._lock:
+            own_failure: Exception | None = None
             for kind in self.kinds:
                 segs, i = list_segments(self.wal_dir, kind, (CLOSED,)), 0
                 while i < len(segs):
@@ -168,23 +172,29 @@ class Uploader:
                         i += 1
                         continue
                     except Exception as e:
-                        if self._failures[segs[i].id] < POISON_AFTER or i + 1 == len(segs):
+                        if i + 1 == len(segs):
                             raise
-                        self._upload_counted(segs[i + 1])  # raises too during an outage
-                        self.set_aside(segs[i], f"upload failed {self._failures.pop(segs[i].id)} times in a row "
-                                                f"while later segments uploaded: {type(e).__name__}: {e}")
+                        self._upload_counted(segs[i + 1])  # raises too during an outage: no strike
+                        strikes = self._strikes[segs[i].id] = self._strikes.get(segs[i].id, 0) + 1
+                        if strikes >= POISON_AFTER:
+                            self._strikes.pop(segs[i].id)
+                            self.set_aside(segs[i], f"upload failed on {strikes} passes in a row while the next "
+                                                    f"segment uploaded: {type(e).__name__}: {e}")
+                        else:
+                            own_failure = e
                         i += 2
+            if own_failure is not None:
+                raise own_failure
 
     def _upload_counted(self, seg: Segment) -> None:
         try:
             self.upload_segment(seg)
         except Exception as e:
             self.stats.add({"upload_errors_total": 1})
-            self._failures[seg.id] = self._failures.get(seg.id, 0) + 1
             log.warning("upload of WAL segment %s/%s to %s failed (will retry): %s: %s",
                         seg.kind, seg.id, self.store.url, type(e).__name__, e)
             raise
-        self._failures.pop(seg.id, None)
+        self._strikes.pop(seg.id, None)
 
     def set_aside(self, seg: Segment, reason: str) -> None:
         """Move a poison segment to <wal_dir>/<kind>/poison/ beside a .reason file, count its records as

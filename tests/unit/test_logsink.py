@@ -275,21 +275,51 @@ def test_a_segment_that_always_fails_is_set_aside_and_no_longer_blocks_the_other
     sink._writer.rotate()
     (first,) = wal_files(wal, "completions", ".closed.jsonl")
     store.refuse = first.name.split(".")[0]
-    asyncio.run(append_all(sink, "completions", [completion(2)]))
-    assert sink.flush_now(timeout_s=10)  # failed POISON_AFTER times, then the next segment uploaded
+    for n in range(1, POISON_AFTER + 1):  # traffic goes on: each pass has a later segment, which uploads
+        asyncio.run(append_all(sink, "completions", [completion(1 + n)]))
+        sink._writer.rotate()
+        if n < POISON_AFTER:
+            with pytest.raises(PermissionError):  # a strike, not yet poison: the pass ends in the error
+                sink._uploader.upload_pending()
+            assert first.exists()
+    sink._uploader.upload_pending()  # the last strike sets it aside
 
     m = sink.metrics()
     assert m["segments_poisoned_total"] == 1 and m["quarantined_total"] == 2 and m["segments_pending"] == 0
     assert m["upload_errors_total"] == POISON_AFTER
-    assert [r["request_id"] for rows in parquet_objects(tmp_path / "store", "completions").values() for r in rows] == \
-        [completion(2)["request_id"]]
+    assert sorted(r["request_id"] for rows in parquet_objects(tmp_path / "store", "completions").values() for r in rows) == \
+        sorted(completion(1 + n)["request_id"] for n in range(1, POISON_AFTER + 1))
     poison = wal / "completions" / "poison"
     assert sorted(p.name for p in poison.iterdir()) == [f"{store.refuse}.jsonl", f"{store.refuse}.reason"]
-    assert f"failed {POISON_AFTER} times in a row" in (poison / f"{store.refuse}.reason").read_text()
+    assert f"failed on {POISON_AFTER} passes in a row" in (poison / f"{store.refuse}.reason").read_text()
     assert "AccessDenied" in (poison / f"{store.refuse}.reason").read_text()
     copied = store.inner.list("quarantine/wal/completions/")
     assert copied == [f"quarantine/wal/completions/poison-{store.refuse}.jsonl",
                       f"quarantine/wal/completions/poison-{store.refuse}.reason"]
+
+
+def test_a_segment_failing_once_as_the_store_comes_back_is_retried_not_set_aside(tmp_path: Path, sinks) -> None:
+    """After a long outage, the first put as the store came back failed (a stale pooled connection) while the
+    next segment uploaded: the segment, past POISON_AFTER failures of the outage, was set aside as poison and its
+    acknowledged records left the dataset (the chaos suite's object-store outage caught it)."""
+    from serving.uploader import POISON_AFTER
+
+    wal = tmp_path / "wal"
+    # Two segments; each pass of the outage fails both (two puts); the last failure hits only the first segment.
+    passes = POISON_AFTER + 1
+    store = FlakyStore(LocalStore(tmp_path / "store"), failures=2 * passes - 1)
+    sink = start(sinks, wal, store)
+    asyncio.run(append_all(sink, "completions", [completion(0), completion(1)]))
+    sink._writer.rotate()
+    asyncio.run(append_all(sink, "completions", [completion(2)]))
+    assert sink.flush_now(timeout_s=10)
+
+    m = sink.metrics()
+    assert m["upload_errors_total"] == 2 * passes - 1 and m["segments_poisoned_total"] == 0 and m["quarantined_total"] == 0
+    assert sorted(r["request_id"] for rows in parquet_objects(tmp_path / "store", "completions").values() for r in rows) == \
+        sorted(completion(i)["request_id"] for i in range(3))
+    assert not (wal / "completions" / "poison").exists()
+
 
 def test_invalid_rows_are_quarantined_with_a_reason_and_counted(tmp_path: Path, sinks) -> None:
     wal, store = tmp_path / "wal", LocalStore(tmp_path / "store")
