@@ -69,6 +69,15 @@ CONFIGS: dict[str, tuple[dict, dict]] = {
     "stop1_budget25_kept4_ptx05": ({"stop_credit_coef": 1.0, "abstain_budget": 0.25, "kept_credit_coef": 4.0,
                                     "ptx_coef": 0.5}, {}),
     "stop1_budget25_ptx": ({"stop_credit_coef": 1.0, "abstain_budget": 0.25, "ptx_coef": 1.0}, {}),
+    # the demo's levers plus an entropy penalty given that the line continues (training/sharpen.py)
+    "stop1_budget50_kept4_ptxc_sharp01": ({"stop_credit_coef": 1.0, "abstain_budget": 0.5, "kept_credit_coef": 4.0,
+                                           "ptx_coef": 1.0, "ptx_given_continues": True, "sharpen_coef": 0.1}, {}),
+    "stop1_budget50_kept4_ptxc_sharp03": ({"stop_credit_coef": 1.0, "abstain_budget": 0.5, "kept_credit_coef": 4.0,
+                                           "ptx_coef": 1.0, "ptx_given_continues": True, "sharpen_coef": 0.3}, {}),
+    "stop1_budget50_kept4_sharp03": ({"stop_credit_coef": 1.0, "abstain_budget": 0.5, "kept_credit_coef": 4.0,
+                                      "sharpen_coef": 0.3}, {}),
+    "stop1_budget50_kept4_ptxc_sharp1": ({"stop_credit_coef": 1.0, "abstain_budget": 0.5, "kept_credit_coef": 4.0,
+                                          "ptx_coef": 1.0, "ptx_given_continues": True, "sharpen_coef": 1.0}, {}),
     # every weight trained (no adapter: the final norm can scale the logits), at a tenth of the learning rate
     "full_kept4_ptx": ({"lora": False, "learning_rate": 1e-4, "kept_credit_coef": 4.0, "ptx_coef": 1.0}, {}),
     "full_ppo": ({"lora": False, "learning_rate": 1e-4}, {}),
@@ -153,7 +162,7 @@ def main() -> None:
         p.error(f"unknown configurations {unknown}; expected some of {list(CONFIGS)}")
 
     head = ("| config | at | suggestion rate | accept rate | accepted chars/req | reward/req | bits/byte Δ | "
-            "Δ given the line continues |\n|---|---|---|---|---|---|---|---|")
+            "Δ given the line continues | the same at the best temperature |\n|---|---|---|---|---|---|---|---|---|")
     report_head = ("| config | suggestion ×v1 | accept ×v1 | chars ×v1 | reward − v1 | chars − best cut | reward − best cut "
                    "| train s |\n|---|---|---|---|---|---|---|---|")
     reports, rows, started = {}, [], time.perf_counter()
@@ -163,7 +172,8 @@ def main() -> None:
         print(head + "\n" + "\n".join(
             f"| {name} | {e['at']} | {fmt(e['suggestion_rate'])} | {fmt(e['accept_rate'], digits=3)} | "
             f"{fmt(e['accepted_chars_per_request'])} | {fmt(e['reward_per_request'], digits=3)} | "
-            f"{e['bpb_delta']:+.3f} | {e['bpb_stop_delta']:+.3f} |" for e in evals), flush=True)
+            f"{e['bpb_delta']:+.3f} | {e['bpb_stop_delta']:+.3f} | {e.get('bpb_fit_delta', 0.0):+.3f} "
+            f"(×{e.get('fit_scale', 1.0):.2f}) |" for e in evals), flush=True)
         rows.append(f"| {name} | {fmt(r['suggestion_ratio'], r['suggestion_ratio_ci'])} | "
                     f"{fmt(r['accept_ratio'], r['accept_ratio_ci'])} | {fmt(r['chars_ratio'], r['chars_ratio_ci'])} | "
                     f"{fmt(r['reward_delta'], r['reward_delta_ci'], 3)} | "

@@ -125,7 +125,7 @@ def main() -> None:
     from training import corpus
     from training.candidate import build_trainable
     from training.policy import load_policy, load_tokenizer
-    from training.pretrain import bits_per_byte
+    from training.pretrain import bits_per_byte, fitted_bits_per_byte
     from training.partial_credit import partial_rows
     from training.ppo_trainer import PPOTrainer, iteration_plan
     from training.job import loss_terms
@@ -147,10 +147,14 @@ def main() -> None:
     code, gate = corpus.read_texts(code_files), settings.demo.train.gate
 
     def bpb(model) -> dict[str, float]:
-        """Held-out code bits/byte, plain and given that the line continues (the gate's `bpb_stop`)."""
+        """Held-out code bits/byte, plain and given that the line continues (the gate's `bpb_stop`), and the latter
+        at the model's best temperature (the gate's `bpb_fit_temperature`)."""
         model.eval()
+        stops = stop_token_ids(tok, "\n")
+        fit, _, scale = fitted_bits_per_byte(model, tok, code, gate.eval_bytes, gate.seq_len, stops)
         return {"bpb": bits_per_byte(model, tok, code, gate.eval_bytes, gate.seq_len)[0],
-                "bpb_stop": bits_per_byte(model, tok, code, gate.eval_bytes, gate.seq_len, stop_token_ids(tok, "\n"))[0]}
+                "bpb_stop": bits_per_byte(model, tok, code, gate.eval_bytes, gate.seq_len, stops)[0],
+                "bpb_stop_fit": fit, "fit_scale": scale}
 
     cases = eval_cases(users, settings.bootstrap.heldout_fraction, args.eval_requests, seed=EVAL_SEED)
 
@@ -184,9 +188,9 @@ def main() -> None:
             "rule": rule.model_dump(mode="json"), "ppo": cfg.model_dump(mode="json", include={
                 "learning_rate", "kl_coef", "batch_size", "epochs", "max_iterations", "hindsight_partials", "partial_credit", "ptx_coef", "stop_credit_coef",
                 "stop_credit_abstain", "abstain_budget", "kept_credit_coef",
-                "ptx_given_continues"})}
+                "ptx_given_continues", "sharpen_coef"})}
     base, base_texts = evaluate(load_policy(args.checkpoint), tok, cases, rule, users, bpb)
-    print(json.dumps({"at": 0, **head, **base, "bpb_delta": 0.0, "bpb_stop_delta": 0.0}), flush=True)
+    print(json.dumps({"at": 0, **head, **base, "bpb_delta": 0.0, "bpb_stop_delta": 0.0, "bpb_fit_delta": 0.0}), flush=True)
 
     trainer = PPOTrainer(build_trainable(args.checkpoint, args.checkpoint, cfg), cfg, tok.pad_token_id,
                          **loss_terms(cfg, tok, rule, settings.bootstrap.heldout_fraction))
@@ -198,12 +202,14 @@ def main() -> None:
     def after(it: int, metrics: dict[str, float]) -> None:
         if it + 1 in looks:
             kl = {k.split("/")[1]: round(v, 4) for k, v in metrics.items()
-                  if k in ("ppo/kl_ref", "ppo/approx_kl", "ppo/ptx_loss", "ppo/stop_credit_loss")}
+                  if k in ("ppo/kl_ref", "ppo/approx_kl", "ppo/ptx_loss", "ppo/stop_credit_loss",
+                                                            "ppo/entropy_given_continues")}
             t0 = time.perf_counter()
             now, last["texts"] = evaluate(trainer.model.policy, tok, cases, rule, users, bpb)
             last["eval_s"] += time.perf_counter() - t0
             print(json.dumps({"at": it + 1, **kl, **now, "bpb_delta": round(now["bpb"] - base["bpb"], 4),
-                              "bpb_stop_delta": round(now["bpb_stop"] - base["bpb_stop"], 4)}), flush=True)
+                              "bpb_stop_delta": round(now["bpb_stop"] - base["bpb_stop"], 4),
+                              "bpb_fit_delta": round(now["bpb_stop_fit"] - base["bpb_stop_fit"], 4)}), flush=True)
             trainer.model.train()
 
     t_train = time.perf_counter()

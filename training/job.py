@@ -82,15 +82,17 @@ class Checkouts:
 
 
 def loss_terms(cfg, tokenizer, rule, heldout_fraction: float) -> dict:
-    """The PPOTrainer's optional terms as `cfg` (a PPOConfig) asks for them: {"ptx", "stop", "kept"}, each None
+    """The PPOTrainer's optional terms as `cfg` (a PPOConfig) asks for them: {"ptx", "stop", "kept", "sharpen"}, each None
     when its coefficient is 0. `rule` (the dataset's RewardRule) values the stop credit's cuts."""
     from training.kept_credit import KeptCredit
     from training.ptx import ptx_loss_for
+    from training.sharpen import Sharpen
     from training.stop_credit import StopCredit
 
     return {"ptx": ptx_loss_for(cfg, tokenizer, heldout_fraction),
             "stop": StopCredit(tokenizer, rule, cfg.hindsight_stop, cfg.stop_credit_abstain) if cfg.stop_credit_coef > 0 else None,
-            "kept": KeptCredit(tokenizer) if cfg.kept_credit_coef > 0 else None}
+            "kept": KeptCredit(tokenizer) if cfg.kept_credit_coef > 0 else None,
+            "sharpen": Sharpen(tokenizer, cfg.hindsight_stop) if cfg.sharpen_coef > 0 else None}
 
 
 def train(spec: TrainJob) -> None:

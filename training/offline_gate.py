@@ -7,7 +7,8 @@
                   champion's estimate by more than ope_tolerance (inconclusive, not failed, when the
                   effective sample size is below min_ess)
     bits_per_byte held-out code bits/byte does not regress by more than bpb_tolerance (with bpb_stop: given that
-                  the next token holds no stop string, so the stop decision Tab training moves is not charged)
+                  the next token holds no stop string, so the stop decision Tab training moves is not charged;
+                  with bpb_fit_temperature: each model at its best temperature, so sharpening is not charged)
 
 Off-policy estimate: self-normalised importance sampling (weighted IS; Precup et al. 2000, Owen 2013
 ch. 9). For held-out row i with behaviour log-probs mu_i (logged), completion y_i and reward r_i:
@@ -29,7 +30,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from data_contracts.samples import RewardSample
 from training.job_spec import GateCheck, GateReport
 from training.ppo_loss import token_logprobs
-from training.pretrain import bits_per_byte
+from training.pretrain import bits_per_byte, fitted_bits_per_byte
 from training.rollout import collate
 from training.stop_credit import stop_token_ids
 from training.train_settings import GateConfig
@@ -120,14 +121,20 @@ def evaluate(candidate: PreTrainedModel, champion: PreTrainedModel, critic: torc
                                     detail=f"reward estimate {figures['ope_candidate']:.4f} vs champion "
                                            f"{figures['ope_champion']:.4f} (gain {gain:+.4f}, ESS {ess:.1f})"))
     stops = stop_token_ids(tokenizer, cfg.bpb_stop) if cfg.bpb_stop else []
-    bpb_cand, n_bytes = bits_per_byte(candidate, tokenizer, heldout_code, cfg.eval_bytes, cfg.seq_len, stops)
-    bpb_champ, _ = bits_per_byte(champion, tokenizer, heldout_code, cfg.eval_bytes, cfg.seq_len, stops)
+    if cfg.bpb_fit_temperature:
+        bpb_cand, n_bytes, scale_cand = fitted_bits_per_byte(candidate, tokenizer, heldout_code, cfg.eval_bytes, cfg.seq_len, stops)
+        bpb_champ, _, scale_champ = fitted_bits_per_byte(champion, tokenizer, heldout_code, cfg.eval_bytes, cfg.seq_len, stops)
+        figures.update({"bpb_scale_candidate": scale_cand, "bpb_scale_champion": scale_champ})
+    else:
+        bpb_cand, n_bytes = bits_per_byte(candidate, tokenizer, heldout_code, cfg.eval_bytes, cfg.seq_len, stops)
+        bpb_champ, _ = bits_per_byte(champion, tokenizer, heldout_code, cfg.eval_bytes, cfg.seq_len, stops)
     delta = bpb_cand - bpb_champ
     figures.update({"bpb_candidate": bpb_cand, "bpb_champion": bpb_champ, "bpb_delta": delta, "bpb_bytes": float(n_bytes)})
     checks.append(GateCheck(name="bits_per_byte", passed=math.isfinite(delta) and delta <= cfg.bpb_tolerance,
                             value=delta, limit=cfg.bpb_tolerance,
                             detail=f"{bpb_cand:.4f} vs champion {bpb_champ:.4f} bits/byte (+{delta:.4f} allowed "
                                    f"{cfg.bpb_tolerance}" + (f"; given no token holding {cfg.bpb_stop!r}" if stops else "")
-                                   + ")"))
+                                   + (f"; each at its best temperature, logits x{figures['bpb_scale_candidate']:.2f} and "
+                                      f"x{figures['bpb_scale_champion']:.2f}" if cfg.bpb_fit_temperature else "") + ")"))
     return GateReport(passed=all(c.passed for c in checks), checks=checks, figures=figures)
 

@@ -182,6 +182,13 @@ class PPOConfig(BaseModel):
         "out of the predictions and the targets, like the gate's bpb_stop), so it keeps the code model without "
         "pulling on the probability of stopping or abstaining, which stop credit teaches.",
     )
+    sharpen_coef: float = Field(
+        0.0,
+        description="Weight of an entropy penalty on what to write: the mean entropy of the next-token distributions "
+        "given that the line continues (tokens holding `hindsight_stop` removed) at the completion tokens "
+        "(training/sharpen.py). Sharpens the policy towards its own best guesses; the stop decision is left to "
+        "the stop credit. 0 turns it off.",
+    )
     ptx_batch: int = Field(4, description="Code windows per PPO step (split over the processes of a data-parallel run).")
     ptx_seq_len: int = Field(128, description="Tokens per code window.")
     ptx_corpus_bytes: int = Field(
@@ -265,6 +272,12 @@ class PPOConfig(BaseModel):
         need(not self.kept_credit_coef or self.backend == "hf", "kept_credit_coef > 0 is implemented for "
              "backend='hf' only (it reads the whole vocabulary's probabilities): set kept_credit_coef=0 with "
              "backend='megatron'")
+        need(math.isfinite(self.sharpen_coef) and self.sharpen_coef >= 0,
+             f"sharpen_coef={self.sharpen_coef}: must be a finite number >= 0 (0 turns sharpening off)")
+        need(not self.sharpen_coef or bool(self.hindsight_stop),
+             "sharpen_coef > 0 sharpens given that the line continues: it needs hindsight_stop (the stop string)")
+        need(not self.sharpen_coef or self.backend == "hf", "sharpen_coef > 0 is implemented for backend='hf' only "
+             "(it reads the whole vocabulary's probabilities): set sharpen_coef=0 with backend='megatron'")
         need(math.isfinite(self.ptx_coef) and self.ptx_coef >= 0,
              f"ptx_coef={self.ptx_coef}: must be a finite number >= 0 (0 turns the code loss off)")
         need(not self.ptx_given_continues or (self.ptx_coef > 0 and bool(self.hindsight_stop)),

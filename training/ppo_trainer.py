@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from training.ptx import PtxLoss
     from training.kept_credit import KeptCredit
     from training.stop_credit import StopCredit
+    from training.sharpen import Sharpen
 
 
 # LossParts fields summed over processes and averaged over steps into the iteration's ppo/ metrics.
@@ -116,7 +117,7 @@ class PPOTrainer:
 
     def __init__(self, model: PolicyWithValue, cfg: PPOConfig, pad_token_id: int,
                  dp: distributed.DataParallel | None = None, ptx: PtxLoss | None = None,
-                 stop: StopCredit | None = None, kept: KeptCredit | None = None):
+                 stop: StopCredit | None = None, kept: KeptCredit | None = None, sharpen: Sharpen | None = None):
         if (cfg.ptx_coef > 0) != (ptx is not None):
             raise ValueError(f"ptx_coef={cfg.ptx_coef} needs a PtxLoss over the training code (training/ptx.py), and "
                              "a PtxLoss needs ptx_coef > 0: pass both or neither")
@@ -126,8 +127,11 @@ class PPOTrainer:
         if (cfg.kept_credit_coef > 0) != (kept is not None):
             raise ValueError(f"kept_credit_coef={cfg.kept_credit_coef} needs a KeptCredit (training/kept_credit.py), "
                              "and a KeptCredit needs kept_credit_coef > 0: pass both or neither")
+        if (cfg.sharpen_coef > 0) != (sharpen is not None):
+            raise ValueError(f"sharpen_coef={cfg.sharpen_coef} needs a Sharpen (training/sharpen.py), and a Sharpen "
+                             "needs sharpen_coef > 0: pass both or neither")
         self.model, self.cfg, self.pad_token_id, self.ptx, self.stop = model, cfg, pad_token_id, ptx, stop
-        self.kept = kept
+        self.kept, self.sharpen = kept, sharpen
         self.dp = dp if dp is not None else distributed.data_parallel()  # the processes that split each batch
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.Adam(model.param_groups(cfg.learning_rate, cfg.critic_learning_rate))
@@ -240,19 +244,24 @@ class PPOTrainer:
                     kept_loss = torch.zeros((), device=loss.device)
                     if self.kept is not None:  # minus the expected right tokens where the user kept the text, per row
                         kept_loss = -self.kept.gain(logits, ro.kept, mine) / len(mb)
-                    (loss * share + cfg.stop_credit_coef * stop_loss + cfg.kept_credit_coef * kept_loss).backward()
+                    sharpen_loss = torch.zeros((), device=loss.device)
+                    if self.sharpen is not None:  # this process's share of the minibatch's mean entropy per token
+                        sharpen_loss = self.sharpen.entropy_sum(logits, b.mask[mine]) / ro.lengths[mb.to(ro.lengths.device)].sum()
+                    (loss * share + cfg.stop_credit_coef * stop_loss + cfg.kept_credit_coef * kept_loss
+                     + cfg.sharpen_coef * sharpen_loss).backward()
                     stats = torch.cat([torch.stack([loss.detach(), *(getattr(parts, k).detach() for k in _STATS)]) * share,
-                                       stop_loss.detach().view(1), kept_loss.detach().view(1)])
-                    stats[0] += cfg.stop_credit_coef * stop_loss.detach() + cfg.kept_credit_coef * kept_loss.detach()
+                                       stop_loss.detach().view(1), kept_loss.detach().view(1), sharpen_loss.detach().view(1)])
+                    stats[0] += (cfg.stop_credit_coef * stop_loss.detach() + cfg.kept_credit_coef * kept_loss.detach()
+                                 + cfg.sharpen_coef * sharpen_loss.detach())
                 else:
-                    stats = torch.zeros(3 + len(_STATS), device=b.mask.device)
+                    stats = torch.zeros(4 + len(_STATS), device=b.mask.device)
                 ptx = self.ptx.loss(self.model, iteration, epoch, step, rank, world) if self.ptx else None
                 if ptx is not None:  # this process's share of the step's code windows
                     (cfg.ptx_coef * ptx).backward()
                     stats[0] += cfg.ptx_coef * ptx.detach()
                 ptx = torch.zeros((), device=stats.device) if ptx is None else ptx.detach()
                 stats = torch.cat([stats.detach(), ptx.view(1)])
-                # (4 + len(_STATS),) the whole minibatch's loss, LossParts, stop-, kept-credit and ptx losses; gradients summed
+                # (5 + len(_STATS),) the whole minibatch's loss, LossParts, stop-, kept-credit, sharpen and ptx losses; gradients summed
                 # over processes
                 stats = distributed.sum_grads(self.trainable, stats, self.dp.group)
                 self._check_finite(stats[0], iteration, "loss")
@@ -260,7 +269,7 @@ class PPOTrainer:
                 self._check_finite(grad_norm, iteration, "gradient norm")
                 self.optimizer.step()
                 steps += 1
-                for name, value in zip((*_STATS, "stop_credit_loss", "kept_credit_loss", "ptx_loss"), stats[1:].tolist()):
+                for name, value in zip((*_STATS, "stop_credit_loss", "kept_credit_loss", "entropy_given_continues", "ptx_loss"), stats[1:].tolist()):
                     sums[name] = sums.get(name, 0.0) + value
                 sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(grad_norm)
                 if cfg.target_kl is not None and float(stats[1 + _STATS.index("approx_kl")]) > 1.5 * cfg.target_kl:
@@ -277,6 +286,8 @@ class PPOTrainer:
             del sums["stop_credit_loss"]
         if self.kept is None:
             del sums["kept_credit_loss"]
+        if self.sharpen is None:
+            del sums["entropy_given_continues"]
         metrics = {f"ppo/{k}": v / steps for k, v in sums.items()}
         m, w = b.mask, ro.is_weight
         # sums over the whole batch's real tokens, then the means masked_mean would give on one process

@@ -24,6 +24,11 @@ class GateConfig(Section):
         "string (tokens holding it are masked out of each prediction and not scored as targets). Tab training moves "
         "the stop decision on purpose; this way the gate charges the code model, not that decision. None scores every "
         "token."))
+    bpb_fit_temperature: bool = Field(False, description=(
+        "Score each model's bits/byte at its best temperature (its logits times the scale in 0.5-4 that scores "
+        "least, training/pretrain.py fitted_bits_per_byte), so a candidate that is only sharper than the champion "
+        "(what sharpen_coef and kept credit teach) is not charged for it; a worse code model scores worse at every "
+        "temperature and is still refused."))
     min_heldout_rows: int = Field(4, ge=1, description="Fewer held-out logged rows than this fails the gate: too little evidence.")
     max_heldout_rows: int | None = Field(None, ge=1, description=(
         "Score KL and the reward estimate on at most this many held-out rows (a uniform subset, the same in every "

@@ -95,3 +95,28 @@ def test_bpb_stop_scores_the_code_model_not_the_stop_decision(champion, tok, sam
     assert plain > 0.05 and neutral.figures["bpb_delta"] == pytest.approx(0.0, abs=1e-4), (plain, neutral.figures)
     assert "given no token holding '\\n'" in next(c.detail for c in neutral.checks if c.name == "bits_per_byte")
     assert not evaluate(broken, champion, None, tok, samples[:8], CODE, given).passed
+
+
+def test_bpb_fit_temperature_scores_the_code_model_not_its_temperature(champion, tok, samples) -> None:
+    """With bpb_fit_temperature, a candidate that is the champion at another temperature (every logit ×2, what
+    sharpening teaches, or ×0.5) keeps the champion's bits/byte; plain bits/byte charges the change (this tiny
+    champion, trained on the scored file, is best at logits ×1.3: flatter is charged). A worse code model is
+    still charged at every temperature."""
+    fit = CFG.model_copy(update={"bpb_fit_temperature": True})
+    for factor in (2.0, 0.5):  # 2^(±8/8): the fitted grid shifted by eight steps, inside it for this champion
+        other = copy.deepcopy(champion)
+        with torch.no_grad():  # untied from the input embeddings: only the predictions change
+            other.get_output_embeddings().weight = torch.nn.Parameter(other.get_output_embeddings().weight * factor)
+        f = evaluate(other, champion, None, tok, samples[:8], CODE, fit).figures
+        assert f["bpb_delta"] == pytest.approx(0.0, abs=1e-4), (factor, f)
+        assert f["bpb_scale_champion"] / f["bpb_scale_candidate"] == pytest.approx(factor, rel=1e-6)
+    plain = evaluate(other, champion, None, tok, samples[:8], CODE, CFG)
+    assert plain.figures["bpb_delta"] > CFG.bpb_tolerance and not plain.passed
+    broken = copy.deepcopy(champion)
+    with torch.no_grad():
+        head = torch.nn.Parameter(broken.get_output_embeddings().weight.clone())
+        head[: head.shape[0] // 2] *= -1.0
+        broken.get_output_embeddings().weight = head
+    rejected = evaluate(broken, champion, None, tok, samples[:8], CODE, fit)
+    assert not rejected.passed and rejected.figures["bpb_delta"] > CFG.bpb_tolerance
+    assert "each at its best temperature" in next(c.detail for c in rejected.checks if c.name == "bits_per_byte")
