@@ -78,6 +78,19 @@ CONFIGS: dict[str, tuple[dict, dict]] = {
                                       "sharpen_coef": 0.3}, {}),
     "stop1_budget50_kept4_ptxc_sharp1": ({"stop_credit_coef": 1.0, "abstain_budget": 0.5, "kept_credit_coef": 4.0,
                                           "ptx_coef": 1.0, "ptx_given_continues": True, "sharpen_coef": 1.0}, {}),
+    # the demo's levers plus distillation from version 1 at a lower temperature (training/sharpen.py)
+    "stop1_budget50_kept4_ptxc_t07": ({"stop_credit_coef": 1.0, "abstain_budget": 0.5, "kept_credit_coef": 4.0,
+                                       "ptx_coef": 1.0, "ptx_given_continues": True, "sharpen_coef": 1.0,
+                                       "sharpen_temperature": 0.7}, {}),
+    "stop1_budget50_kept4_ptxc_t05": ({"stop_credit_coef": 1.0, "abstain_budget": 0.5, "kept_credit_coef": 4.0,
+                                       "ptx_coef": 1.0, "ptx_given_continues": True, "sharpen_coef": 1.0,
+                                       "sharpen_temperature": 0.5}, {}),
+    # every weight trained (the final norm can scale the logits), sharpened, with or without the code loss
+    "full_stop1_budget50_kept4_sharp03": ({"lora": False, "learning_rate": 1e-4, "stop_credit_coef": 1.0,
+                                           "abstain_budget": 0.5, "kept_credit_coef": 4.0, "sharpen_coef": 0.3}, {}),
+    "full_stop1_budget50_kept4_ptxc_sharp1": ({"lora": False, "learning_rate": 1e-4, "stop_credit_coef": 1.0,
+                                               "abstain_budget": 0.5, "kept_credit_coef": 4.0, "ptx_coef": 1.0,
+                                               "ptx_given_continues": True, "sharpen_coef": 1.0}, {}),
     # every weight trained (no adapter: the final norm can scale the logits), at a tenth of the learning rate
     "full_kept4_ptx": ({"lora": False, "learning_rate": 1e-4, "kept_credit_coef": 4.0, "ptx_coef": 1.0}, {}),
     "full_ppo": ({"lora": False, "learning_rate": 1e-4}, {}),

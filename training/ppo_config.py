@@ -189,6 +189,13 @@ class PPOConfig(BaseModel):
         "(training/sharpen.py). Sharpens the policy towards its own best guesses; the stop decision is left to "
         "the stop credit. 0 turns it off.",
     )
+    sharpen_temperature: float | None = Field(
+        None,
+        description="None: sharpen_coef weighs an entropy penalty. A temperature in (0, 1): it weighs the "
+        "cross-entropy from the reference policy at that temperature (its logits divided by it) to the policy, "
+        "both given that the line continues: a fixed, sharper target (LoRA runs: the reference is the model with "
+        "its adapter off).",
+    )
     ptx_batch: int = Field(4, description="Code windows per PPO step (split over the processes of a data-parallel run).")
     ptx_seq_len: int = Field(128, description="Tokens per code window.")
     ptx_corpus_bytes: int = Field(
@@ -276,6 +283,9 @@ class PPOConfig(BaseModel):
              f"sharpen_coef={self.sharpen_coef}: must be a finite number >= 0 (0 turns sharpening off)")
         need(not self.sharpen_coef or bool(self.hindsight_stop),
              "sharpen_coef > 0 sharpens given that the line continues: it needs hindsight_stop (the stop string)")
+        need(self.sharpen_temperature is None or (0 < self.sharpen_temperature < 1 and self.lora),
+             f"sharpen_temperature={self.sharpen_temperature}: must lie in (0, 1) (a sharper target), and needs "
+             "lora=true (the reference is the model with its adapter off), or None for the entropy penalty")
         need(not self.sharpen_coef or self.backend == "hf", "sharpen_coef > 0 is implemented for backend='hf' only "
              "(it reads the whole vocabulary's probabilities): set sharpen_coef=0 with backend='megatron'")
         need(math.isfinite(self.ptx_coef) and self.ptx_coef >= 0,

@@ -245,8 +245,15 @@ class PPOTrainer:
                     if self.kept is not None:  # minus the expected right tokens where the user kept the text, per row
                         kept_loss = -self.kept.gain(logits, ro.kept, mine) / len(mb)
                     sharpen_loss = torch.zeros((), device=loss.device)
-                    if self.sharpen is not None:  # this process's share of the minibatch's mean entropy per token
-                        sharpen_loss = self.sharpen.entropy_sum(logits, b.mask[mine]) / ro.lengths[mb.to(ro.lengths.device)].sum()
+                    if self.sharpen is not None:  # this process's share of the minibatch's mean per token
+                        if cfg.sharpen_temperature is None:
+                            sharpen_sum = self.sharpen.entropy_sum(logits, b.mask[mine])
+                        else:
+                            with torch.no_grad(), self.model.policy.disable_adapter():  # the reference's logits
+                                ref, _ = self.model(b.input_ids[mine], b.attention_mask[mine])
+                            sharpen_sum = self.sharpen.distill_sum(logits, b.sampled_logits(ref, mine), b.mask[mine],
+                                                                   cfg.sharpen_temperature)
+                        sharpen_loss = sharpen_sum / ro.lengths[mb.to(ro.lengths.device)].sum()
                     (loss * share + cfg.stop_credit_coef * stop_loss + cfg.kept_credit_coef * kept_loss
                      + cfg.sharpen_coef * sharpen_loss).backward()
                     stats = torch.cat([torch.stack([loss.detach(), *(getattr(parts, k).detach() for k in _STATS)]) * share,

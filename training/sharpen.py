@@ -45,3 +45,21 @@ class Sharpen:
         logp = torch.log_softmax(cont, dim=-1)
         h = -(logp.exp() * logp.clamp_min(torch.finfo(logp.dtype).min)).sum(-1)  # (B, T)
         return (h * (mask.to(h.dtype) * live)).sum()
+
+    def distill_sum(self, logits: torch.Tensor, ref_logits: torch.Tensor, mask: torch.Tensor,
+                    temperature: float) -> torch.Tensor:
+        """Cross-entropy from the reference at `temperature` (its logits / temperature), both given that the line
+        continues, to the policy: logits, ref_logits (B, T, V), mask (B, T) -> the sum over the masked positions.
+        A fixed target (the reference does not move), so it sharpens as far as the temperature says and no
+        further, where an entropy penalty keeps pushing towards whatever mode the policy has."""
+        stops = self.stop_ids.to(logits.device)
+        cont = logits.float().index_fill(-1, stops, float("-inf"))  # (B, T, V)
+        target = (ref_logits.float() / temperature).index_fill(-1, stops, float("-inf"))
+        live = torch.isfinite(cont).any(-1) & torch.isfinite(target).any(-1)  # (B, T)
+        cont = torch.where(live.unsqueeze(-1), cont, torch.zeros_like(cont))
+        target = torch.where(live.unsqueeze(-1), target, torch.zeros_like(target))
+        q = torch.softmax(target, dim=-1)  # (B, T, V), no gradient: the reference's
+        logp = torch.log_softmax(cont, dim=-1).clamp_min(torch.finfo(torch.float32).min)
+        ce = -(q * logp).sum(-1)  # (B, T)
+        return (ce * (mask.to(ce.dtype) * live)).sum()
+

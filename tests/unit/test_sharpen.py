@@ -86,3 +86,39 @@ def test_sharpen_needs_its_weight_and_its_term_together(tok, sharpen, champion_d
         cfg(sharpen_coef=-1)
     with pytest.raises(ValueError, match="sharpen_coef > 0 is implemented for backend='hf' only"):
         cfg(sharpen_coef=1.0, backend="megatron", lora=False)
+
+
+def test_distillation_targets_the_reference_at_the_temperature_given_that_the_line_continues(tok, sharpen) -> None:
+    gen = torch.Generator().manual_seed(0)
+    ref = torch.randn(2, 3, len(tok), generator=gen) * 3
+    mask = torch.ones(2, 3)
+    at_target = float(sharpen.distill_sum(ref / 0.5, ref, mask, 0.5))
+    # the cross-entropy is least (the target's entropy) when the policy is the target; higher at the reference
+    assert at_target < float(sharpen.distill_sum(ref, ref, mask, 0.5))
+    assert at_target < float(sharpen.distill_sum(ref / 0.4, ref, mask, 0.5))
+    # stop logits play no part on either side
+    moved = ref.clone()
+    moved[..., sharpen.stop_ids] += 5.0
+    assert float(sharpen.distill_sum(moved / 0.5, ref, mask, 0.5)) == pytest.approx(at_target, rel=1e-5)
+
+
+def test_training_with_a_sharpen_temperature_moves_towards_the_sharper_reference(tok, sharpen, champion_dir) -> None:
+    rows = [served(tok, "rejected", None, rid=f"r{i}") for i in range(16)]
+    c = cfg(sharpen_coef=1.0, sharpen_temperature=0.5, learning_rate=3e-3, passes=4, batch_size=16, kl_coef=0.0)
+    trainer = PPOTrainer(make_trainer(champion_dir, cfg()).model, c, 0, sharpen=sharpen)
+    b = collate(rows, 0)
+    with torch.no_grad():
+        ref, _ = trainer.model(b.input_ids, b.attention_mask)
+    ref = b.sampled_logits(ref)
+
+    def gap() -> float:  # the policy's cross-entropy from the target, per token
+        with torch.no_grad():
+            logits, _ = trainer.model(b.input_ids, b.attention_mask)
+        return float(sharpen.distill_sum(b.sampled_logits(logits), ref, b.mask, 0.5) / b.mask.sum())
+
+    before = gap()
+    trainer.compute_reference(rows)
+    trainer.train(rows, iteration_plan(len(rows), c))
+    assert gap() < before - 0.2, (before, gap())
+    with pytest.raises(ValueError, match="sharpen_temperature=1.5: must lie in"):
+        cfg(sharpen_coef=1.0, sharpen_temperature=1.5)
