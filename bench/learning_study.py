@@ -85,6 +85,23 @@ CONFIGS: dict[str, tuple[dict, dict]] = {
     "stop1_budget50_kept4_ptxc_t05": ({"stop_credit_coef": 1.0, "abstain_budget": 0.5, "kept_credit_coef": 4.0,
                                        "ptx_coef": 1.0, "ptx_given_continues": True, "sharpen_coef": 1.0,
                                        "sharpen_temperature": 0.5}, {}),
+    # the same without the code loss: the frozen reference anchors the code model, the budget the abstaining
+    "stop1_budget20_kept4_t06": ({"stop_credit_coef": 1.0, "abstain_budget": 0.2, "kept_credit_coef": 4.0,
+                                  "sharpen_coef": 1.0, "sharpen_temperature": 0.6}, {}),
+    "stop1_budget20_kept4_t08": ({"stop_credit_coef": 1.0, "abstain_budget": 0.2, "kept_credit_coef": 4.0,
+                                  "sharpen_coef": 1.0, "sharpen_temperature": 0.8}, {}),
+    "full_stop1_budget20_kept4_t06": ({"lora": False, "learning_rate": 1e-4, "stop_credit_coef": 1.0,
+                                       "abstain_budget": 0.2, "kept_credit_coef": 4.0, "sharpen_coef": 1.0,
+                                       "sharpen_temperature": 0.6}, {}),
+    # every weight trained, the final norm (the temperature) at its own learning rate
+    "full_norm1e2_stop1_budget20_kept4_t06": ({"lora": False, "learning_rate": 1e-4, "final_norm_learning_rate": 1e-2,
+                                               "stop_credit_coef": 1.0, "abstain_budget": 0.2, "kept_credit_coef": 4.0,
+                                               "sharpen_coef": 1.0, "sharpen_temperature": 0.6}, {}),
+    "full_norm1e2_stop2_budget25_kept4_t05": ({"lora": False, "learning_rate": 1e-4, "final_norm_learning_rate": 1e-2,
+                                               "stop_credit_coef": 2.0, "abstain_budget": 0.25, "kept_credit_coef": 4.0,
+                                               "sharpen_coef": 1.0, "sharpen_temperature": 0.5}, {}),
+    "full_norm1e2_stop1_budget20_kept4": ({"lora": False, "learning_rate": 1e-4, "final_norm_learning_rate": 1e-2,
+                                           "stop_credit_coef": 1.0, "abstain_budget": 0.2, "kept_credit_coef": 4.0}, {}),
     # every weight trained (the final norm can scale the logits), sharpened, with or without the code loss
     "full_stop1_budget50_kept4_sharp03": ({"lora": False, "learning_rate": 1e-4, "stop_credit_coef": 1.0,
                                            "abstain_budget": 0.5, "kept_credit_coef": 4.0, "sharpen_coef": 0.3}, {}),

@@ -188,7 +188,8 @@ def main() -> None:
             "rule": rule.model_dump(mode="json"), "ppo": cfg.model_dump(mode="json", include={
                 "learning_rate", "kl_coef", "batch_size", "epochs", "max_iterations", "hindsight_partials", "partial_credit", "ptx_coef", "stop_credit_coef",
                 "stop_credit_abstain", "abstain_budget", "kept_credit_coef",
-                "ptx_given_continues", "sharpen_coef", "sharpen_temperature"})}
+                "ptx_given_continues", "sharpen_coef", "sharpen_temperature", "lora",
+                "final_norm_learning_rate"})}
     base, base_texts = evaluate(load_policy(args.checkpoint), tok, cases, rule, users, bpb)
     print(json.dumps({"at": 0, **head, **base, "bpb_delta": 0.0, "bpb_stop_delta": 0.0, "bpb_fit_delta": 0.0}), flush=True)
 

@@ -29,6 +29,12 @@ class PPOConfig(BaseModel):
         "The REINFORCE pilot collapsed within 20 iterations at 3e-4.",
     )
     critic_learning_rate: float = Field(1e-4, description="Adam learning rate of the value head.")
+    final_norm_learning_rate: float | None = Field(
+        None,
+        description="Full-weight runs: Adam learning rate of the final norm's weights, the per-dimension scale of "
+        "what the LM head reads, i.e. the policy's temperature (docs/learning.md: version 1 sampled sharper earns "
+        "more accepted characters, and at learning_rate the scale moves ~1e-4 a step). None: learning_rate.",
+    )
     max_grad_norm: float = Field(1.0, description="Clip the global gradient norm to this before each step.")
     seed: int = Field(0, description="Seeds minibatch shuffling (and adapter init), so runs are repeatable.")
 
@@ -194,7 +200,7 @@ class PPOConfig(BaseModel):
         description="None: sharpen_coef weighs an entropy penalty. A temperature in (0, 1): it weighs the "
         "cross-entropy from the reference policy at that temperature (its logits divided by it) to the policy, "
         "both given that the line continues: a fixed, sharper target (LoRA runs: the reference is the model with "
-        "its adapter off).",
+        "its adapter off; full-weight runs keep a frozen copy of the starting policy).",
     )
     ptx_batch: int = Field(4, description="Code windows per PPO step (split over the processes of a data-parallel run).")
     ptx_seq_len: int = Field(128, description="Tokens per code window.")
@@ -283,9 +289,13 @@ class PPOConfig(BaseModel):
              f"sharpen_coef={self.sharpen_coef}: must be a finite number >= 0 (0 turns sharpening off)")
         need(not self.sharpen_coef or bool(self.hindsight_stop),
              "sharpen_coef > 0 sharpens given that the line continues: it needs hindsight_stop (the stop string)")
-        need(self.sharpen_temperature is None or (0 < self.sharpen_temperature < 1 and self.lora),
-             f"sharpen_temperature={self.sharpen_temperature}: must lie in (0, 1) (a sharper target), and needs "
-             "lora=true (the reference is the model with its adapter off), or None for the entropy penalty")
+        need(self.final_norm_learning_rate is None or (self.final_norm_learning_rate > 0 and not self.lora
+                                                        and self.backend == "hf"),
+             f"final_norm_learning_rate={self.final_norm_learning_rate}: must be > 0, and needs lora=false and "
+             "backend='hf' (an adapter run never trains the final norm); or leave it unset")
+        need(self.sharpen_temperature is None or 0 < self.sharpen_temperature < 1,
+             f"sharpen_temperature={self.sharpen_temperature}: must lie in (0, 1) (a sharper target), or None for "
+             "the entropy penalty")
         need(not self.sharpen_coef or self.backend == "hf", "sharpen_coef > 0 is implemented for backend='hf' only "
              "(it reads the whole vocabulary's probabilities): set sharpen_coef=0 with backend='megatron'")
         need(math.isfinite(self.ptx_coef) and self.ptx_coef >= 0,

@@ -28,6 +28,7 @@ result equals one process's over the same plan up to float rounding (padding wid
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -132,9 +133,16 @@ class PPOTrainer:
                              "needs sharpen_coef > 0: pass both or neither")
         self.model, self.cfg, self.pad_token_id, self.ptx, self.stop = model, cfg, pad_token_id, ptx, stop
         self.kept, self.sharpen = kept, sharpen
+        # the frozen reference distillation sharpens from: a LoRA run's is the model with its adapter off; a
+        # full-weight run keeps a copy of the policy as it starts (the champion)
+        self._reference = (copy.deepcopy(model).requires_grad_(False).eval()
+                           if cfg.sharpen_temperature is not None and not cfg.lora else None)
         self.dp = dp if dp is not None else distributed.data_parallel()  # the processes that split each batch
         self.trainable = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.Adam(model.param_groups(cfg.learning_rate, cfg.critic_learning_rate))
+        groups = (model.param_groups(cfg.learning_rate, cfg.critic_learning_rate, cfg.final_norm_learning_rate)
+                  if cfg.final_norm_learning_rate is not None else
+                  model.param_groups(cfg.learning_rate, cfg.critic_learning_rate))
+        self.optimizer = torch.optim.Adam(groups)
         self.ref_logprobs: dict[int, torch.Tensor] = {}  # training row -> (T_i,) log pi_ref of its tokens, on the CPU
 
     @property
@@ -249,8 +257,7 @@ class PPOTrainer:
                         if cfg.sharpen_temperature is None:
                             sharpen_sum = self.sharpen.entropy_sum(logits, b.mask[mine])
                         else:
-                            with torch.no_grad(), self.model.policy.disable_adapter():  # the reference's logits
-                                ref, _ = self.model(b.input_ids[mine], b.attention_mask[mine])
+                            ref = self._reference_logits(b.input_ids[mine], b.attention_mask[mine])
                             sharpen_sum = self.sharpen.distill_sum(logits, b.sampled_logits(ref, mine), b.mask[mine],
                                                                    cfg.sharpen_temperature)
                         sharpen_loss = sharpen_sum / ro.lengths[mb.to(ro.lengths.device)].sum()
@@ -312,6 +319,14 @@ class PPOTrainer:
             "ppo/advantage_abs_mean": float(adv_sum / tokens),
         })
         return metrics
+
+    @torch.no_grad()
+    def _reference_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """(b, L, V) logits of the reference policy (the champion the run started from)."""
+        if self._reference is not None:
+            return self._reference(input_ids, attention_mask)[0]
+        with self.model.policy.disable_adapter():
+            return self.model(input_ids, attention_mask)[0]
 
     def _sum_all(self, t: torch.Tensor) -> torch.Tensor:
         return distributed.sum_all(t, self.dp.group)

@@ -98,6 +98,20 @@ def test_full_fine_tune_trains_every_weight(batch) -> None:
     assert len(pv.param_groups(1e-4, 1e-4)[0]["params"]) == len(list(pv.policy.parameters()))
 
 
+def test_the_final_norm_can_train_at_its_own_rate_in_a_full_weight_run() -> None:
+    """The final norm's weights scale what the LM head reads (the policy's temperature): their own group."""
+    pv = PolicyWithValue(tiny_qwen(), ValueHead(32, init_std=0.1, seed=0))
+    policy, head, norm = pv.param_groups(1e-4, 3e-4, final_norm_learning_rate=1e-2)
+    assert [g["name"] for g in (policy, head, norm)] == ["policy", "value_head", "final_norm"]
+    assert norm["lr"] == 1e-2 and [id(p) for p in norm["params"]] == [id(pv.policy.model.norm.weight)]
+    assert len(policy["params"]) + 1 == len(list(pv.policy.parameters()))
+    assert id(pv.policy.model.norm.weight) not in {id(p) for p in policy["params"]}
+    from training.ppo_config import PPOConfig
+
+    with pytest.raises(ValueError, match="needs lora=false"):
+        PPOConfig(final_norm_learning_rate=1e-2)  # an adapter run never trains the final norm
+
+
 def test_left_padding_gives_the_unpadded_outputs() -> None:
     pv = PolicyWithValue(tiny_qwen(), ValueHead(32, init_std=0.1, seed=0))
     ids = torch.randint(1, VOCAB, (1, 5), generator=torch.Generator().manual_seed(4))
