@@ -80,8 +80,9 @@ def flow_runs(api: str, body: dict) -> list[dict]:
 
 
 def arm_weights(platform) -> list[tuple[str, float]]:
-    """(name, weight) of each arm of tab's route, control first."""
-    return [(a["name"], a["weight"]) for a in platform.routes_client().show()["routes"]["tab"]["arms"]]
+    """(name, weight) of each arm of tab's route, control first; none before a release has written the route."""
+    route = platform.routes_client().show()["routes"].get("tab")
+    return [(a["name"], a["weight"]) for a in route["arms"]] if route else []
 
 
 @pytest.fixture
