@@ -204,7 +204,7 @@ def main() -> None:
         if it + 1 in looks:
             kl = {k.split("/")[1]: round(v, 4) for k, v in metrics.items()
                   if k in ("ppo/kl_ref", "ppo/approx_kl", "ppo/ptx_loss", "ppo/stop_credit_loss",
-                                                            "ppo/entropy_given_continues")}
+                                                            "ppo/sharpen_loss")}
             t0 = time.perf_counter()
             now, last["texts"] = evaluate(trainer.model.policy, tok, cases, rule, users, bpb)
             last["eval_s"] += time.perf_counter() - t0

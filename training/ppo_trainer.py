@@ -283,7 +283,7 @@ class PPOTrainer:
                 self._check_finite(grad_norm, iteration, "gradient norm")
                 self.optimizer.step()
                 steps += 1
-                for name, value in zip((*_STATS, "stop_credit_loss", "kept_credit_loss", "entropy_given_continues", "ptx_loss"), stats[1:].tolist()):
+                for name, value in zip((*_STATS, "stop_credit_loss", "kept_credit_loss", "sharpen_loss", "ptx_loss"), stats[1:].tolist()):
                     sums[name] = sums.get(name, 0.0) + value
                 sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(grad_norm)
                 if cfg.target_kl is not None and float(stats[1 + _STATS.index("approx_kl")]) > 1.5 * cfg.target_kl:
@@ -301,7 +301,7 @@ class PPOTrainer:
         if self.kept is None:
             del sums["kept_credit_loss"]
         if self.sharpen is None:
-            del sums["entropy_given_continues"]
+            del sums["sharpen_loss"]
         metrics = {f"ppo/{k}": v / steps for k, v in sums.items()}
         m, w = b.mask, ro.is_weight
         # sums over the whole batch's real tokens, then the means masked_mean would give on one process

@@ -72,7 +72,7 @@ def test_training_with_sharpen_lowers_the_entropy_and_leaves_the_stop_probabilit
     metrics = trainer.train(rows, iteration_plan(len(rows), c))
     after = continues_entropy(trainer, sharpen, rows)
     assert after < before - 0.3, (before, after)
-    assert all(m["ppo/entropy_given_continues"] > 0 for m in metrics)
+    assert all(m["ppo/sharpen_loss"] > 0 for m in metrics)
     assert abs(p_abstain() - abstain_before) < 0.05, (abstain_before, p_abstain())
 
 
