@@ -151,10 +151,9 @@ def main() -> None:
         at the model's best temperature (the gate's `bpb_fit_temperature`)."""
         model.eval()
         stops = stop_token_ids(tok, "\n")
-        fit, _, scale = fitted_bits_per_byte(model, tok, code, gate.eval_bytes, gate.seq_len, stops)
+        fit = fitted_bits_per_byte(model, tok, code, gate.eval_bytes, gate.seq_len, stops)  # one pass, every scale
         return {"bpb": bits_per_byte(model, tok, code, gate.eval_bytes, gate.seq_len)[0],
-                "bpb_stop": bits_per_byte(model, tok, code, gate.eval_bytes, gate.seq_len, stops)[0],
-                "bpb_stop_fit": fit, "fit_scale": scale}
+                "bpb_stop": fit.at_scale_1, "bpb_stop_fit": fit.bpb, "fit_scale": fit.scale}
 
     cases = eval_cases(users, settings.bootstrap.heldout_fraction, args.eval_requests, seed=EVAL_SEED)
 

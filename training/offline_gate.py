@@ -122,8 +122,10 @@ def evaluate(candidate: PreTrainedModel, champion: PreTrainedModel, critic: torc
                                            f"{figures['ope_champion']:.4f} (gain {gain:+.4f}, ESS {ess:.1f})"))
     stops = stop_token_ids(tokenizer, cfg.bpb_stop) if cfg.bpb_stop else []
     if cfg.bpb_fit_temperature:
-        bpb_cand, n_bytes, scale_cand = fitted_bits_per_byte(candidate, tokenizer, heldout_code, cfg.eval_bytes, cfg.seq_len, stops)
-        bpb_champ, _, scale_champ = fitted_bits_per_byte(champion, tokenizer, heldout_code, cfg.eval_bytes, cfg.seq_len, stops)
+        bpb_cand, n_bytes, scale_cand, _ = fitted_bits_per_byte(candidate, tokenizer, heldout_code, cfg.eval_bytes,
+                                                                cfg.seq_len, stops)
+        bpb_champ, _, scale_champ, _ = fitted_bits_per_byte(champion, tokenizer, heldout_code, cfg.eval_bytes,
+                                                            cfg.seq_len, stops)
         figures.update({"bpb_scale_candidate": scale_cand, "bpb_scale_champion": scale_champ})
     else:
         bpb_cand, n_bytes = bits_per_byte(candidate, tokenizer, heldout_code, cfg.eval_bytes, cfg.seq_len, stops)

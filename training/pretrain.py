@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -70,6 +71,13 @@ def _device(model: torch.nn.Module) -> torch.device:
 FIT_SCALES = tuple(2 ** (k / 8) for k in range(-8, 17))
 
 
+class FittedBpb(NamedTuple):
+    bpb: float  # bits/byte at the best scale
+    n_bytes: int  # bytes covered
+    scale: float  # the best of FIT_SCALES
+    at_scale_1: float  # plain bits_per_byte, from the same pass
+
+
 def fitted_bits_per_byte(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -77,14 +85,14 @@ def fitted_bits_per_byte(
     max_bytes: int,
     seq_len: int,
     given_not: Sequence[int] = (),
-) -> tuple[float, int, float]:
+) -> FittedBpb:
     """bits_per_byte at the model's best temperature: the least bits/byte over its logits multiplied by each of
-    FIT_SCALES (one forward pass; the scales only re-weigh the same logits). Returns (bits/byte, bytes covered,
-    the best scale). A model that is only sharper or flatter than another, the same code model at another
-    temperature, scores as that one does; a model that predicts the code worse scores worse at every scale."""
+    FIT_SCALES (one forward pass; the scales only re-weigh the same logits). A model that is only sharper or
+    flatter than another, the same code model at another temperature, scores as that one does; a model that
+    predicts the code worse scores worse at every scale."""
     per_scale, n_bytes = _bits_by_scale(model, tokenizer, texts, max_bytes, seq_len, given_not, FIT_SCALES)
     best = min(range(len(FIT_SCALES)), key=per_scale.__getitem__)
-    return per_scale[best], n_bytes, FIT_SCALES[best]
+    return FittedBpb(per_scale[best], n_bytes, FIT_SCALES[best], per_scale[FIT_SCALES.index(1.0)])
 
 
 def bits_per_byte(
