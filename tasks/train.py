@@ -21,8 +21,9 @@ from prefect.cache_policies import NO_CACHE
 from data_contracts.dataset import read_manifest, read_parquet
 from tidal.procs import tail
 from tidal.registry import Registry, VersionInfo, code_revision, publish
-from tidal.settings import PROJECT_ROOT, TidalSettings
+from tidal.settings import PROJECT_ROOT, SettingsError, TidalSettings
 from tidal.store import ObjectStore, download_dir, get_json
+from tidal.strategy import strategy_mismatch
 from training.job_spec import (
     EXIT_BAD_INPUT,
     EXIT_DIVERGED,
@@ -79,7 +80,10 @@ def resolve_dataset(store: ObjectStore, model: str, dataset_id: str | None) -> d
 @task(cache_policy=NO_CACHE)
 def plan_run(settings: TidalSettings, store: ObjectStore, model: str, champion: VersionInfo, manifest: dict) -> TrainPlan:
     """The run's key, its MLflow run (found again by a retried or resubmitted flow) and the trainer's spec file."""
-    cfg = settings.train
+    cfg, strategy = settings.train, settings.model(model).update_strategy
+    if problem := strategy_mismatch(strategy, cfg.ppo.lora):  # before any training: its candidate could never serve
+        raise SettingsError(f"model {model!r} (update_strategy {strategy!r}) with train.ppo.lora="
+                            f"{str(cfg.ppo.lora).lower()}: {problem}")
     key = run_key(model, manifest["digest"], champion.version, cfg)
     tracking = settings.mlflow.tracking_uri
     mlflow.set_tracking_uri(tracking)

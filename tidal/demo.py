@@ -19,17 +19,31 @@ import time
 from pathlib import Path
 
 from tidal.loop_settings import FlywheelSettings
-from tidal.settings import TidalSettings
+from tidal.settings import SettingsError, TidalSettings
+from tidal.strategy import strategy_mismatch
 
 METRIC_NAMES = ("suggestion_rate", "accept_rate", "reward_per_request", "accepted_chars_per_request")
 
 
 def demo_profile(settings: TidalSettings) -> TidalSettings:
-    train = settings.demo.train
-    if settings.demo.quiet_while_training and train.torch_threads is None:
+    demo, train = settings.demo, settings.demo.train
+    if demo.quiet_while_training and train.torch_threads is None:
         train = train.model_copy(update={"torch_threads": os.cpu_count() or 1})  # the users are quiet: every core
-    return settings.model_copy(update={"canary": settings.demo.canary, "train": train,
+    models = settings.models if demo.update_strategy is None else [
+        m.model_copy(update={"update_strategy": demo.update_strategy}) for m in settings.models]
+    for m in models:
+        if problem := strategy_mismatch(m.update_strategy, train.ppo.lora):
+            raise SettingsError(f"model {m.name!r} (update_strategy {m.update_strategy!r}) with demo.train.ppo.lora="
+                                f"{str(train.ppo.lora).lower()}: {problem}; or set demo.update_strategy")
+    return settings.model_copy(update={"canary": demo.canary, "train": train, "models": models,
                                        "flywheel": FlywheelSettings(loop="manual", schedule_cron=settings.flywheel.schedule_cron)})
+
+
+def fleet_strategies(platform) -> dict[str, str] | None:
+    """{model: update strategy} of the running fleet supervisor; None when it is not running."""
+    if platform.running("fleet") is None:
+        return None
+    return {name: g["strategy"] for name, g in platform.fleet_client(timeout_s=30.0).status()["models"].items()}
 
 
 def use_settings_file(platform) -> None:
@@ -269,6 +283,10 @@ def cmd_demo(settings: TidalSettings, args) -> None:
     use_settings_file(platform)
     ensure_champions(settings)
     platform.stop("flows")  # the runner executes the demo's cycles: it must read the demo's settings
+    running = fleet_strategies(platform)
+    if running and any(running.get(m.name, m.update_strategy) != m.update_strategy for m in settings.models):
+        print(f"fleet: restarting the supervisor, which serves {running}, with the demo's update strategies")
+        platform.stop("fleet")
     platform.up_flows()
     platform.up_fleet()
     platform.up_gateway()

@@ -10,6 +10,7 @@ from serving.canary_policy import CanaryConfig
 from sim.users import SimUsersConfig
 from tidal.kube import unpinned
 from tidal.section import Section, deep_merge
+from tidal.strategy import UpdateStrategy, strategy_mismatch
 from training.ppo_config import PPOConfig
 from training.train_settings import GateConfig, TrainSettings
 
@@ -58,14 +59,20 @@ def _demo_canary() -> CanaryConfig:
 
 def _demo_train() -> TrainSettings:
     # One pass over every logged row of the cycle (the users are quiet meanwhile, so the trainer has every core:
-    # ~2-3 s an iteration instead of 15-19 s beside their traffic). The losses are the offline study's best balance
-    # (docs/learning.md, items 10-17): exact stop/abstain credit from the verdicts (abstaining credited on at most
-    # half of a minibatch's requests), kept credit on the characters users kept, and the code loss given that the
-    # line continues; the gate scores bits/byte the same way, so it charges the code model, not the stop decision.
-    return TrainSettings(ppo=PPOConfig(learning_rate=1e-3, critic_learning_rate=1e-2, batch_size=32, minibatch_size=8,
-                                       epochs=2, passes=1, kl_coef=0.1, stop_credit_coef=1.0, abstain_budget=0.5,
-                                       kept_credit_coef=4.0, ptx_coef=1.0, ptx_given_continues=True),
-                         gate=GateConfig(eval_bytes=20_000, bpb_tolerance=0.05, bpb_stop="\n", max_heldout_rows=400),
+    # ~2-3 s an iteration instead of 15-19 s beside their traffic). The losses are the offline study's best
+    # (docs/learning.md, items 21-26): exact stop/abstain credit from the verdicts (abstaining credited on at most
+    # a quarter of a minibatch's requests), kept credit on the characters users kept, every weight trained with the
+    # final norm (the logits' scale) at its own rate, and distillation from the champion at temperature 0.5 given
+    # that the line continues instead of the code loss: it anchors the code model and lets the policy sharpen. The
+    # gate scores bits/byte the same way, each model at its best temperature, so it charges a damaged code model,
+    # not the stop decision or the sharpening. Full-weight candidates: the demo's models use a full-checkpoint
+    # update strategy (DemoSettings.update_strategy).
+    return TrainSettings(ppo=PPOConfig(lora=False, learning_rate=1e-4, final_norm_learning_rate=1e-2,
+                                       critic_learning_rate=1e-2, batch_size=32, minibatch_size=8, epochs=2, passes=1,
+                                       kl_coef=0.1, stop_credit_coef=2.0, abstain_budget=0.25, kept_credit_coef=4.0,
+                                       sharpen_coef=1.0, sharpen_temperature=0.5),
+                         gate=GateConfig(eval_bytes=20_000, bpb_tolerance=0.05, bpb_stop="\n", bpb_fit_temperature=True,
+                                         max_heldout_rows=400),
                          checkpoint_every=8)
 
 
@@ -84,6 +91,11 @@ class DemoSettings(Section):
         "The users pause while a cycle trains, and the trainer gets every core (train.torch_threads unset): the "
         "traffic trough training borrows serving's capacity in. False: they keep typing, and the trainer gets the "
         "cores the fleet leaves free."))
+    update_strategy: UpdateStrategy | None = Field("restart", description=(
+        "How the demo's models take new versions (replaces each model's update_strategy while the demo runs). Its "
+        "training trains every weight (`demo.train.ppo.lora: false`), so it needs a full-checkpoint strategy: "
+        "'restart' boots each candidate on a surge replica (CPU engines); 'reload' or 'nccl' on 2+ GPU replicas. "
+        "None = each model's own (then the demo's lora setting must match it)."))
     users: SimUsersConfig = Field(default_factory=SimUsersConfig, description="The simulated users sending traffic.")
     canary: CanaryConfig = Field(default_factory=_demo_canary, description="Canary settings of the demo's cycles (replace `canary`).")
     train: TrainSettings = Field(default_factory=_demo_train, description="Training settings of the demo's cycles (replace `train`).")
@@ -99,3 +111,10 @@ class DemoSettings(Section):
                 if isinstance(data.get(name), dict):
                     data = {**data, name: deep_merge(demo_default().model_dump(), data[name])}
         return data
+
+    @model_validator(mode="after")
+    def _strategy_serves_the_candidates(self):
+        if self.update_strategy is not None and (problem := strategy_mismatch(self.update_strategy, self.train.ppo.lora)):
+            raise ValueError(f"demo.update_strategy={self.update_strategy!r} with demo.train.ppo.lora="
+                             f"{str(self.train.ppo.lora).lower()}: {problem}")
+        return self

@@ -20,14 +20,13 @@ from serving.kube_settings import KubernetesFleetSettings
 from serving.logsink import LogSinkSettings
 from tidal.loop_settings import DemoSettings, FlywheelSettings
 from tidal.section import Section
+from tidal.strategy import UpdateStrategy
 from serving.routes import RouteLimits
 from training.policy_config import PolicyConfig
 from training.pretrain_config import PretrainConfig
 from training.train_settings import LaunchSettings, TrainSettings
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-UpdateStrategy = Literal["lora", "restart", "reload", "nccl"]
-GPU_ONLY_STRATEGIES = {"reload", "nccl"}
 
 
 class SettingsError(ValueError):

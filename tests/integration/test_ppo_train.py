@@ -291,7 +291,8 @@ def test_the_megatron_backend_trains_tensor_parallel_shards_into_one_gated_candi
     from training.probe import compute_probe, load_probe
 
     before = set(registry.versions("tab"))
-    env = {"TIDAL_TRAIN__PPO__BACKEND": "megatron", "TIDAL_TRAIN__PPO__LORA": "false",
+    full = [m.model_dump(mode="json") | {"update_strategy": "restart"} for m in settings.models]  # serves full candidates
+    env = {"TIDAL_TRAIN__PPO__BACKEND": "megatron", "TIDAL_TRAIN__PPO__LORA": "false", "TIDAL_MODELS": json.dumps(full),
            "TIDAL_TRAIN__PPO__TENSOR_PARALLEL": "2", "TIDAL_TRAINER__LOCAL_PROCESSES": "2",
            "TIDAL_TRAIN__PPO__MAX_ITERATIONS": "4", "TIDAL_TRAIN__PPO__LEARNING_RATE": "1e-5"}
     run = tidal(settings, "train", "tab", "--dataset", dataset_id, env=env)

@@ -78,6 +78,23 @@ def test_demo_profile_replaces_canary_and_training_and_stops_schedules(monkeypat
     assert demo_profile(load_settings()).train.torch_threads is None
 
 
+def test_the_demo_serves_its_full_weight_candidates_with_a_full_checkpoint_strategy(monkeypatch, tmp_path):
+    from tidal.settings import SettingsError
+
+    monkeypatch.chdir(tmp_path)
+    for k in [k for k in os.environ if k.startswith("TIDAL_")]:
+        monkeypatch.delenv(k)
+    plain = load_settings()
+    assert plain.models[0].update_strategy == "lora" and not plain.demo.train.ppo.lora
+    assert [m.update_strategy for m in demo_profile(plain).models] == ["restart"]  # the demo's, for its run only
+    (tmp_path / "tidal.yaml").write_text("demo:\n  update_strategy: null\n")  # each model's own: lora, which
+    with pytest.raises(SettingsError, match="model 'tab' \\(update_strategy 'lora'\\) with demo.train.ppo.lora=false.*'restart'"):
+        demo_profile(load_settings())  # cannot load full-weight candidates
+    (tmp_path / "tidal.yaml").write_text("demo:\n  update_strategy: null\n  train:\n    ppo:\n      lora: true\n"
+                                         "      final_norm_learning_rate: null\n      sharpen_temperature: null\n")
+    assert [m.update_strategy for m in demo_profile(load_settings()).models] == ["lora"]
+
+
 def test_quiet_users_send_nothing_until_the_trough_ends():
     from sim.users import SimTraffic, SimUsersConfig
 

@@ -161,6 +161,12 @@ def test_unknown_update_strategy(monkeypatch: pytest.MonkeyPatch, clean_env: Pat
         assert allowed in msg
 
 
+def test_demo_strategy_that_cannot_serve_its_candidates(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
+    msg = settings_error(monkeypatch, yaml="demo:\n  update_strategy: lora\n", tmp=clean_env)
+    assert "demo.update_strategy='lora' with demo.train.ppo.lora=false" in msg
+    assert "serve the model with 'restart'" in msg  # the fix
+
+
 def test_bad_model_name(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
     msg = settings_error(monkeypatch, yaml="models:\n  - name: Bad Name\n", tmp=clean_env)
     assert "models.0.name" in msg

@@ -382,6 +382,18 @@ def test_where_the_trainer_runs_changes_neither_run_key_nor_spec():
     assert trainer_threads(s) == 6  # the pod's CPU limit, not the flow machine's cores
 
 
+
+@pytest.mark.parametrize(("strategy", "lora", "fix"), [("lora", False, "serve the model with 'restart'"),
+                                                       ("restart", True, "train every weight \\(lora=false\\)")])
+def test_a_run_whose_candidate_the_models_strategy_cannot_serve_is_refused_before_training(strategy, lora, fix):
+    from tasks.train import plan_run
+    from tidal.settings import SettingsError
+
+    s = load_settings(models=[{"name": "tab", "update_strategy": strategy}], train={"ppo": {"lora": lora}})
+    with pytest.raises(SettingsError, match=f"model 'tab' \\(update_strategy '{strategy}'\\) with train.ppo.lora=.*{fix}"):
+        plan_run.fn(s, None, "tab", None, {})  # refused before it reads the store or the registry
+
+
 # ---- the Prefect work pool ------------------------------------------------------------------------
 
 def render_pool(job_variables: dict) -> dict:
