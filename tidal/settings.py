@@ -211,7 +211,8 @@ class BootstrapSettings(Section):
 
 
 class TidalSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="TIDAL_", env_nested_delimiter="__", extra="forbid")
+    # env_parse_none_str: TIDAL_TRAIN__GATE__MAX_HELDOUT_ROWS=null unsets an optional setting, as `null` does in YAML
+    model_config = SettingsConfigDict(env_prefix="TIDAL_", env_nested_delimiter="__", extra="forbid", env_parse_none_str="null")
 
     data_dir: Path = Field(Path(".tidal"), description="Local state: logs, pid files, SQLite DBs, the default object store.")
     admin_token: str | None = Field(None, min_length=16, description="Fleet/route admin token; None = generated once into data_dir.")

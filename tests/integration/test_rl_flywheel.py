@@ -29,7 +29,9 @@ pytestmark = pytest.mark.slow
 
 # A laptop demo cut to what one cycle needs to pass every stage: 60 requests from 200 users, a 2-iteration PPO run
 # of 16-row batches with the opt-in learning aids (hindsight rows, split credit from partial verdicts, stop credit
-# from every verdict, the code loss), a gate on 50 held-out rows and 5 kB of code that lets any sane candidate through (the gate's refusals have
+# from every verdict, the code loss, distillation from the champion at 0.5) on an adapter served by the 'lora'
+# strategy (the session's fleet; the demo's own full-weight training and 'restart' strategy add two engine boots
+# a canary: restart's canary has its own test in test_promote.py), a gate on 50 held-out rows and 5 kB of code that lets any sane candidate through (the gate's refusals have
 # their own tests) and one 50% canary step that ends within 25 s, decided or rolled back as inconclusive; then 20
 # held-out requests per version.
 TINY = {
@@ -40,6 +42,9 @@ TINY = {
     "TIDAL_DEMO__USERS__CONCURRENCY": "2",
     "TIDAL_DEMO__USERS__THINK_S": "[0.1, 0.3]",
     "TIDAL_DEMO__USERS__FEEDBACK_DELAY_S": "[0.1, 0.5]",
+    "TIDAL_DEMO__UPDATE_STRATEGY": "lora",
+    "TIDAL_DEMO__TRAIN__PPO__LORA": "true",
+    "TIDAL_DEMO__TRAIN__PPO__FINAL_NORM_LEARNING_RATE": "null",
     "TIDAL_DEMO__TRAIN__PPO__MAX_ITERATIONS": "2",
     "TIDAL_DEMO__TRAIN__PPO__BATCH_SIZE": "16",
     "TIDAL_DEMO__TRAIN__PPO__HINDSIGHT_PARTIALS": "true",
@@ -129,7 +134,7 @@ def test_tidal_demo_runs_one_cycle_and_reports(settings, platform, registry, gat
     no_chars = sum(s.event == "partial" and not s.accepted_chars for s in kept)
     assert result.credited_partials == partials - no_chars, (result, partials, no_chars)
     assert result.final["ppo/ptx_loss"] > 0, result.final
-    assert "ppo/stop_credit_loss" in result.final, result.final
+    assert "ppo/stop_credit_loss" in result.final and result.final["ppo/sharpen_loss"] > 0, result.final
 
     # Registry and routes agree with the decision; no canary is left behind.
     aliases, arms = registry.aliases("tab"), platform.routes_client().show()["routes"]["tab"]["arms"]

@@ -73,7 +73,7 @@ def test_aa_false_promotion_rate_within_alpha(aa: list[RampResult]) -> None:
 
 
 def test_aa_false_alarms_together_within_alpha(aa: list[RampResult]) -> None:
-    """The union bound of the design: primary at alpha/2 plus guardrails at alpha/4 each spend at most alpha."""
+    """The union bound of the design: primary at alpha/2 plus three guardrails at alpha/6 each spend at most alpha."""
     n = count(aa)
     assert n["rollback"] + n["promote"] <= AA_CFG.alpha * AA_RAMPS, n
 

@@ -3,6 +3,8 @@ each guardrail of `look()` firing with its reason, and `Ramp` stepping only when
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import math
 
 import numpy as np
@@ -140,9 +142,22 @@ def test_error_rate_guardrail() -> None:
 def test_p99_latency_guardrail() -> None:
     slow = outcomes("control", 1000) + outcomes("canary", 300, latency_ms=400.0)
     res = look(CFG, 0, slow, 300, 60.0, HEALTHY)
-    assert res.action == "rollback" and res.reason.startswith("p99 latency 406 ms vs control 106 ms")
-    few = outcomes("control", 1000) + outcomes("canary", 100, latency_ms=400.0)
-    assert look(CFG, 0, few, 100, 60.0, HEALTHY).action == "wait"  # p99 of < min_samples outcomes not judged
+    assert res.action == "rollback" and res.reason.startswith("p99 latency 406 ms vs control 106 ms: 100.0% of canary")
+    few = outcomes("control", 1000) + outcomes("canary", 20, latency_ms=400.0)
+    assert look(CFG, 0, few, 20, 60.0, HEALTHY).action == "wait"  # fewer than min_test_samples: not judged yet
+    quick = outcomes("control", 1000) + outcomes("canary", 60, latency_ms=400.0)
+    assert look(CFG, 0, quick, 60, 60.0, HEALTHY).action == "rollback"  # every request slow: clear long before a step ends
+
+
+def test_a_fresh_engines_few_slow_requests_do_not_fail_the_latency_guardrail() -> None:
+    """As a canary on a freshly booted replica did in a demo: its two slowest of 167 requests took 570 and 789 ms
+    against control's p99 of 286 ms, the rest as fast as control. Its sample p99 is 4x control's; the share of
+    slow requests (1.2%) is no evidence that its p99 passes the allowance."""
+    control = outcomes("control", 1000)
+    canary = [replace(o, latency_ms=ms) for o, ms in zip(outcomes("canary", 167), [570.0, 789.0] + [100.0] * 165)]
+    res = look(CFG, 0, control + canary, 167, 60.0, HEALTHY)
+    assert res.action == "wait" and res.figures["p99_ms_canary"] > 4 * res.figures["p99_ms_control"], res
+    assert res.comparisons["slow_share"].canary.n == 167 and not res.comparisons["slow_share"].low > 0.01
 
 
 def test_accepted_chars_guardrail_fires_before_the_primary() -> None:

@@ -126,6 +126,15 @@ def test_overrides_passed_to_load_settings(clean_env: Path) -> None:
 
 # ---- errors ---------------------------------------------------------------------------------------
 
+def test_null_in_the_environment_unsets_an_optional_setting(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
+    assert load_settings().demo.train.ppo.final_norm_learning_rate is not None  # the demo's default sets it
+    monkeypatch.setenv("TIDAL_DEMO__TRAIN__PPO__FINAL_NORM_LEARNING_RATE", "null")
+    monkeypatch.setenv("TIDAL_DEMO__TRAIN__PPO__LORA", "true")
+    monkeypatch.setenv("TIDAL_DEMO__UPDATE_STRATEGY", "lora")
+    demo = load_settings().demo
+    assert demo.train.ppo.final_norm_learning_rate is None and demo.train.ppo.lora and demo.update_strategy == "lora"
+
+
 def test_bad_env_value_names_field_and_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     msg = settings_error(monkeypatch, env={"TIDAL_FLEET__BASE_PORT": "-1"})
     assert "fleet.base_port" in msg
