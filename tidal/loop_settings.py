@@ -77,7 +77,9 @@ def _demo_train() -> TrainSettings:
 
 
 class DemoSettings(Section):
-    cycles: int = Field(4, ge=1, description="Flywheel cycles `tidal demo` runs (continuing from the current champion).")
+    cycles: int = Field(3, ge=1, description=(
+        "Flywheel cycles `tidal demo` runs (continuing from the current champion). Three fit its 45-minute budget on 2 "
+        "cores; in two measured runs of four, only the first cycle promoted (docs/learning.md, items 27-31)."))
     requests_per_cycle: int = Field(1200, ge=50, description=(
         "Simulated requests served since the last cycle collected before the next one collects (the users keep "
         "sending while a cycle runs, so after the first cycle there is rarely a wait)."))
