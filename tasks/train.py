@@ -23,7 +23,7 @@ from tidal.procs import tail
 from tidal.registry import Registry, VersionInfo, code_revision, publish
 from tidal.settings import PROJECT_ROOT, SettingsError, TidalSettings
 from tidal.store import ObjectStore, download_dir, get_json
-from tidal.strategy import strategy_mismatch
+from tidal.strategy import model_mismatch
 from training.job_spec import (
     EXIT_BAD_INPUT,
     EXIT_DIVERGED,
@@ -81,9 +81,8 @@ def resolve_dataset(store: ObjectStore, model: str, dataset_id: str | None) -> d
 def plan_run(settings: TidalSettings, store: ObjectStore, model: str, champion: VersionInfo, manifest: dict) -> TrainPlan:
     """The run's key, its MLflow run (found again by a retried or resubmitted flow) and the trainer's spec file."""
     cfg, strategy = settings.train, settings.model(model).update_strategy
-    if problem := strategy_mismatch(strategy, cfg.ppo.lora):  # before any training: its candidate could never serve
-        raise SettingsError(f"model {model!r} (update_strategy {strategy!r}) with train.ppo.lora="
-                            f"{str(cfg.ppo.lora).lower()}: {problem}")
+    if problem := model_mismatch(model, strategy, cfg.ppo.lora, "train.ppo.lora"):  # before training: it could never serve
+        raise SettingsError(problem)
     key = run_key(model, manifest["digest"], champion.version, cfg)
     tracking = settings.mlflow.tracking_uri
     mlflow.set_tracking_uri(tracking)

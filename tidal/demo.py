@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tidal.loop_settings import FlywheelSettings
 from tidal.settings import SettingsError, TidalSettings
-from tidal.strategy import strategy_mismatch
+from tidal.strategy import model_mismatch
 
 METRIC_NAMES = ("suggestion_rate", "accept_rate", "reward_per_request", "accepted_chars_per_request")
 
@@ -32,9 +32,8 @@ def demo_profile(settings: TidalSettings) -> TidalSettings:
     models = settings.models if demo.update_strategy is None else [
         m.model_copy(update={"update_strategy": demo.update_strategy}) for m in settings.models]
     for m in models:
-        if problem := strategy_mismatch(m.update_strategy, train.ppo.lora):
-            raise SettingsError(f"model {m.name!r} (update_strategy {m.update_strategy!r}) with demo.train.ppo.lora="
-                                f"{str(train.ppo.lora).lower()}: {problem}; or set demo.update_strategy")
+        if problem := model_mismatch(m.name, m.update_strategy, train.ppo.lora, "demo.train.ppo.lora"):
+            raise SettingsError(f"{problem}; or set demo.update_strategy")
     return settings.model_copy(update={"canary": demo.canary, "train": train, "models": models,
                                        "flywheel": FlywheelSettings(loop="manual", schedule_cron=settings.flywheel.schedule_cron)})
 

@@ -20,3 +20,9 @@ def strategy_mismatch(strategy: str, lora: bool) -> str | None:
         return (f"an adapter candidate (lora=true) cannot be served by {strategy!r}, which loads full checkpoints: "
                 "train every weight (lora=false), or serve the model with 'lora'")
     return None
+
+
+def model_mismatch(model: str, strategy: str, lora: bool, lora_setting: str) -> str | None:
+    """strategy_mismatch for one model, naming the model and the `lora` setting that trains its candidates."""
+    problem = strategy_mismatch(strategy, lora)
+    return problem and f"model {model!r} (update_strategy {strategy!r}) with {lora_setting}={str(lora).lower()}: {problem}"
