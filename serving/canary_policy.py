@@ -1,17 +1,24 @@
 """The canary ramp's decision rule: per look, guardrails first, then the primary metric.
 
 A ramp walks the canary weight through `steps` (5% → 25% → 50% by default; passing the last one
-promotes to 100%). Every look compares everything both arms have served since the canary started:
+promotes to 100%). Every look compares everything both arms have served since the canary started,
+within strata (the ramp step a request was served in × its request kind: arms are compared only with
+requests served at the same weight and of the same kind), each outcome adjusted by its user's outcomes
+before the ramp (CUPED). Each test's three answers are read off its always-valid confidence sequence
+on canary − control: shown worse by more than the margin, shown not worse by more than the margin
+(non-inferior), or not yet known.
 
-    1. guardrails (any one fails → roll back): served-weight check, canary error rate above control's by
-       more than max_error_rate (always-valid lower bound), p99 latency (the share of canary requests
-       slower than max_p99_ratio x control's p99 + p99_slack_ms above control's share by more than the
-       1% a p99 allows, always-valid lower bound), accepted characters per request significantly lower
-       (a model that stops suggesting must not win)
+    1. guardrails (any one shown worse than its margin → roll back): served-weight check, error rate
+       (absolute margin), p99 latency (the share of canary requests slower than max_p99_ratio × control's
+       p99 + p99_slack_ms, above control's share; the margin is the 1% a p99 allows), accepted characters per
+       request (a relative margin: a model that stops suggesting must not win)
     2. primary metric (reward per request by default): significantly lower → roll back
-    3. step complete (>= min_samples canary outcomes in this step):
-          not the last step → advance;  last step → promote if the primary is significantly better
-    4. a step past max_step_s → inconclusive: roll back, or ask a human (on_inconclusive='ask')
+    3. a step that is not the last advances once it has >= min_samples canary outcomes and the primary is
+       shown not worse than control by detect_regression_sd pooled standard deviations: each step decides the
+       regression it must catch before more users see the candidate (`plan()` sizes it by power)
+    4. the last step promotes once the primary is significantly better AND every guardrail is shown
+       non-inferior; "not significantly worse" is not enough
+    5. a step past max_step_s → inconclusive (never promoted): roll back, or ask a human (on_inconclusive='ask')
 
 Error budget: the A/A false-alarm rate (a rollback for a regression, or a promotion, when both arms
 serve the same weights) is at most alpha by a union bound: the primary test runs at alpha/2 and the
@@ -21,44 +28,73 @@ counts before both arms have min_test_samples outcomes. The latency guardrail is
 comparison of two sample p99s: a p99 of a few hundred outcomes is their second or third largest, and a
 fresh engine's two slow requests would fail a candidate that is as fast as control everywhere else.
 Accept rate is reported, not acted on.
-
-Known limits: arms are compared over everything since the canary started while the canary's share
-grows, so a reward trend over time biases the comparison; and a step advances on "no evidence of
-harm", so a small regression (20% relative) is often caught only at a later step.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
+import numpy as np
 from pydantic import Field, model_validator
 
-from serving.canary_stats import Comparison, Summary, msprt
+from serving.canary_stats import Comparison, StepPlan, Summary, cuped, msprt, plan_step, pooled, stratified_msprt
 from tidal.section import Section
 
 Metric = Literal["reward", "accepted", "accepted_chars"]
 Action = Literal["wait", "advance", "promote", "rollback", "inconclusive"]
+METRICS: tuple[Metric, ...] = ("reward", "accepted", "accepted_chars")
+
+
+class Margins(Section):
+    """How much worse than control a candidate may be on each guardrail and still be promoted (non-inferiority
+    margins). Set per model (`models[].canary_margins`) where a model's users tolerate more or less."""
+
+    accepted_chars: float = Field(0.05, ge=0, lt=1, description=(
+        "Accepted characters per request may be at most this share below control's: promotion needs the always-valid "
+        "lower bound of the difference above -margin x control's mean; an upper bound below it rolls back."))
+    error_rate: float = Field(0.02, ge=0, le=1, description=(
+        "The canary's error rate may exceed control's by at most this (absolute): promotion needs the upper bound "
+        "of the excess below it, a lower bound above it rolls back."))
+    slow_share: float = Field(0.01, ge=0, le=1, description=(
+        "The share of canary requests slower than max_p99_ratio x control's p99 + p99_slack_ms may exceed control's "
+        "share by at most this (0.01: the 1% a p99 allows), with the same two bounds."))
 
 
 class CanaryConfig(Section):
     steps: list[float] = Field(default_factory=lambda: [0.05, 0.25, 0.5], description=(
         "Canary traffic share of each step, increasing; passing the last step promotes to 100%."))
-    min_samples: int = Field(200, ge=10, description="Canary outcomes a step needs before it may end.")
+    min_samples: int = Field(100, ge=10, description=(
+        "Canary outcomes a step needs before it may end (a floor: the tests decide when it does; at 5% of traffic 200 "
+        "would hold every step for 4,000 requests, longer than a clear improvement needs)."))
     min_test_samples: int = Field(30, ge=2, description="Outcomes per arm before any sequential test may decide (small-n guard).")
     max_step_s: float = Field(1800.0, gt=0, description="A step without a decision by then is inconclusive.")
     alpha: float = Field(0.05, gt=0, lt=1, description="A/A false-alarm budget of the whole ramp (rollbacks + promotions).")
     primary: Metric = Field("reward", description="Metric that must improve significantly for promotion.")
-    mixture_sd: float = Field(0.2, gt=0, description="mSPRT mixture scale, in pooled standard deviations: the effect size the tests are tuned to.")
-    max_error_rate: float = Field(0.02, ge=0, le=1, description="Canary error rate above control's by more than this (with always-valid confidence) fails the ramp.")
+    mixture_sd: float = Field(0.2, gt=0, description=(
+        "mSPRT mixture scale, in pooled standard deviations: the effect size the tests are tuned to "
+        "(serving.canary_stats.fit_mixture_sd fits it to past canaries' effects)."))
+    detect_regression_sd: float = Field(0.13, gt=0, description=(
+        "A step before the last advances only once the primary is shown not worse than control by this many pooled "
+        "standard deviations: the regression each step must decide (0.13 ~ an accept rate 20% lower at 0.30 under the "
+        "default reward rule). Smaller catches smaller regressions at the first step and makes every step longer."))
+    stratify: bool = Field(True, description=(
+        "Compare the arms within strata (ramp step x request kind) and combine by precision; false pools everything "
+        "since the canary started (biased by any trend while the weight rises, and noisier when kinds differ)."))
+    cuped: bool = Field(True, description=(
+        "Adjust each outcome by its user's outcomes of the control version before the ramp (CUPED); users without "
+        "history are left as they are."))
+    margins: Margins = Field(default_factory=Margins, description="Non-inferiority margins of the guardrails (models may override).")
     max_p99_ratio: float = Field(1.5, ge=1, description="Canary p99 latency may be this many times control's p99 ...")
     p99_slack_ms: float = Field(50.0, ge=0, description=(
-        "... plus this many ms: the latency guardrail fails once more than 1% of canary requests are slower than that, "
-        "with always-valid confidence (a test on the share of slow requests, not on two sample p99s)."))
+        "... plus this many ms: a request slower than that counts as slow for the latency guardrail (margins.slow_share)."))
     on_inconclusive: Literal["rollback", "ask"] = Field("rollback", description="At max_step_s: roll back, or pause the flow for a human decision.")
     approval_timeout_s: float = Field(86400.0, gt=0, le=28 * 86400, description="How long an 'ask' pause waits for a human before the flow fails.")
     feedback_wait_s: float = Field(30.0, ge=0, description="A completion without feedback counts (as 'ignored') once this old.")
+    history_s: float = Field(3600.0, ge=0, description=(
+        "How far before the canary's start its users' outcomes are read for CUPED (0 = none)."))
     poll_s: float = Field(5.0, gt=0, description="Seconds between looks.")
     unload_grace_s: float = Field(60.0, ge=0, description="After promotion, the old champion stays loaded this long (instant rollback).")
     watchdog_s: float = Field(60.0, gt=0, description=(
@@ -75,6 +111,29 @@ class CanaryConfig(Section):
                              f"would have a healthy release rolled back; raise watchdog_s to at least {3 * self.poll_s:g}")
         return self
 
+    def plan(self) -> list[StepPlan]:
+        """Each step's requests to decide a detect_regression_sd regression (power 0.8) or clear it (median)."""
+        return [plan_step(w, self.detect_regression_sd, self.alpha / 2, self.mixture_sd) for w in self.steps]
+
+
+@dataclass(frozen=True)
+class History:
+    """One user's outcomes of the control version before the ramp: CUPED's covariates (means per request)."""
+
+    n: int
+    reward: float
+    accepted: float
+    accepted_chars: float
+
+
+def histories(outcomes: Sequence[Outcome]) -> dict[str, History]:
+    """Each user's History from their outcomes (those of the control version before a ramp)."""
+    by_user: dict[str, list[Outcome]] = {}
+    for o in outcomes:
+        by_user.setdefault(o.user, []).append(o)
+    return {u: History(len(os), *(math.fsum(getattr(o, m) for o in os) / len(os) for m in METRICS))
+            for u, os in by_user.items() if u}
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -86,6 +145,9 @@ class Outcome:
     accepted_chars: float
     latency_ms: float
     time_ms: int
+    kind: str = ""  # request kind (a stratum): data_contracts.outcomes.request_kind
+    history: History | None = None  # the user's outcomes before the ramp, if any
+    user: str = ""  # the user's hash (groups a user's outcomes into a History)
 
 
 @dataclass(frozen=True)
@@ -106,6 +168,9 @@ class Look:
     weight: float
     comparisons: dict[str, Comparison] = field(default_factory=dict)
     figures: dict[str, float] = field(default_factory=dict)
+    # metric → the margin its decision used, in its own units: a guardrail's non-inferiority margin, and for the
+    # primary the regression a step must exclude before it advances
+    margins: dict[str, float] = field(default_factory=dict)
 
     def row(self) -> dict:
         out = {"step": self.step + 1, "weight": self.weight, "action": self.action, "reason": self.reason, **self.figures}
@@ -115,71 +180,138 @@ class Look:
         return out
 
 
-def _p99(values: list[float]) -> float:
-    if not values:
+class Columns:
+    """The outcomes as arrays (one per field), for a look over tens of thousands of them. `kinds` maps each
+    request kind to its code; pass the same dict to columns that will be concatenated."""
+
+    def __init__(self, outcomes: Sequence[Outcome], kinds: dict[str, int] | None = None):
+        self.n, self.kinds = len(outcomes), {} if kinds is None else kinds
+        self.canary = np.fromiter((o.arm == "canary" for o in outcomes), bool, self.n)
+        self.values = {m: np.fromiter((getattr(o, m) for o in outcomes), float, self.n) for m in METRICS}
+        self.history = {m: np.fromiter((math.nan if o.history is None else getattr(o.history, m) for o in outcomes),
+                                       float, self.n) for m in METRICS}
+        self.latency_ms = np.fromiter((o.latency_ms for o in outcomes), float, self.n)
+        self.time_ms = np.fromiter((o.time_ms for o in outcomes), np.int64, self.n)
+        self.kind = np.fromiter((self.kinds.setdefault(o.kind, len(self.kinds)) for o in outcomes), np.int64, self.n)
+
+    def extend(self, more: Columns) -> Columns:
+        """These columns followed by `more` (built with the same kinds)."""
+        out = Columns([], self.kinds)
+        out.n = self.n + more.n
+        for name in ("canary", "latency_ms", "time_ms", "kind"):
+            setattr(out, name, np.concatenate([getattr(self, name), getattr(more, name)]))
+        out.values = {m: np.concatenate([self.values[m], more.values[m]]) for m in METRICS}
+        out.history = {m: np.concatenate([self.history[m], more.history[m]]) for m in METRICS}
+        return out
+
+
+def _summaries(values: np.ndarray, canary: np.ndarray, strata: np.ndarray) -> list[tuple[Summary, Summary]]:
+    """(control, canary) Summary per stratum code (strata: small non-negative ints)."""
+    group = strata * 2 + canary
+    size = 2 * (int(strata.max()) + 1) if len(strata) else 0
+    n = np.bincount(group, minlength=size)
+    total = np.bincount(group, weights=values, minlength=size)
+    mean = np.divide(total, n, out=np.zeros(size), where=n > 0)
+    ss = np.bincount(group, weights=(values - mean[group]) ** 2, minlength=size)  # two-pass: exact for large means
+    var = np.divide(ss, n - 1, out=np.zeros(size), where=n > 1)
+    arms = [Summary(int(n[g]), float(mean[g]), float(var[g])) for g in range(size)]
+    return [(arms[2 * s], arms[2 * s + 1]) for s in range(size // 2) if n[2 * s] + n[2 * s + 1]]
+
+
+def _p99(values: np.ndarray) -> float:
+    if not len(values):
         return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+    ordered = np.sort(values)
+    return float(ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)])
 
 
-def look(cfg: CanaryConfig, step: int, outcomes: list[Outcome], step_canary_n: int, step_elapsed_s: float,
-         health: dict[str, ArmHealth], probe_ok: bool = True) -> Look:
+def _compare(cfg: CanaryConfig, name: str, values: np.ndarray, cols: Columns, strata: np.ndarray, alpha: float,
+             covariate: np.ndarray | None = None) -> Comparison:
+    """The stratified test of one metric on its CUPED-adjusted values; the arms' summaries reported are the raw ones."""
+    tested = cuped(values, covariate) if cfg.cuped and covariate is not None else values
+    c = stratified_msprt(name, _summaries(tested, cols.canary, strata), alpha, cfg.mixture_sd, cfg.min_test_samples,
+                         min_stratum_n=10 if cfg.stratify else 2)
+    raw = [Summary(len(v), float(v.mean()) if len(v) else 0.0, float(v.var(ddof=1)) if len(v) > 1 else 0.0)
+           for v in (values[~cols.canary], values[cols.canary])]
+    return replace(c, control=raw[0], canary=raw[1])
+
+
+def look(cfg: CanaryConfig, step: int, outcomes: Sequence[Outcome] | Columns, step_canary_n: int, step_elapsed_s: float,
+         health: dict[str, ArmHealth], probe_ok: bool = True, step_starts_ms: Sequence[int] = (),
+         margins: Margins | None = None) -> Look:
     """Decide at one look. `outcomes`: both arms since the canary started; `step_canary_n`: canary outcomes
-    collected since this step began."""
-    weight = cfg.steps[step]
-    arms = {a: [o for o in outcomes if o.arm == a] for a in ("control", "canary")}
+    collected since this step began; `step_starts_ms`: when each step after the first began (the clock of
+    Outcome.time_ms), the strata of the ramp; `margins`: the model's, else cfg.margins."""
+    weight, margins = cfg.steps[step], margins or cfg.margins
+    cols = outcomes if isinstance(outcomes, Columns) else Columns(outcomes)
+    if cfg.stratify:
+        served_in = np.searchsorted(np.asarray(step_starts_ms, np.int64), cols.time_ms, side="right")
+        strata = served_in * (int(cols.kind.max()) + 1 if cols.n else 1) + cols.kind
+    else:
+        strata = np.zeros(cols.n, int)
     guard_alpha = cfg.alpha / 6  # three guardrail tests share half the budget; the primary has the other half
-    comps = {m: msprt(m, Summary.of([getattr(o, m) for o in arms["control"]]),
-                      Summary.of([getattr(o, m) for o in arms["canary"]]),
-                      cfg.alpha / 2 if m == cfg.primary else guard_alpha, cfg.mixture_sd, cfg.min_test_samples)
-             for m in ("reward", "accepted", "accepted_chars")}
+    comps = {m: _compare(cfg, m, cols.values[m], cols, strata, cfg.alpha / 2 if m == cfg.primary else guard_alpha,
+                         cols.history[m]) for m in METRICS}
     control_h, canary_h = health.get("control", ArmHealth()), health.get("canary", ArmHealth())
     errors = msprt("error_rate", Summary.of_rate(control_h.errors, control_h.requests),
                    Summary.of_rate(canary_h.errors, canary_h.requests), guard_alpha, cfg.mixture_sd, cfg.min_test_samples)
-    err_c, err_k = errors.control.mean, errors.canary.mean
-    p99_c, p99_k = _p99([o.latency_ms for o in arms["control"]]), _p99([o.latency_ms for o in arms["canary"]])
+    p99_c, p99_k = _p99(cols.latency_ms[~cols.canary]), _p99(cols.latency_ms[cols.canary])
     # The canary's p99 is above `slow_ms` exactly when more than 1% of its requests are; control's share is at most
-    # 1% (slow_ms >= its p99). So "canary share - control share > 1%", with always-valid confidence, shows it.
+    # 1% (slow_ms >= its p99). So "canary share - control share > margin", with always-valid confidence, shows it.
     slow_ms = cfg.max_p99_ratio * p99_c + cfg.p99_slack_ms
-    slow = msprt("slow_share", *(Summary.of_rate(sum(o.latency_ms > slow_ms for o in arms[a]), len(arms[a]))
-                                 for a in ("control", "canary")), guard_alpha, cfg.mixture_sd, cfg.min_test_samples)
-    figures = {"n_control": len(arms["control"]), "n_canary": len(arms["canary"]), "step_canary_n": step_canary_n,
-               "error_rate_control": round(err_c, 5), "error_rate_canary": round(err_k, 5),
+    slow = _compare(cfg, "slow_share", (cols.latency_ms > slow_ms).astype(float), cols, strata, guard_alpha)
+    chars = comps["accepted_chars"]
+    chars_margin = margins.accepted_chars * abs(chars.control.mean)
+    primary = comps[cfg.primary]
+    regression = cfg.detect_regression_sd * math.sqrt(pooled(primary.control, primary.canary).var)
+    figures = {"n_control": int((~cols.canary).sum()), "n_canary": int(cols.canary.sum()), "step_canary_n": step_canary_n,
+               "error_rate_control": round(errors.control.mean, 5), "error_rate_canary": round(errors.canary.mean, 5),
                "p99_ms_control": round(p99_c, 1), "p99_ms_canary": round(p99_k, 1),
                "slow_share_canary": round(slow.canary.mean, 5), "step_elapsed_s": round(step_elapsed_s, 1)}
 
     def out(action: Action, reason: str) -> Look:
-        return Look(action, reason, step, weight, {**comps, "error_rate": errors, "slow_share": slow}, figures)
+        return Look(action, reason, step, weight, {**comps, "error_rate": errors, "slow_share": slow}, figures,
+                    {cfg.primary: regression, "accepted_chars": chars_margin, "error_rate": margins.error_rate,
+                     "slow_share": margins.slow_share})
 
     if not probe_ok:
         return out("rollback", "served-weight check failed on the canary's replicas")
-    if errors.low > cfg.max_error_rate:  # confidently more than max_error_rate above control
-        return out("rollback", f"error rate {err_k:.3%} vs control {err_c:.3%} (excess in [{errors.low:.3%}, "
-                               f"{errors.high:.3%}], allowed +{cfg.max_error_rate:.1%})")
-    if slow.low > 0.01:
+    if errors.low > margins.error_rate:  # confidently more than the margin above control
+        return out("rollback", f"error rate {errors.canary.mean:.3%} vs control {errors.control.mean:.3%} (excess in "
+                               f"[{errors.low:.3%}, {errors.high:.3%}], allowed +{margins.error_rate:.1%})")
+    if slow.low > margins.slow_share:
         return out("rollback", f"p99 latency {p99_k:.0f} ms vs control {p99_c:.0f} ms: {slow.canary.mean:.1%} of canary "
                                f"requests slower than {slow_ms:.0f} ms ({cfg.max_p99_ratio}x + {cfg.p99_slack_ms:.0f} ms), "
-                               f"control {slow.control.mean:.1%} (excess in [{slow.low:.1%}, {slow.high:.1%}], allowed +1%)")
-    if cfg.primary != "accepted_chars" and comps["accepted_chars"].worse:
-        c = comps["accepted_chars"]
-        return out("rollback", f"accepted chars per request fell: {c.canary.mean:.3f} vs {c.control.mean:.3f} "
-                               f"(delta in [{c.low:.3f}, {c.high:.3f}])")
-    primary = comps[cfg.primary]
+                               f"control {slow.control.mean:.1%} (excess in [{slow.low:.1%}, {slow.high:.1%}], "
+                               f"allowed +{margins.slow_share:.0%})")
+    if cfg.primary != "accepted_chars" and chars.high < -chars_margin:
+        return out("rollback", f"accepted chars per request fell: {chars.canary.mean:.3f} vs {chars.control.mean:.3f} "
+                               f"(delta in [{chars.low:.3f}, {chars.high:.3f}], allowed -{chars_margin:.3f})")
     if primary.worse:
         return out("rollback", f"{cfg.primary} fell: {primary.canary.mean:.4f} vs {primary.control.mean:.4f} "
                                f"(delta in [{primary.low:.4f}, {primary.high:.4f}], p={primary.p_value:.4f})")
-    if step_canary_n >= cfg.min_samples:
-        if step + 1 < len(cfg.steps):
-            return out("advance", f"no regression after {step_canary_n} canary outcomes at {weight:.0%}")
-        if primary.better:
-            return out("promote", f"{cfg.primary} rose: {primary.canary.mean:.4f} vs {primary.control.mean:.4f} "
-                                  f"(delta in [{primary.low:.4f}, {primary.high:.4f}], p={primary.p_value:.4f})")
+    last = step + 1 == len(cfg.steps)
+    complete = step_canary_n >= cfg.min_samples
+    if complete and not last and primary.low > -regression:
+        return out("advance", f"{cfg.primary} not worse than control by {regression:.4f} ({cfg.detect_regression_sd} sd) "
+                              f"after {step_canary_n} canary outcomes at {weight:.0%} (delta in [{primary.low:.4f}, "
+                              f"{primary.high:.4f}])")
+    unproven = [f"error rate excess {errors.high:.2%} > {margins.error_rate:.2%}" if errors.high > margins.error_rate else "",
+                f"slow share excess {slow.high:.2%} > {margins.slow_share:.2%}" if slow.high > margins.slow_share else "",
+                f"accepted chars delta >= {chars.low:.3f}, allowed -{chars_margin:.3f}"
+                if cfg.primary != "accepted_chars" and chars.low < -chars_margin else ""]
+    unproven = [u for u in unproven if u]
+    if complete and last and primary.better and not unproven:
+        return out("promote", f"{cfg.primary} rose: {primary.canary.mean:.4f} vs {primary.control.mean:.4f} "
+                              f"(delta in [{primary.low:.4f}, {primary.high:.4f}], p={primary.p_value:.4f}); guardrails "
+                              f"non-inferior (accepted chars delta >= {chars.low:.3f}, allowed -{chars_margin:.3f})")
+    pending = (f"{cfg.primary} delta in [{primary.low:.4f}, {primary.high:.4f}], p={primary.p_value:.4f}"
+               + (f"; not shown non-inferior: {'; '.join(unproven)}" if unproven and last else ""))
     if step_elapsed_s >= cfg.max_step_s:
         return out("inconclusive", f"no decision within {cfg.max_step_s:.0f} s at {weight:.0%} "
-                                   f"({step_canary_n} canary outcomes this step, {cfg.primary} p={primary.p_value:.4f})")
-    if step_canary_n >= cfg.min_samples:  # the last step, complete, without a significant improvement yet
-        return out("wait", f"{cfg.primary} not significantly better yet after {step_canary_n} canary outcomes at {weight:.0%} "
-                           f"(delta in [{primary.low:.4f}, {primary.high:.4f}], p={primary.p_value:.4f})")
+                                   f"({step_canary_n} canary outcomes this step, {pending})")
+    if complete:
+        return out("wait", f"undecided after {step_canary_n} canary outcomes at {weight:.0%} ({pending})")
     return out("wait", f"{step_canary_n}/{cfg.min_samples} canary outcomes at {weight:.0%}")
 
 
@@ -190,19 +322,39 @@ class Ramp:
     Only `advance` changes the step; `promote`, `rollback` and `inconclusive` end the ramp.
     """
 
-    def __init__(self, cfg: CanaryConfig, now_s: float):
+    def __init__(self, cfg: CanaryConfig, now_s: float, margins: Margins | None = None):
         self.cfg, self.step, self.step_started_s, self.step_base_n = cfg, 0, now_s, 0
+        self.margins = margins
+        self.step_starts_ms: list[int] = []  # when each step after the first began (Outcome.time_ms clock)
         self.looks: list[Look] = []
+        self._cols: Columns | None = None
+        self._seen: tuple[int, Outcome | None] = (0, None)
 
     @property
     def weight(self) -> float:
         return self.cfg.steps[self.step]
 
-    def observe(self, outcomes: list[Outcome], health: dict[str, ArmHealth], now_s: float, probe_ok: bool = True) -> Look:
-        n_canary = sum(1 for o in outcomes if o.arm == "canary")
-        result = look(self.cfg, self.step, outcomes, n_canary - self.step_base_n, now_s - self.step_started_s, health,
-                      probe_ok)
+    def _columns(self, outcomes: Sequence[Outcome]) -> Columns:
+        # An outcome list that only grew since the last look (as a simulation's does) is converted by its tail.
+        n, last = self._seen
+        if self._cols is not None and 0 < n <= len(outcomes) and outcomes[n - 1] is last:
+            if n < len(outcomes):
+                self._cols = self._cols.extend(Columns(outcomes[n:], self._cols.kinds))
+        else:
+            self._cols = Columns(outcomes)
+        self._seen = (len(outcomes), outcomes[-1] if outcomes else None)
+        return self._cols
+
+    def observe(self, outcomes: Sequence[Outcome], health: dict[str, ArmHealth], now_s: float, probe_ok: bool = True,
+                clock_ms: int | None = None) -> Look:
+        """One look. clock_ms: now on Outcome.time_ms's clock (the step boundary if this look advances);
+        default the latest outcome's time."""
+        cols = self._columns(outcomes)
+        n_canary = int(cols.canary.sum())
+        result = look(self.cfg, self.step, cols, n_canary - self.step_base_n, now_s - self.step_started_s, health,
+                      probe_ok, self.step_starts_ms, self.margins)
         self.looks.append(result)
         if result.action == "advance":
             self.step, self.step_started_s, self.step_base_n = self.step + 1, now_s, n_canary
+            self.step_starts_ms.append(clock_ms if clock_ms is not None else int(cols.time_ms.max(initial=0)) + 1)
         return result

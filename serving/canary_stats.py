@@ -28,6 +28,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 # Below this variance an arm is treated as (nearly) constant; keeps V > 0 for all-equal outcomes.
 _VAR_FLOOR = 1e-9
 
@@ -95,24 +97,186 @@ class Comparison:
                 "low": round(self.low, 5), "high": round(self.high, 5), "p_value": round(self.p_value, 5)}
 
 
-def msprt(metric: str, control: Summary, canary: Summary, alpha: float, mixture_sd: float, min_n: int = 30) -> Comparison:
-    """The mSPRT of H0: equal means, at level alpha, after the outcomes summarised so far (no evidence, and
-    infinite bounds, until both arms have min_n outcomes)."""
-    if not 0 < alpha < 1:
-        raise ValueError(f"alpha must lie in (0, 1), not {alpha}")
-    if mixture_sd <= 0:
-        raise ValueError(f"mixture_sd must be > 0, not {mixture_sd}")
-    delta = canary.mean - control.mean
-    if control.n < max(min_n, 2) or canary.n < max(min_n, 2):
-        return Comparison(metric, control, canary, delta, -math.inf, math.inf, 0.0, 1.0, alpha)
-    n = control.n + canary.n
-    # pooled variance under H0: within-arm sums of squares plus the between-arm part
-    pooled_var = ((control.n - 1) * control.var + (canary.n - 1) * canary.var
-                  + control.n * canary.n / n * delta**2) / (n - 1)
-    pooled_var = max(pooled_var, _VAR_FLOOR)
-    V = pooled_var * (1.0 / control.n + 1.0 / canary.n)
-    tau2 = mixture_sd**2 * pooled_var
+def _test(metric: str, control: Summary, canary: Summary, delta: float, V: float, pooled_var: float, alpha: float,
+          mixture_sd: float) -> Comparison:
+    """The mSPRT of an estimate `delta` with variance `V` (module docstring); tau^2 = mixture_sd^2 * pooled_var."""
+    V = max(V, _VAR_FLOOR)
+    tau2 = mixture_sd**2 * max(pooled_var, _VAR_FLOOR)
     log_lambda = 0.5 * math.log(V / (V + tau2)) + tau2 * delta**2 / (2 * V * (V + tau2))
     half = math.sqrt(2 * V * (V + tau2) / tau2 * (math.log(1 / alpha) + 0.5 * math.log((V + tau2) / V)))
     p_value = min(1.0, math.exp(-log_lambda))
     return Comparison(metric, control, canary, delta, delta - half, delta + half, log_lambda, p_value, alpha)
+
+
+def _check(alpha: float, mixture_sd: float) -> None:
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must lie in (0, 1), not {alpha}")
+    if mixture_sd <= 0:
+        raise ValueError(f"mixture_sd must be > 0, not {mixture_sd}")
+
+
+def pooled(control: Summary, canary: Summary) -> Summary:
+    """Both arms as one sample: its variance is the variance under H0 (within-arm plus between-arm parts)."""
+    n = control.n + canary.n
+    if n == 0:
+        return Summary(0, 0.0, 0.0)
+    mean = (control.n * control.mean + canary.n * canary.mean) / n
+    if n < 2:
+        return Summary(n, mean, 0.0)
+    delta = canary.mean - control.mean
+    var = ((max(control.n - 1, 0)) * control.var + (max(canary.n - 1, 0)) * canary.var
+           + control.n * canary.n / n * delta**2) / (n - 1)
+    return Summary(n, mean, var)
+
+
+def msprt(metric: str, control: Summary, canary: Summary, alpha: float, mixture_sd: float, min_n: int = 30) -> Comparison:
+    """The mSPRT of H0: equal means, at level alpha, after the outcomes summarised so far (no evidence, and
+    infinite bounds, until both arms have min_n outcomes)."""
+    _check(alpha, mixture_sd)
+    delta = canary.mean - control.mean
+    if control.n < max(min_n, 2) or canary.n < max(min_n, 2):
+        return Comparison(metric, control, canary, delta, -math.inf, math.inf, 0.0, 1.0, alpha)
+    var = pooled(control, canary).var
+    return _test(metric, control, canary, delta, var * (1.0 / control.n + 1.0 / canary.n), var, alpha, mixture_sd)
+
+
+def stratified_msprt(metric: str, strata: Sequence[tuple[Summary, Summary]], alpha: float, mixture_sd: float,
+                     min_n: int = 30, min_stratum_n: int = 2) -> Comparison:
+    """The mSPRT of H0: equal means in every stratum, on the precision-weighted average of the per-stratum
+    differences (Cochran's combination):
+
+        delta = sum_s delta_s / V_s / sum_s 1 / V_s,     V = 1 / sum_s 1 / V_s,
+        V_s   = s_s^2 (1 / n_control,s + 1 / n_canary,s)  (s_s^2 pooled within stratum s, under H0)
+
+    Strata differ in their means (request kinds, ramp steps): pooling them adds the between-strata spread to
+    the noise, and a stratum whose share of one arm grows over the ramp (the canary's weight rises) biases a
+    pooled difference by any trend over time. Within a stratum the arms are comparable. The statistic
+    delta / V is a sum of independent per-outcome terms with fixed weights (given the variances), so the
+    normal-mixture martingale of `msprt` applies to it unchanged. A stratum with fewer than min_stratum_n
+    outcomes in an arm carries no within-stratum comparison and is left out until it has them. tau is in
+    units of the overall pooled standard deviation, as in `msprt`. `control`/`canary` of the result summarise
+    all outcomes (for reports); delta and its bounds are the stratified ones."""
+    _check(alpha, mixture_sd)
+    control = _merge([c for c, _ in strata])
+    canary = _merge([k for _, k in strata])
+    used = [(c, k) for c, k in strata if c.n >= max(min_stratum_n, 2) and k.n >= max(min_stratum_n, 2)]
+    if control.n < max(min_n, 2) or canary.n < max(min_n, 2) or not used:
+        return Comparison(metric, control, canary, canary.mean - control.mean, -math.inf, math.inf, 0.0, 1.0, alpha)
+    precision, score = 0.0, 0.0
+    for c, k in used:
+        v = max(pooled(c, k).var, _VAR_FLOOR) * (1.0 / c.n + 1.0 / k.n)
+        precision += 1.0 / v
+        score += (k.mean - c.mean) / v
+    return _test(metric, control, canary, score / precision, 1.0 / precision, pooled(control, canary).var, alpha,
+                 mixture_sd)
+
+
+def _merge(parts: Sequence[Summary]) -> Summary:
+    """One summary of several samples (exact: counts, means and sums of squares add up)."""
+    n = sum(p.n for p in parts)
+    if n == 0:
+        return Summary(0, 0.0, 0.0)
+    mean = math.fsum(p.n * p.mean for p in parts) / n
+    ss = math.fsum(max(p.n - 1, 0) * p.var + p.n * (p.mean - mean) ** 2 for p in parts)
+    return Summary(n, mean, ss / (n - 1) if n > 1 else 0.0)
+
+
+def cuped(values: Sequence[float] | np.ndarray, covariates: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Values adjusted by a covariate measured before the experiment (CUPED: Deng, Xu, Kohavi, Walker,
+    "Improving the Sensitivity of Online Controlled Experiments by Utilizing Pre-Experiment Data", WSDM 2013):
+
+        y' = y - theta (x - mean(x)),   theta = cov(x, y) / var(x), over both arms together
+
+    x cannot depend on the arm (it was fixed before the ramp), so y' has the arms' difference of y and a
+    variance smaller by the share of y's variance that x explains. theta comes from the data; with it
+    estimated from both arms alike the adjusted difference stays consistent, and the always-valid property
+    carries over asymptotically (Lindon, Ham, Tingley, Malek, "Anytime-Valid Linear Models and Regression
+    Adjusted Causal Inference in Randomized Experiments", 2022). Missing covariates (NaN: a user with no
+    history) are set to the mean, i.e. their values are left as they are. Fewer than 3 known covariates, or
+    a constant one: the values unchanged."""
+    y = np.asarray(values, dtype=float)
+    x = np.asarray(covariates, dtype=float)
+    known = ~np.isnan(x)
+    if known.sum() < 3:
+        return y.copy()
+    xk, yk = x[known], y[known]
+    dx = xk - xk.mean()
+    vx = float(dx @ dx)
+    if vx <= _VAR_FLOOR:
+        return y.copy()
+    theta = float(dx @ (yk - yk.mean())) / vx
+    out = y.copy()
+    out[known] = yk - theta * dx
+    return out
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What one canary step needs, from the test's boundary (a power calculation in requests, both arms)."""
+
+    weight: float  # the canary's share of requests
+    effect_sd: float  # the regression the step must decide, in pooled standard deviations of the metric
+    detect_requests: int  # requests until a regression of effect_sd is rolled back with probability >= power
+    clear_requests: int  # requests until an unchanged canary is shown not to regress by effect_sd (median)
+
+    @property
+    def detect_canary(self) -> int:
+        return math.ceil(self.weight * self.detect_requests)
+
+
+def _half_width_sd(n: float, weight: float, alpha: float, mixture_sd: float) -> tuple[float, float]:
+    """(sqrt(V), half-width of the confidence sequence) in pooled standard deviations after n requests."""
+    v = 1.0 / (n * weight * (1 - weight))  # V / s^2 with n_canary = weight n, n_control = (1 - weight) n
+    t2 = mixture_sd**2
+    return math.sqrt(v), math.sqrt(2 * v * (v + t2) / t2 * (math.log(1 / alpha) + 0.5 * math.log((v + t2) / v)))
+
+
+def _smallest_n(ok) -> int:
+    hi = 16
+    while not ok(hi):
+        hi *= 2
+        if hi > 10**12:
+            raise ValueError("no sample size reaches the target")
+    lo = hi // 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return hi
+
+
+def plan_step(weight: float, effect_sd: float, alpha: float, mixture_sd: float, power: float = 0.8) -> StepPlan:
+    """The requests a step at `weight` needs to decide a regression of `effect_sd` pooled standard deviations:
+
+    * detect: the estimate z = delta / sqrt(V) is N(effect_sd / sqrt(V / s^2), 1); the test has rejected once
+      |z| >= its boundary, i.e. once the half-width falls below |delta|. Counting only the final look
+      (a sequential test may also stop earlier), the smallest n with P(upper bound < 0) >= power.
+    * clear: the smallest n whose half-width is below effect_sd, so that an unchanged canary's lower bound
+      passes -effect_sd in about half the runs: when the step can advance.
+    Both ignore variance reduction (stratification, CUPED), which only shortens them."""
+    _check(alpha, mixture_sd)
+    if not 0 < weight < 1 or effect_sd <= 0 or not 0 < power < 1:
+        raise ValueError(f"need weight in (0, 1), effect_sd > 0, power in (0, 1): {weight}, {effect_sd}, {power}")
+
+    def detects(n: int) -> bool:
+        sd, half = _half_width_sd(n, weight, alpha, mixture_sd)
+        return _normal_cdf((effect_sd - half) / sd) >= power
+
+    def clears(n: int) -> bool:
+        return _half_width_sd(n, weight, alpha, mixture_sd)[1] <= effect_sd
+
+    return StepPlan(weight, effect_sd, _smallest_n(detects), _smallest_n(clears))
+
+
+def _normal_cdf(x: float) -> float:
+    return 0.5 * (1 + math.erf(x / math.sqrt(2)))
+
+
+def fit_mixture_sd(effects: Sequence[tuple[float, float]], floor: float = 0.05) -> float:
+    """The N(0, tau^2) mixture fitted to effects seen before: `effects` are (delta, V) of past canaries, each in
+    pooled standard deviations (delta / s, V / s^2). Each delta ~ N(0, tau^2 + V) under the prior, so the
+    method-of-moments fit is tau^2 = mean(delta^2 - V); at least `floor` (no effect seen yet still leaves the
+    test some width to look for one). Johari et al. recommend matching tau to the effects one expects."""
+    if not effects:
+        raise ValueError("fit_mixture_sd needs at least one past effect")
+    tau2 = math.fsum(d * d - v for d, v in effects) / len(effects)
+    return max(math.sqrt(max(tau2, 0.0)), floor)

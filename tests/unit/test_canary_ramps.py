@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from data_contracts.rewards import RewardRule
-from serving.canary_policy import CanaryConfig
-from sim.canary_outcomes import ArmModel, RampResult, _serve, run_ramp
+from serving.canary_policy import CanaryConfig, look
+from sim.canary_outcomes import ArmModel, Population, RampResult, _serve, run_ramp, sample
 
 RATE_RPS = 20.0  # assumed traffic; looks every 100 requests = the default poll_s (5 s) at this rate
 BASE = ArmModel(accept_p=0.3)
@@ -47,9 +47,10 @@ def test_simulator_is_seeded_and_follows_routing_errors_and_the_reward_rule() ->
 
 # --- A/A: both arms identical ---------------------------------------------------------------------
 
-# step 0 needs ~1000 requests (50 s) on average; 90 s leaves 5 sd of room, and ends the last step.
+# step 0 needs ~1000 requests (50 s) on average; 90 s leaves 5 sd of room, and ends the last step. A step
+# advances once a 0.8-sd regression is excluded (~40 canary outcomes at 5%), so the A/A ramps walk every step.
 # With min_samples=50 the latency guardrail judges the canary's p99 from 50 outcomes on (their maximum).
-AA_CFG = CanaryConfig(min_samples=50, max_step_s=90.0)
+AA_CFG = CanaryConfig(min_samples=50, max_step_s=90.0, detect_regression_sd=0.8)
 AA_RAMPS = 200
 
 
@@ -86,6 +87,33 @@ def test_aa_ramps_end_inconclusive_after_walking_every_step_otherwise(aa: list[R
     assert n["inconclusive"] > 0.75 * AA_RAMPS, n
 
 
+# --- A/A on users who differ: sticky arms cluster outcomes by user; strata and CUPED adjust -------------
+
+HETERO = Population(user_spread=0.5, kinds=(("line_start", 0.5, 0.5), ("mid_line", 0.5, 1.5)), history_requests=18.0)
+
+
+def test_aa_false_alarms_within_alpha_with_strata_cuped_and_clustered_users() -> None:
+    """4,000 users, each accepting at its own rate (x Gamma(cv 0.5)) and sticking to its arm, two request kinds,
+    18 outcomes each before the ramp: the adjusted test still spends at most alpha."""
+    results = [run_ramp(AA_CFG, (BASE, BASE), seed, RATE_RPS, 100, 10**6, users=4000, population=HETERO)
+               for seed in range(AA_RAMPS)]
+    n = count(results)
+    assert n["rollback"] + n["promote"] <= AA_CFG.alpha * AA_RAMPS, n
+    assert n["inconclusive"] > 0.75 * AA_RAMPS, n
+
+
+def test_strata_and_cuped_narrow_the_interval_on_users_who_differ() -> None:
+    outs = sample((BASE, BASE), 0.5, 20_000, 3, users=4000, population=HETERO)
+    cfg = CanaryConfig()
+    half = {}
+    for adjust in (False, True):
+        c = cfg.model_copy(update={"stratify": adjust, "cuped": adjust})
+        r = look(c, 2, outs, 0, 0.0, {}).comparisons["reward"]
+        half[adjust] = r.high - r.delta
+    assert half[True] ** 2 < 0.85 * half[False] ** 2, half  # ~0.77 of the variance (bench/canary.py variance_ratio)
+    assert {o.kind for o in outs} == {"line_start", "mid_line"} and any(o.history for o in outs)
+
+
 # --- a degraded canary: accept rate 0.3 -> 0.12 (-60%) ------------------------------------------
 
 def test_degraded_canary_is_rolled_back_at_the_first_step() -> None:
@@ -105,11 +133,22 @@ def test_degraded_canary_is_rolled_back_at_the_first_step() -> None:
 # --- a better canary: accept rate 0.3 -> 0.4 ------------------------------------------------------
 
 def test_better_canary_is_promoted_through_every_step() -> None:
-    cfg = CanaryConfig(min_samples=100, max_step_s=150.0)
+    cfg = CanaryConfig(min_samples=100, max_step_s=300.0)
     results = ramps(cfg, ArmModel(accept_p=0.4), range(50), look_every=100)
     promoted = [r for r in results if r.action == "promote" and r.step == len(cfg.steps) - 1]
     assert len(promoted) >= 0.8 * len(results), Counter((r.action, r.step, r.reason[:24]) for r in results)
     assert all("reward rose" in r.reason for r in promoted)
+
+
+# --- better on reward, worse on accepted characters: never promoted ---------------------------------------
+
+def test_a_canary_better_on_reward_but_worse_on_accepted_chars_is_never_promoted() -> None:
+    """10% more accepts (reward +0.03 per request) of suggestions 27% shorter: accepted characters per request
+    fall 20%. The reward test alone would promote it; the guardrail's non-inferiority requirement never lets it."""
+    cfg = CanaryConfig(max_step_s=600.0)
+    results = ramps(cfg, ArmModel(0.33, mean_chars=17.45), range(20), look_every=100)
+    assert not any(r.action == "promote" for r in results), Counter((r.action, r.reason[:30]) for r in results)
+    assert sum(r.action == "rollback" and "accepted chars per request fell" in r.reason for r in results) >= 18
 
 
 # --- a canary that has learned silence: the collapse the accepted-characters guardrail exists for ----------

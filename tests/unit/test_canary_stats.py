@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from serving.canary_policy import ArmHealth, CanaryConfig, Outcome, Ramp, look
-from serving.canary_stats import Summary, msprt
+from serving.canary_policy import ArmHealth, CanaryConfig, Margins, Outcome, Ramp, look
+from serving.canary_stats import Summary, cuped, fit_mixture_sd, msprt, plan_step, stratified_msprt
 
 ALPHA = 0.05
 
@@ -81,6 +81,91 @@ def test_too_few_outcomes_decide_nothing_and_bad_parameters_are_refused() -> Non
         msprt("reward", Summary(9, 0, 1), Summary(9, 0, 1), ALPHA, 0.0)
 
 
+# --- stratification, CUPED, the power plan, the fitted mixture --------------------------------------
+
+def test_one_stratum_is_the_plain_test() -> None:
+    control, canary = Summary(800, 0.30, 0.21), Summary(400, 0.36, 0.23)
+    plain, strat = msprt("r", control, canary, ALPHA, 0.2), stratified_msprt("r", [(control, canary)], ALPHA, 0.2)
+    assert strat.delta == pytest.approx(plain.delta) and strat.low == pytest.approx(plain.low)
+    assert strat.log_lambda == pytest.approx(plain.log_lambda)
+
+
+def test_strata_remove_the_spread_between_kinds_and_the_bias_of_a_trend() -> None:
+    """Two kinds accepted at 10% and 50%: within kinds the arms are equal. Pooled, the spread between kinds is noise;
+    and when the canary's share of the two kinds differs (its weight rose while the mix changed), the pooled
+    difference is biased: here the pooled test calls an equal canary worse; the stratified one does not."""
+    rng = np.random.default_rng(5)
+    low_c, low_k = bernoulli(rng, 0.1, 4000), bernoulli(rng, 0.1, 3000)  # the canary got more of the hard kind
+    high_c, high_k = bernoulli(rng, 0.5, 4000), bernoulli(rng, 0.5, 500)
+    from serving.canary_stats import _merge
+    pooled = msprt("a", _merge([low_c, high_c]), _merge([low_k, high_k]), ALPHA, 0.2)
+    strat = stratified_msprt("a", [(low_c, low_k), (high_c, high_k)], ALPHA, 0.2)
+    assert pooled.worse and pooled.delta < -0.1  # Simpson's paradox
+    assert not strat.significant and abs(strat.delta) < 0.03 and strat.low < 0 < strat.high
+    # the summaries reported are every outcome of each arm
+    assert (strat.control.n, strat.canary.n) == (8000, 3500)
+
+
+def test_a_thin_stratum_waits_until_both_arms_have_outcomes_in_it() -> None:
+    full = (Summary(500, 0.3, 0.21), Summary(500, 0.3, 0.21))
+    thin = (Summary(500, 0.9, 0.09), Summary(3, 0.0, 0.0))
+    alone = stratified_msprt("a", [full], ALPHA, 0.2, min_stratum_n=10)
+    both = stratified_msprt("a", [full, thin], ALPHA, 0.2, min_stratum_n=10)
+    # the thin stratum's 0.9 vs 0.0 does not enter the difference (tau, from all outcomes, moves the bounds a little)
+    assert both.delta == pytest.approx(alone.delta) and both.high == pytest.approx(alone.high, rel=0.01)
+    assert both.canary.n == 503
+
+
+def test_cuped_keeps_the_difference_and_removes_what_history_explains() -> None:
+    rng = np.random.default_rng(6)
+    n = 4000
+    skill = rng.normal(0, 1, n)  # a user's propensity, seen in the history and in the outcome
+    history = skill + rng.normal(0, 0.5, n)
+    canary = rng.random(n) < 0.5
+    y = skill + 0.1 * canary + rng.normal(0, 1, n)
+    adjusted = cuped(y, history)
+    raw_delta = y[canary].mean() - y[~canary].mean()
+    adj_delta = adjusted[canary].mean() - adjusted[~canary].mean()
+    assert abs(adj_delta - 0.1) < abs(raw_delta - 0.1) + 0.02 and abs(adj_delta - 0.1) < 0.06
+    assert adjusted.var() < 0.65 * y.var()  # R^2 = 1 / (1 + 0.25) * 1 / 2 ~ 0.4
+    missing = history.copy()
+    missing[:100] = np.nan
+    partly = cuped(y, missing)
+    assert np.array_equal(partly[:100], y[:100]) and partly[100:].var() < y[100:].var()
+    assert np.array_equal(cuped(y, np.full(n, 2.0)), y)  # a constant covariate explains nothing
+    assert np.array_equal(cuped(y[:2], history[:2]), y[:2])  # too few to fit
+
+
+def test_the_power_plan_matches_the_simulated_test() -> None:
+    """plan_step's detect_requests: the requests at which a regression of effect_sd is rolled back with >= 80%
+    probability. Checked by sampling the test's statistic at that n (the final look alone: a conservative count)."""
+    cfg = CanaryConfig()
+    plan = plan_step(0.05, 0.13, cfg.alpha / 2, cfg.mixture_sd)
+    assert plan.weight == 0.05 and plan.clear_requests < plan.detect_requests
+    assert plan_step(0.5, 0.13, cfg.alpha / 2, cfg.mixture_sd).detect_requests < plan.detect_requests / 5
+    rng = np.random.default_rng(7)
+    n_k = plan.detect_canary
+    n_c = plan.detect_requests - n_k
+    rolled = 0
+    for _ in range(400):
+        control = Summary(n_c, float(rng.normal(0.0, 1 / math.sqrt(n_c))), 1.0)
+        canary = Summary(n_k, float(rng.normal(-0.13, 1 / math.sqrt(n_k))), 1.0)
+        rolled += msprt("r", control, canary, cfg.alpha / 2, cfg.mixture_sd).worse
+    assert 0.74 <= rolled / 400 <= 0.9, rolled
+    assert [p.weight for p in cfg.plan()] == cfg.steps
+    with pytest.raises(ValueError, match="weight"):
+        plan_step(1.0, 0.13, 0.025, 0.2)
+
+
+def test_the_mixture_is_fitted_to_past_effects() -> None:
+    rng = np.random.default_rng(8)
+    effects = [(float(rng.normal(0, math.sqrt(0.15**2 + 0.01))), 0.01) for _ in range(2000)]
+    assert fit_mixture_sd(effects) == pytest.approx(0.15, abs=0.015)
+    assert fit_mixture_sd([(0.0, 0.01)]) == 0.05  # no effect seen: the floor
+    with pytest.raises(ValueError, match="at least one"):
+        fit_mixture_sd([])
+
+
 # --- CanaryConfig --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("steps", [[], [0.25, 0.05], [0.05, 0.05, 0.5], [0.05, 1.0], [0.0, 0.5]])
@@ -91,14 +176,17 @@ def test_steps_must_be_increasing_shares_strictly_inside_0_1(steps: list[float])
 
 def test_config_defaults_and_typos() -> None:
     cfg = CanaryConfig()
-    assert (cfg.steps, cfg.min_samples, cfg.alpha, cfg.primary) == ([0.05, 0.25, 0.5], 200, 0.05, "reward")
+    assert (cfg.steps, cfg.min_samples, cfg.alpha, cfg.primary) == ([0.05, 0.25, 0.5], 100, 0.05, "reward")
+    assert (cfg.margins.accepted_chars, cfg.margins.error_rate, cfg.margins.slow_share) == (0.05, 0.02, 0.01)
     with pytest.raises(ValidationError, match="min_sample"):
         CanaryConfig(min_sample=100)  # extra keys are typos
 
 
 # --- look(): guardrails, primary, step end --------------------------------------------------------
 
-CFG = CanaryConfig(min_samples=200, max_step_s=600)
+# A step advances once a regression of 0.5 sd is excluded: 300 canary against 1,000 control outcomes do that
+# (half-width ~0.21 sd); the default 0.13 sd needs far more (test_a_step_advances_only_once_the_regression_is_excluded).
+CFG = CanaryConfig(min_samples=200, max_step_s=600, detect_regression_sd=0.5)
 
 
 def outcomes(arm: str, n: int, accept_every: int = 10, accepts_per: int = 3, chars: float = 20.0,
@@ -114,6 +202,9 @@ def outcomes(arm: str, n: int, accept_every: int = 10, accepts_per: int = 3, cha
 
 SAME = outcomes("control", 1000) + outcomes("canary", 300)
 HEALTHY = {"control": ArmHealth(1000, 10), "canary": ArmHealth(300, 3)}
+# Promotion needs the error-rate excess shown under its 2% margin: 3 errors in 300 requests leave it possible
+# (upper bound ~2.4%), none in 300 against none in 1,000 do not.
+CLEAN = {"control": ArmHealth(1000), "canary": ArmHealth(300)}
 
 
 def test_equal_arms_advance_once_the_step_is_complete() -> None:
@@ -135,6 +226,10 @@ def test_error_rate_guardrail() -> None:
     assert within.action == "advance"  # 2.7% vs 1%: inside the +2% allowance
     unsure = look(CFG, 0, SAME, 300, 60.0, {"control": ArmHealth(1000, 10), "canary": ArmHealth(300, 15)})
     assert unsure.action == "advance"  # 5% vs 1%: above the allowance, but not with always-valid confidence
+    # ... and at the last step, that uncertainty blocks a promotion: the excess is not shown under the margin
+    better = outcomes("control", 1000) + outcomes("canary", 300, accepts_per=5)
+    held = look(CFG, 2, better, 300, 60.0, {"control": ArmHealth(1000, 10), "canary": ArmHealth(300, 15)})
+    assert held.action == "wait" and "not shown non-inferior: error rate excess" in held.reason, held.reason
     few = look(CFG, 0, SAME, 100, 60.0, {"control": ArmHealth(1000, 10), "canary": ArmHealth(20, 10)})
     assert few.action != "rollback"  # fewer than min_test_samples canary requests: not judged yet
 
@@ -175,11 +270,39 @@ def test_primary_fell_rolls_back() -> None:
     assert res.action == "rollback" and res.reason.startswith("reward fell: -0.1500 vs 0.0500")
 
 
+def test_a_step_advances_only_once_the_regression_is_excluded() -> None:
+    """With the default detect_regression_sd (0.13 sd), 300 equal canary outcomes leave a regression that size
+    possible (half-width ~0.21 sd): the step waits. 3,000 against 9,000 exclude it (~0.07 sd)."""
+    cfg = CanaryConfig()
+    few = look(cfg, 0, SAME, 300, 60.0, HEALTHY)
+    assert few.action == "wait" and few.reason.startswith("undecided after 300 canary outcomes at 5%"), few.reason
+    assert few.margins["reward"] == pytest.approx(0.13 * math.sqrt(few.comparisons["reward"].control.var), rel=0.01)
+    many = outcomes("control", 9000) + outcomes("canary", 3000)
+    res = look(cfg, 0, many, 3000, 60.0, {"control": ArmHealth(9000), "canary": ArmHealth(3000)})
+    assert res.action == "advance" and res.reason.startswith("reward not worse than control by 0.0596 (0.13 sd)"), res.reason
+
+
+def test_promotion_needs_every_guardrail_shown_non_inferior() -> None:
+    """Reward clearly up (50% vs 30% accepted) with suggestions a third the length: accepted characters per request
+    fall from 6.0 to 3.5. Not enough to be shown worse by more than the 5% margin at first, and never shown within it:
+    no promotion, ever; with more data the loss is shown and the ramp rolls back."""
+    short = outcomes("control", 1000) + outcomes("canary", 300, accepts_per=5, chars=7.0)
+    res = look(CFG, 2, short, 300, 60.0, HEALTHY)
+    assert res.comparisons["reward"].better and res.action != "promote", res.reason
+    chars = res.comparisons["accepted_chars"]
+    assert res.action == "rollback" or "not shown non-inferior: accepted chars" in res.reason, res.reason
+    assert chars.low < -res.margins["accepted_chars"] and res.margins["accepted_chars"] == pytest.approx(0.05 * 6.0)
+    # a model that tolerates a larger loss (its own margins) promotes the same canary
+    loose = look(CFG, 2, short, 300, 60.0, CLEAN, margins=Margins(accepted_chars=0.9))
+    assert loose.action == "promote" and "guardrails non-inferior" in loose.reason, loose.reason
+
+
 def test_promotion_needs_the_last_step_and_a_significant_improvement() -> None:
     better = outcomes("control", 1000) + outcomes("canary", 300, accepts_per=5)  # 50% vs 30% accepted
     assert look(CFG, 1, better, 300, 60.0, HEALTHY).action == "advance"  # not the last step
     assert look(CFG, 2, better, 150, 60.0, HEALTHY).action == "wait"  # last step, not complete
-    res = look(CFG, 2, better, 300, 60.0, HEALTHY)
+    assert look(CFG, 2, better, 300, 60.0, HEALTHY).action == "wait"  # 1% errors: the 2% margin not shown yet
+    res = look(CFG, 2, better, 300, 60.0, CLEAN)
     assert res.action == "promote" and res.reason.startswith("reward rose: 0.2500 vs 0.0500")
 
 
@@ -213,7 +336,7 @@ def test_ramp_advances_per_complete_step_then_promotes_or_times_out() -> None:
     assert ramp.observe(control + outcomes("canary", 600), HEALTHY, 640.0).action == "inconclusive"
     assert [lk.step for lk in ramp.looks] == [0, 0, 1, 1, 2, 2] and ramp.step == 2
 
-    winner = Ramp(CFG, now_s=0.0)
+    winner, clean = Ramp(CFG, now_s=0.0), {"control": ArmHealth(2000), "canary": ArmHealth(600)}
     for n in (200, 400):
-        assert winner.observe(control + outcomes("canary", n, accepts_per=5), HEALTHY, n / 10).action == "advance"
-    assert winner.observe(control + outcomes("canary", 600, accepts_per=5), HEALTHY, 60.0).action == "promote"
+        assert winner.observe(control + outcomes("canary", n, accepts_per=5), clean, n / 10).action == "advance"
+    assert winner.observe(control + outcomes("canary", 600, accepts_per=5), clean, 60.0).action == "promote"
