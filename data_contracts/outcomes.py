@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from data_contracts.rewards import RewardRule
 from data_contracts.scope import floor_hour, parse_key
-from serving.canary_policy import Outcome
+from serving.canary_policy import History, Outcome
 from serving.wal import segment_opened_ms
 from tidal.store import ObjectStore
 
@@ -60,10 +60,18 @@ class LogReader:
         return pa.concat_tables(list(seen.values())) if seen else None
 
 
+def request_kind(prompt_text: str) -> str:
+    """A Tab request's kind, a stratum of the canary's comparison: 'line_start' when only indentation precedes
+    the cursor on its line (the next statement is to be guessed), else 'mid_line' (a line is to be finished)."""
+    return "mid_line" if prompt_text.rsplit("\n", 1)[-1].strip() else "line_start"
+
+
 def read_outcomes(logs: LogReader, versions: dict[str, int], rule: RewardRule, feedback_wait_s: float,
-                  now_ms: int) -> list[Outcome]:
-    """Resolved outcomes of requests to `versions` ({"control": v, "canary": w}) served since the reader's start."""
-    done = logs.table("completions", ["request_id", "time_ms", "version", "arm", "completion_text", "latency_ms"])
+                  now_ms: int, history: dict[str, History] | None = None, until_ms: int | None = None) -> list[Outcome]:
+    """Resolved outcomes of requests to `versions` ({"control": v, "canary": w}) served since the reader's start
+    (and before until_ms, if given), each with its request kind, its user, and that user's `history`."""
+    done = logs.table("completions", ["request_id", "time_ms", "version", "arm", "completion_text", "latency_ms",
+                                      "prompt_text", "user_hash"])
     if done is None or done.num_rows == 0:
         return []
     fb = logs.table("feedback", ["request_id", "time_ms", "event", "accepted_chars"])
@@ -76,7 +84,7 @@ def read_outcomes(logs: LogReader, versions: dict[str, int], rule: RewardRule, f
     wait_ms = int(feedback_wait_s * 1000)
     rows, picked = done.to_pylist(), []
     for r in rows:
-        if versions.get(r["arm"]) != r["version"]:
+        if versions.get(r["arm"]) != r["version"] or (until_ms is not None and r["time_ms"] >= until_ms):
             continue
         verdict = verdicts.get(r["request_id"])
         if verdict is None and r["completion_text"] and now_ms - r["time_ms"] < wait_ms:
@@ -91,6 +99,8 @@ def read_outcomes(logs: LogReader, versions: dict[str, int], rule: RewardRule, f
     kept = np.where(events == "accepted", np.where(np.isnan(chars), lengths, chars),
                     np.where(events == "partial", np.nan_to_num(chars), 0.0))
     kept = np.clip(kept, 0, lengths)
+    history = history or {}
     return [Outcome(arm=r["arm"], reward=float(rw), accepted=float(ev == "accepted"), accepted_chars=float(k),
-                    latency_ms=float(r["latency_ms"]), time_ms=int(r["time_ms"]))
+                    latency_ms=float(r["latency_ms"]), time_ms=int(r["time_ms"]), kind=request_kind(r["prompt_text"]),
+                    history=history.get(r["user_hash"]), user=r["user_hash"])
             for (r, _), rw, ev, k in zip(picked, rewards, events, kept)]

@@ -38,7 +38,7 @@ def promote(model: str = "tab", candidate: str = "@candidate", require_gate: boo
     span_s = settings.gateway.logsink.segment_max_age_s + 60
     try:
         look = run_canary(release, cfg, routes, fleet, registry, store, settings.collect.rule_for(model), gateway_url,
-                          log_segment_span_s=span_s)
+                          log_segment_span_s=span_s, margins=settings.model(model).canary_margins)
         if look.action == "inconclusive" and cfg.on_inconclusive == "ask":
             # the pause holds the canary as it is: the watchdog waits as long as a human may take, and a bit more
             routes.watch(model, release.candidate.version, cfg.approval_timeout_s + cfg.watchdog_s)

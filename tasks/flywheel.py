@@ -10,6 +10,7 @@ from prefect import task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from serving.canary_report import CanaryRecord, canary_key
 from tidal.registry import Registry
 from tidal.store import ObjectStore, get_json, put_json
 from training.reward_data import load_dataset
@@ -31,6 +32,7 @@ class CycleReport:
     reason: str = ""
     champion_after: int = 0
     served: dict[int, dict[str, float]] = field(default_factory=dict)  # version → METRICS over the dataset's rows
+    canary: dict | None = None  # the candidate's CanaryRecord (serving/canary_report.py), if it had a canary
 
     def row(self) -> dict:
         champ = self.served.get(self.champion_before, {})
@@ -73,9 +75,13 @@ def open_cycle(registry: Registry, store: ObjectStore, model: str, cycle: int, d
 
 
 @task(cache_policy=NO_CACHE)
-def close_cycle(registry: Registry, report: CycleReport, decision: str, reason: str = "") -> CycleReport:
-    """Records the decision and the champion after it; a release's reason comes from the candidate's audit tags."""
+def close_cycle(registry: Registry, report: CycleReport, decision: str, reason: str = "",
+                store: ObjectStore | None = None) -> CycleReport:
+    """Records the decision and the champion after it; a release's reason comes from the candidate's audit tags,
+    its canary's step table from the store."""
     report.decision = decision
+    if store is not None and report.candidate is not None and store.exists(key := canary_key(report.model, report.candidate)):
+        report.canary = CanaryRecord.model_validate(get_json(store, key)).model_dump(mode="json")
     if not reason and report.candidate is not None:
         audit = registry.get(report.model, report.candidate).tags.get(f"tidal.release.{decision}")
         reason = json.loads(audit).get("reason", "") if audit else ""

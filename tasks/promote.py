@@ -19,11 +19,12 @@ from prefect.cache_policies import NO_CACHE
 
 from data_contracts.outcomes import LogReader, read_outcomes
 from data_contracts.rewards import RewardRule
-from serving.canary_policy import ArmHealth, CanaryConfig, Look, Ramp
+from serving.canary_policy import ArmHealth, CanaryConfig, History, Look, Margins, Ramp, histories
+from serving.canary_report import canary_key, canary_record
 from serving.client import FleetClient, RoutesClient
 from tasks.live_state import LiveState, reconcile
 from tidal.registry import Registry, VersionInfo
-from tidal.store import ObjectStore
+from tidal.store import ObjectStore, put_json
 
 
 class ReleaseError(RuntimeError):
@@ -176,35 +177,71 @@ def canary_arm(routes: RoutesClient, model: str) -> dict | None:
     return next((a for a in arms if a["name"] == "canary"), None)
 
 
+def user_histories(store: ObjectStore, model: str, champion: int, cfg: CanaryConfig, rule: RewardRule, start_ms: int,
+                   log_segment_span_s: float | None) -> dict[str, History]:
+    """Each user's outcomes of the champion in the history_s before the canary started: CUPED's covariates."""
+    if not cfg.cuped or cfg.history_s <= 0:
+        return {}
+    since = start_ms - int(cfg.history_s * 1000)
+    before = read_outcomes(LogReader(store, model, since, log_segment_span_s), {"control": champion}, rule,
+                           cfg.feedback_wait_s, start_ms, until_ms=start_ms)
+    return histories(before)
+
+
+def log_plan(cfg: CanaryConfig, history: dict[str, History], log) -> None:
+    """The power calculation of every step, and the traffic it assumes, in the flow's log."""
+    rate = sum(h.n for h in history.values()) / cfg.history_s if history else None
+    for w, p in zip(cfg.steps, cfg.plan()):
+        when = f" (~{p.detect_requests / rate:.0f} s at the last hour's {rate:.1f} requests/s)" if rate else ""
+        log.info("step at %.0f%%: a %.2f-sd regression of %s is rolled back within %d requests (80%% power)%s; an "
+                 "unchanged candidate clears it after ~%d", w * 100, cfg.detect_regression_sd, cfg.primary,
+                 p.detect_requests, when, p.clear_requests)
+    if rate and cfg.plan()[0].detect_requests / rate > cfg.max_step_s:
+        log.warning("at %.1f requests/s the first step cannot decide a %.2f-sd regression within max_step_s=%.0f s: "
+                    "raise canary.max_step_s or canary.steps[0], or accept an inconclusive first step",
+                    rate, cfg.detect_regression_sd, cfg.max_step_s)
+
+
 @task(cache_policy=NO_CACHE)
 def run_canary(release: Release, cfg: CanaryConfig, routes: RoutesClient, fleet: FleetClient, registry: Registry,
-               store: ObjectStore, rule: RewardRule, gateway_url: str, log_segment_span_s: float | None = None) -> Look:
+               store: ObjectStore, rule: RewardRule, gateway_url: str, log_segment_span_s: float | None = None,
+               margins: Margins | None = None) -> Look:
     """Walk the ramp until it promotes, rolls back or is inconclusive; one look every poll_s. log_segment_span_s:
-    the longest a gateway log segment stays open, with slack (LogReader skips segments closed before the start)."""
+    the longest a gateway log segment stays open, with slack (LogReader skips segments closed before the start).
+    margins: the model's guardrail margins (default cfg.margins). The step table goes to the store (canary_key)."""
     log = get_run_logger()
     model, cand, champ = release.model, release.candidate, release.champion
     versions = {"control": champ.version, "canary": cand.version}
     start_ms, base = now_ms(), arm_counters(gateway_url, model)
-    ramp, logs = Ramp(cfg, time.monotonic()), LogReader(store, model, start_ms, log_segment_span_s)
+    history = user_histories(store, model, champ.version, cfg, rule, start_ms, log_segment_span_s)
+    log_plan(cfg, history, log)
+    ramp, logs = Ramp(cfg, time.monotonic(), margins), LogReader(store, model, start_ms, log_segment_span_s)
     route_when_served(routes, model, cand.version, ramp.weight, f"canary step 1 at {ramp.weight:.0%}", cfg.watchdog_s)
-    audit(registry, cand, "step_1", weight=ramp.weight)
-    while True:
-        time.sleep(cfg.poll_s)
-        gone = check_in(routes, model, cand.version, cfg.watchdog_s)
-        if gone:
-            return Look("rollback", gone, ramp.step, ramp.weight, figures={})
-        outcomes = read_outcomes(logs, versions, rule, cfg.feedback_wait_s, now_ms())
-        step = ramp.step
-        result = ramp.observe(outcomes, _since(arm_counters(gateway_url, model), base), time.monotonic(),
-                              probe_ok=candidate_verified(fleet, model, cand, release.strategy))
-        log.info("step %d (%.0f%%): %s: %s", step + 1, ramp.cfg.steps[step] * 100, result.action, result.reason)
-        if result.action == "advance":
-            routes.canary(model, cand.version, ramp.weight, by="promote", reason=f"canary step {ramp.step + 1}: {result.reason}",
-                          watch_s=cfg.watchdog_s)
-            audit(registry, cand, f"step_{ramp.step + 1}", weight=ramp.weight, after=result.row())
-        elif result.action != "wait":
-            publish_step_table(release, ramp)
-            return result
+    audit(registry, cand, "step_1", weight=ramp.weight, users_with_history=len(history))
+    try:
+        while True:
+            time.sleep(cfg.poll_s)
+            gone = check_in(routes, model, cand.version, cfg.watchdog_s)
+            if gone:
+                return Look("rollback", gone, ramp.step, ramp.weight, figures={})
+            outcomes = read_outcomes(logs, versions, rule, cfg.feedback_wait_s, now_ms(), history)
+            step = ramp.step
+            result = ramp.observe(outcomes, _since(arm_counters(gateway_url, model), base), time.monotonic(),
+                                  probe_ok=candidate_verified(fleet, model, cand, release.strategy), clock_ms=now_ms())
+            log.info("step %d (%.0f%%): %s: %s", step + 1, ramp.cfg.steps[step] * 100, result.action, result.reason)
+            if result.action == "advance":
+                routes.canary(model, cand.version, ramp.weight, by="promote",
+                              reason=f"canary step {ramp.step + 1}: {result.reason}", watch_s=cfg.watchdog_s)
+                audit(registry, cand, f"step_{ramp.step + 1}", weight=ramp.weight, after=result.row())
+            elif result.action != "wait":
+                publish_step_table(release, ramp)
+                return result
+    finally:
+        try:
+            put_json(store, canary_key(model, cand.version),
+                     canary_record(model, champ.version, cand.version, ramp.looks).model_dump(mode="json"))
+        except Exception as e:  # noqa: BLE001  the decision stands; only its step table is missing from the store
+            log.warning("could not store the canary's step table: %s: %s", type(e).__name__, str(e)[:200])
 
 
 def publish_step_table(release: Release, ramp: Ramp) -> None:

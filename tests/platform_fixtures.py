@@ -30,9 +30,10 @@ def settings(tmp_path_factory) -> TidalSettings:
              "checkpoint_every": 2, "retry_delay_s": 0.0, "gate": {"eval_bytes": 20_000, "bpb_tolerance": 0.2}}
     # Canary sized for a test: quick looks (feedback arrives within a second here), a first step long enough to
     # judge the degraded candidate of test_promote (~15–30 canary outcomes at a few requests/s on two cores), and
-    # the mSPRT mixture tuned to that large effect.
+    # the mSPRT mixture tuned to that large effect; a step advances once a 0.5-sd regression is excluded, and the
+    # accepted-characters margin is 50% (a few hundred outcomes per arm cannot show 5%).
     canary = {"min_samples": 150, "poll_s": 2.0, "feedback_wait_s": 5.0, "max_step_s": 900.0, "unload_grace_s": 0.0,
-              "mixture_sd": 0.5}
+              "mixture_sd": 0.5, "detect_regression_sd": 0.5, "margins": {"accepted_chars": 0.5}}
     # The tests drive every stage themselves: with the default 'chained' loop, a test's collect would start a
     # train run of the deployed train-tab through its event trigger, beside the test's own.
     # A hung replica (test_gateway) is failed over after 15 s instead of the production 30 s. A fixed gateway secret

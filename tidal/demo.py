@@ -18,6 +18,7 @@ import threading
 import time
 from pathlib import Path
 
+from serving.canary_report import CanaryRecord, step_table
 from tidal.loop_settings import FlywheelSettings
 from tidal.settings import SettingsError, TidalSettings
 from tidal.strategy import model_mismatch
@@ -191,6 +192,8 @@ def cycle_table(reports: list[dict]) -> str:
                      f"{m.get('accept_rate', float('nan')):>7.3f} {m.get('reward_per_request', float('nan')):>10.3f} "
                      f"{m.get('accepted_chars_per_request', float('nan')):>9.3f}  {r['decision']}{cand} → champion v{r['champion_after']}"
                      + (f"\n{'':>24}why: {r['reason'][:160]}" if r["reason"] else ""))
+        if r.get("canary"):
+            lines.append(step_table(CanaryRecord.model_validate(r["canary"]), indent=" " * 24))
     return "\n".join(lines)
 
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from serving.canary_policy import CanaryConfig
+from serving.canary_policy import CanaryConfig, Margins
 from sim.users import SimUsersConfig
 from tidal.kube import unpinned
 from tidal.section import Section, deep_merge
@@ -51,10 +51,15 @@ class FlywheelSettings(Section):
 
 
 def _demo_canary() -> CanaryConfig:
-    # Simulated traffic is a few requests/s on a laptop: larger, shorter steps than production's 5% → 25% → 50%,
-    # and verdicts that arrive within seconds. An undecided 50% step ends after 3 minutes (~450 outcomes per arm).
+    # Simulated traffic is ~10 requests/s on a laptop: larger, shorter steps than production's 5% → 25% → 50%,
+    # and verdicts that arrive within seconds. An undecided 50% step ends after 3 minutes (~900 outcomes per arm).
+    # That resolves large effects only: the first step must exclude a 0.3-sd regression (not production's 0.13),
+    # and accepted characters per request (mean ~0.5, sd ~2 here: most requests keep nothing) are known to within
+    # ~75% of control's mean at best, so the demo's margin is 0.75: a candidate must be shown to keep at least a
+    # quarter of control's accepted characters. Production traffic affords the default 5%.
     return CanaryConfig(steps=[0.25, 0.5], min_samples=150, max_step_s=180.0, feedback_wait_s=5.0, poll_s=3.0,
-                        unload_grace_s=10.0, mixture_sd=0.3)
+                        unload_grace_s=10.0, mixture_sd=0.3, detect_regression_sd=0.3,
+                        margins=Margins(accepted_chars=0.75))
 
 
 def _demo_train() -> TrainSettings:

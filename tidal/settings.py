@@ -15,7 +15,7 @@ from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 from data_contracts.collect_settings import CollectSettings
-from serving.canary_policy import CanaryConfig
+from serving.canary_policy import CanaryConfig, Margins
 from serving.kube_settings import KubernetesFleetSettings
 from serving.logsink import LogSinkSettings
 from tidal.loop_settings import DemoSettings, FlywheelSettings
@@ -157,6 +157,8 @@ class ModelSettings(Section):
         "full checkpoint; 'reload' and 'nccl' (CUDA engines only, 2+ replicas) swap a full checkpoint into running "
         "engines in place, one replica at a time (serving/weight_sync/)."))
     serve_alias: str = Field("champion", description="Registry alias whose version the replicas serve at start.")
+    canary_margins: Margins | None = Field(None, description=(
+        "This model's guardrail non-inferiority margins for its canaries; None = canary.margins."))
 
 
 class ClientKey(Section):

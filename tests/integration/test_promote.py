@@ -1,6 +1,7 @@
 """The promote flow on the real platform: real vLLM replicas, the gateway, simulated Tab users who keep
 suggestions that stay on the line they are typing. A degraded candidate (an adapter pushing the
-model towards line breaks) is rolled back at the first step with about 5% of users exposed; an
+model towards line breaks), better on reward under a rule that pays for silence but worse on accepted
+characters, is rolled back at the first step with about 5% of users exposed; an
 operator's `tidal rollback` ends a ramp at once; an inconclusive ramp asks a human; the audit trail
 shows each."""
 
@@ -17,7 +18,9 @@ import pytest
 
 from tests.integration.release_helpers import (Promote, Users, canary_user_share, cursor_prompts, merged,
                                                newline_adapter, start_when_verified, tags, zero_adapter)
+from serving.canary_report import CanaryRecord, canary_key
 from tasks.promote import rollback_now
+from tidal.store import get_json
 from tidal.registry import publish
 
 pytestmark = pytest.mark.slow
@@ -26,11 +29,16 @@ pytestmark = pytest.mark.slow
 @pytest.mark.timeout(1800)  # ~15 canary outcomes at 5% of a few requests/s, plus the platform when run alone
 def test_degraded_candidate_is_rolled_back_at_the_first_step(settings, registry, checkpoints, base_dir, users, tmp_path,
                                                              chaos_report):
+    """The pilot's silent-collapse trap, live: under a reward rule that pays 1.0 for an empty completion (more than
+    an accept), a candidate that mostly shows nothing earns more reward per request than the champion while its
+    users keep no characters. The accepted-characters guardrail (the production 5% margin) rolls it back."""
     bad = newline_adapter(base_dir, tmp_path / "degraded")
     info = publish(registry, checkpoints.store, "tab", bad, "lora", 1, {"tidal.origin": "test: degraded"})
     # This regression is large (accepted characters per request fall about fourfold), so the sequential test may
     # look from 15 outcomes per arm: ~15 canary outcomes at 5%, half the wait of the default small-n guard (30).
-    promote = Promote(info.version, tmp_path / "promote.log", env={**os.environ, "TIDAL_CANARY__MIN_TEST_SAMPLES": "15"})
+    env = {**os.environ, "TIDAL_CANARY__MIN_TEST_SAMPLES": "15", "TIDAL_CANARY__MARGINS__ACCEPTED_CHARS": "0.05",
+           "TIDAL_COLLECT__REWARD_RULE__EMPTY": "1.0"}
+    promote = Promote(info.version, tmp_path / "promote.log", env=env)
     start_when_verified(users, registry, promote, info.version)
     rc, out = promote.finish(timeout=840)
     assert rc == 0 and "rolled back" in out, out[-3000:]
@@ -39,7 +47,16 @@ def test_degraded_candidate_is_rolled_back_at_the_first_step(settings, registry,
     assert "tidal.release.step_2" not in t  # never went past 5%
     rolled = json.loads(t["tidal.release.rolled_back"])
     print("degraded canary:", rolled["reason"], rolled["figures"])
-    assert rolled["by"] == "promote" and rolled["figures"]["step"] == 1 and "fell" in rolled["reason"]
+    assert rolled["by"] == "promote" and rolled["figures"]["step"] == 1, rolled
+    assert rolled["reason"].startswith("accepted chars per request fell"), rolled["reason"]
+    # the step table in the store: reward rose while accepted characters fell
+    record = CanaryRecord.model_validate(get_json(checkpoints.store, canary_key("tab", info.version)))
+    last = record.steps[-1]
+    metrics = {m.metric: m for m in last.metrics}
+    assert (record.control, record.canary, last.action, last.step) == (1, info.version, "rollback", 1)
+    assert metrics["reward"].canary > metrics["reward"].control, metrics["reward"]
+    chars = metrics["accepted_chars"]
+    assert chars.high < -chars.margin and chars.margin == pytest.approx(0.05 * chars.control, rel=1e-3), chars
     exposed = rolled["figures"]["n_canary"] / (rolled["figures"]["n_canary"] + rolled["figures"]["n_control"])
     # The first step's 5% weight exposes the users the keyed hash puts below 0.05: 25 of these 400 with the session's
     # secret (6.25%, within the binomial spread of 5% of 400 users, ±1.1 points); each sends the same share of requests.

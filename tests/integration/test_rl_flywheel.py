@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 import httpx
 import pytest
 
+from serving.canary_report import CanaryRecord
 from sim.learning_report import LearningReport
 from tasks.flywheel import load_cycles
 from tidal.store import get_json, open_store
@@ -119,6 +120,12 @@ def test_tidal_demo_runs_one_cycle_and_reports(settings, platform, registry, gat
     cand = registry.get("tab", report["candidate"])
     assert cand.tags["tidal.dataset_id"] == report["dataset_id"] and cand.tags["tidal.parent_version"] == str(champion_before)
     assert "tidal.release.verified" in cand.tags and json.loads(cand.tags["tidal.release.step_1"])["weight"] == 0.5
+    # ... and its step table: per step the outcomes per arm, each metric's interval and margin, the reason
+    record = CanaryRecord.model_validate(report["canary"])
+    assert (record.control, record.canary) == (champion_before, cand.version), record
+    assert record.steps[-1].action in {"promote", "rollback", "inconclusive"} and record.steps[-1].n_canary > 0, record
+    assert {m.metric for m in record.steps[-1].metrics} >= {"reward", "accepted_chars", "error_rate", "slow_share"}
+    assert "step 1 at 50%: " in out.stdout and "accepted_chars" in out.stdout, out.stdout[-3000:]
 
     # The demo's training settings reached the trainer: 2 iterations, and every partial verdict among the training
     # rows became a hindsight row and a credited row (or was counted as skipped); the trainer took the code loss and

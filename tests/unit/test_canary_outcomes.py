@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from data_contracts.outcomes import LogReader, read_outcomes
+from data_contracts.outcomes import LogReader, read_outcomes, request_kind
 from data_contracts.rewards import RewardRule
-from serving.canary_policy import ArmHealth
+from serving.canary_policy import ArmHealth, histories
 from tasks.promote import _since, parse_arm_counters
 from tests.unit.test_contracts_data import HOUR, T0, completion, feedback, put_rows
 from tidal.store import LocalStore
@@ -46,6 +46,30 @@ def test_resolved_requests_of_the_two_versions_become_outcomes(store) -> None:
     put_rows(store, "feedback", [feedback(silent, "accepted")])
     again = {o.time_ms: o for o in read_outcomes(logs, VERSIONS, rule, feedback_wait_s=30, now_ms=start + 62_000)}
     assert again[start + 5].accepted == 1.0 and len(logs._tables["completions"]) == 1
+
+
+def test_outcomes_carry_their_kind_user_and_that_users_history(store) -> None:
+    """The request kind comes from the prompt (cursor after indentation only: line_start); each user's History is
+    built from their control outcomes before the start (`until_ms`), and attached to their outcomes after it."""
+    start = T0 + 100_000
+    before = [completion(T0 + i, i) for i in (0, 7, 1)]  # users u0, u0, u1: control before the ramp
+    after = [completion(start + 1, 0, prompt="def f():\n    "), completion(start + 2, 1, arm="canary", version=3),
+             completion(start + 3, 2)]  # u2 has no history
+    put_rows(store, "completions", before + after)
+    put_rows(store, "feedback", [feedback(before[0]), feedback(before[1], "rejected"), feedback(before[2]),
+                                 *(feedback(c) for c in after)])
+    rule = RewardRule()
+    old = read_outcomes(LogReader(store, "tab", T0), {"control": 1}, rule, 0, start, until_ms=start)
+    assert sorted(o.time_ms for o in old) == [T0, T0 + 1, T0 + 7]
+    history = histories(old)
+    assert history["u0"].n == 2 and history["u0"].accepted == 0.5 and history["u0"].reward == pytest.approx(0.25)
+    assert history["u1"].n == 1 and history["u1"].accepted_chars == len("    return a + b")
+    got = {o.time_ms: o for o in read_outcomes(LogReader(store, "tab", start), VERSIONS, rule, 0, start + 10_000, history)}
+    assert (got[start + 1].kind, got[start + 2].kind, got[start + 3].kind) == ("line_start", "line_start", "line_start")
+    assert got[start + 1].history == history["u0"] and got[start + 2].history == history["u1"]
+    assert got[start + 3].history is None and got[start + 3].user == "u2"
+    assert request_kind("x = foo(") == "mid_line" and request_kind("def f():\n    ") == "line_start"
+    assert request_kind("a\nb = ") == "mid_line" and request_kind("") == "line_start"
 
 
 def test_logs_from_an_hour_before_the_start_are_not_read(store) -> None:

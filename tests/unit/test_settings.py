@@ -284,6 +284,20 @@ def test_sandbox_config_sections_merge_with_the_sandboxes_own(monkeypatch: pytes
     assert s.canary.steps == [0.5]
 
 
+def test_a_model_sets_its_own_canary_margins(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
+    from tidal.sandbox import write_config
+
+    path = write_config(clean_env, [{"name": "tab", "canary_margins": {"accepted_chars": 0.2}}, {"name": "chat"}],
+                        base_port=21000, canary={"margins": {"error_rate": 0.01}})
+    monkeypatch.setenv("TIDAL_CONFIG", str(path))
+    s = load_settings()
+    assert s.model("tab").canary_margins.accepted_chars == 0.2 and s.model("chat").canary_margins is None
+    assert (s.canary.margins.error_rate, s.canary.margins.accepted_chars) == (0.01, 0.05)
+    monkeypatch.setenv("TIDAL_CANARY__MARGINS__ACCEPTED_CHARS", "1.5")
+    with pytest.raises(SettingsError, match="accepted_chars"):
+        load_settings()
+
+
 # ---- credentials -------------------------------------------------------------------------------------
 
 def test_a_bad_credential_setting_is_named_but_never_echoed(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
