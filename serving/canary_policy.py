@@ -81,7 +81,8 @@ class CanaryConfig(Section):
         "standard deviations: the regression each step must decide (0.13 ~ an accept rate 20% lower at 0.30 under the "
         "default reward rule). Smaller catches smaller regressions at the first step and makes every step longer."))
     stratify: bool = Field(True, description=(
-        "Compare the arms within strata (ramp step x request kind) and combine by precision; false pools everything "
+        "Compare the arms within strata (ramp step x request kind; kinds weighted by their share of traffic, steps by "
+        "precision); false pools everything "
         "since the canary started (biased by any trend while the weight rises, and noisier when kinds differ)."))
     cuped: bool = Field(True, description=(
         "Adjust each outcome by its user's outcomes of the control version before the ramp (CUPED); users without "
@@ -205,17 +206,19 @@ class Columns:
         return out
 
 
-def _summaries(values: np.ndarray, canary: np.ndarray, strata: np.ndarray) -> list[tuple[Summary, Summary]]:
-    """(control, canary) Summary per stratum code (strata: small non-negative ints)."""
-    group = strata * 2 + canary
-    size = 2 * (int(strata.max()) + 1) if len(strata) else 0
+def _blocks(values: np.ndarray, canary: np.ndarray, step: np.ndarray, kind: np.ndarray) -> list[list[tuple[Summary, Summary]]]:
+    """(control, canary) Summary per request kind, per step served in (small non-negative int codes)."""
+    kinds = int(kind.max()) + 1 if len(kind) else 1
+    group = (step * kinds + kind) * 2 + canary
+    size = 2 * kinds * (int(step.max()) + 1 if len(step) else 1)
     n = np.bincount(group, minlength=size)
     total = np.bincount(group, weights=values, minlength=size)
     mean = np.divide(total, n, out=np.zeros(size), where=n > 0)
     ss = np.bincount(group, weights=(values - mean[group]) ** 2, minlength=size)  # two-pass: exact for large means
     var = np.divide(ss, n - 1, out=np.zeros(size), where=n > 1)
-    arms = [Summary(int(n[g]), float(mean[g]), float(var[g])) for g in range(size)]
-    return [(arms[2 * s], arms[2 * s + 1]) for s in range(size // 2) if n[2 * s] + n[2 * s + 1]]
+    arm = [Summary(int(n[g]), float(mean[g]), float(var[g])) for g in range(size)]
+    pairs = [(arm[2 * s], arm[2 * s + 1]) for s in range(size // 2)]
+    return [[p for p in pairs[b * kinds:(b + 1) * kinds] if p[0].n + p[1].n] for b in range(size // (2 * kinds))]
 
 
 def _p99(values: np.ndarray) -> float:
@@ -225,11 +228,12 @@ def _p99(values: np.ndarray) -> float:
     return float(ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)])
 
 
-def _compare(cfg: CanaryConfig, name: str, values: np.ndarray, cols: Columns, strata: np.ndarray, alpha: float,
-             covariate: np.ndarray | None = None) -> Comparison:
-    """The stratified test of one metric on its CUPED-adjusted values; the arms' summaries reported are the raw ones."""
+def _compare(cfg: CanaryConfig, name: str, values: np.ndarray, cols: Columns, strata: tuple[np.ndarray, np.ndarray],
+             alpha: float, covariate: np.ndarray | None = None) -> Comparison:
+    """The stratified test of one metric on its CUPED-adjusted values; the arms' summaries reported are the raw ones.
+    strata: (step served in, request kind) codes per outcome."""
     tested = cuped(values, covariate) if cfg.cuped and covariate is not None else values
-    c = stratified_msprt(name, _summaries(tested, cols.canary, strata), alpha, cfg.mixture_sd, cfg.min_test_samples,
+    c = stratified_msprt(name, _blocks(tested, cols.canary, *strata), alpha, cfg.mixture_sd, cfg.min_test_samples,
                          min_stratum_n=10 if cfg.stratify else 2)
     raw = [Summary(len(v), float(v.mean()) if len(v) else 0.0, float(v.var(ddof=1)) if len(v) > 1 else 0.0)
            for v in (values[~cols.canary], values[cols.canary])]
@@ -245,10 +249,9 @@ def look(cfg: CanaryConfig, step: int, outcomes: Sequence[Outcome] | Columns, st
     weight, margins = cfg.steps[step], margins or cfg.margins
     cols = outcomes if isinstance(outcomes, Columns) else Columns(outcomes)
     if cfg.stratify:
-        served_in = np.searchsorted(np.asarray(step_starts_ms, np.int64), cols.time_ms, side="right")
-        strata = served_in * (int(cols.kind.max()) + 1 if cols.n else 1) + cols.kind
+        strata = (np.searchsorted(np.asarray(step_starts_ms, np.int64), cols.time_ms, side="right"), cols.kind)
     else:
-        strata = np.zeros(cols.n, int)
+        strata = (np.zeros(cols.n, np.int64), np.zeros(cols.n, np.int64))
     guard_alpha = cfg.alpha / 6  # three guardrail tests share half the budget; the primary has the other half
     comps = {m: _compare(cfg, m, cols.values[m], cols, strata, cfg.alpha / 2 if m == cfg.primary else guard_alpha,
                          cols.history[m]) for m in METRICS}

@@ -140,33 +140,47 @@ def msprt(metric: str, control: Summary, canary: Summary, alpha: float, mixture_
     return _test(metric, control, canary, delta, var * (1.0 / control.n + 1.0 / canary.n), var, alpha, mixture_sd)
 
 
-def stratified_msprt(metric: str, strata: Sequence[tuple[Summary, Summary]], alpha: float, mixture_sd: float,
+Pair = tuple[Summary, Summary]  # (control, canary) of one stratum
+
+
+def stratified_msprt(metric: str, blocks: Sequence[Sequence[Pair]], alpha: float, mixture_sd: float,
                      min_n: int = 30, min_stratum_n: int = 2) -> Comparison:
-    """The mSPRT of H0: equal means in every stratum, on the precision-weighted average of the per-stratum
-    differences (Cochran's combination):
+    """The mSPRT of H0: equal means in every stratum. Strata come in blocks (the ramp's steps), each holding
+    strata of its own (request kinds):
 
-        delta = sum_s delta_s / V_s / sum_s 1 / V_s,     V = 1 / sum_s 1 / V_s,
-        V_s   = s_s^2 (1 / n_control,s + 1 / n_canary,s)  (s_s^2 pooled within stratum s, under H0)
+      * within a block, kinds are weighted by their share of its outcomes (post-stratification): the block's
+        estimate is the average effect over the traffic's mix of kinds, even when a change helps one kind more
+        than another, and the spread between kinds no longer counts as noise;
+            delta_b = sum_s w_s delta_s,   V_b = sum_s w_s^2 V_s,   w_s = n_s / n_b
+      * blocks are combined by precision (Cochran): the same candidate is measured in each period, and a
+        period in which the canary had few requests says less;
+            delta = sum_b delta_b / V_b / sum_b 1 / V_b,   V = 1 / sum_b 1 / V_b
+      with V_s = s_s^2 (1 / n_control,s + 1 / n_canary,s), s_s^2 pooled within stratum s (under H0).
 
-    Strata differ in their means (request kinds, ramp steps): pooling them adds the between-strata spread to
-    the noise, and a stratum whose share of one arm grows over the ramp (the canary's weight rises) biases a
-    pooled difference by any trend over time. Within a stratum the arms are comparable. The statistic
-    delta / V is a sum of independent per-outcome terms with fixed weights (given the variances), so the
-    normal-mixture martingale of `msprt` applies to it unchanged. A stratum with fewer than min_stratum_n
-    outcomes in an arm carries no within-stratum comparison and is left out until it has them. tau is in
-    units of the overall pooled standard deviation, as in `msprt`. `control`/`canary` of the result summarise
-    all outcomes (for reports); delta and its bounds are the stratified ones."""
+    Pooling everything instead adds the between-kinds spread to the noise, and biases the difference by any
+    trend over time, since the canary's share of requests grows during the ramp (Simpson's paradox). The
+    statistic is a sum of independent per-outcome terms with weights fixed by counts (and variances), so the
+    normal-mixture martingale of `msprt` applies to it. A stratum with fewer than min_stratum_n outcomes in an
+    arm is left out until it has them. tau is in units of the overall pooled standard deviation, as in `msprt`.
+    `control`/`canary` of the result summarise all outcomes (for reports); delta and its bounds are stratified."""
     _check(alpha, mixture_sd)
-    control = _merge([c for c, _ in strata])
-    canary = _merge([k for _, k in strata])
-    used = [(c, k) for c, k in strata if c.n >= max(min_stratum_n, 2) and k.n >= max(min_stratum_n, 2)]
-    if control.n < max(min_n, 2) or canary.n < max(min_n, 2) or not used:
-        return Comparison(metric, control, canary, canary.mean - control.mean, -math.inf, math.inf, 0.0, 1.0, alpha)
+    pairs = [pair for block in blocks for pair in block]
+    control = _merge([c for c, _ in pairs])
+    canary = _merge([k for _, k in pairs])
+    floor = max(min_stratum_n, 2)
     precision, score = 0.0, 0.0
-    for c, k in used:
-        v = max(pooled(c, k).var, _VAR_FLOOR) * (1.0 / c.n + 1.0 / k.n)
-        precision += 1.0 / v
-        score += (k.mean - c.mean) / v
+    for block in blocks:
+        used = [(c, k) for c, k in block if c.n >= floor and k.n >= floor]
+        size = sum(c.n + k.n for c, k in used)
+        if not used:
+            continue
+        delta_b = sum((c.n + k.n) / size * (k.mean - c.mean) for c, k in used)
+        v_b = sum(((c.n + k.n) / size) ** 2 * max(pooled(c, k).var, _VAR_FLOOR) * (1.0 / c.n + 1.0 / k.n)
+                  for c, k in used)
+        precision += 1.0 / v_b
+        score += delta_b / v_b
+    if control.n < max(min_n, 2) or canary.n < max(min_n, 2) or precision == 0:
+        return Comparison(metric, control, canary, canary.mean - control.mean, -math.inf, math.inf, 0.0, 1.0, alpha)
     return _test(metric, control, canary, score / precision, 1.0 / precision, pooled(control, canary).var, alpha,
                  mixture_sd)
 

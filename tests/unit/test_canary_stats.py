@@ -85,7 +85,7 @@ def test_too_few_outcomes_decide_nothing_and_bad_parameters_are_refused() -> Non
 
 def test_one_stratum_is_the_plain_test() -> None:
     control, canary = Summary(800, 0.30, 0.21), Summary(400, 0.36, 0.23)
-    plain, strat = msprt("r", control, canary, ALPHA, 0.2), stratified_msprt("r", [(control, canary)], ALPHA, 0.2)
+    plain, strat = msprt("r", control, canary, ALPHA, 0.2), stratified_msprt("r", [[(control, canary)]], ALPHA, 0.2)
     assert strat.delta == pytest.approx(plain.delta) and strat.low == pytest.approx(plain.low)
     assert strat.log_lambda == pytest.approx(plain.log_lambda)
 
@@ -99,18 +99,32 @@ def test_strata_remove_the_spread_between_kinds_and_the_bias_of_a_trend() -> Non
     high_c, high_k = bernoulli(rng, 0.5, 4000), bernoulli(rng, 0.5, 500)
     from serving.canary_stats import _merge
     pooled = msprt("a", _merge([low_c, high_c]), _merge([low_k, high_k]), ALPHA, 0.2)
-    strat = stratified_msprt("a", [(low_c, low_k), (high_c, high_k)], ALPHA, 0.2)
+    strat = stratified_msprt("a", [[(low_c, low_k), (high_c, high_k)]], ALPHA, 0.2)
     assert pooled.worse and pooled.delta < -0.1  # Simpson's paradox
     assert not strat.significant and abs(strat.delta) < 0.03 and strat.low < 0 < strat.high
     # the summaries reported are every outcome of each arm
     assert (strat.control.n, strat.canary.n) == (8000, 3500)
 
 
+def test_kinds_are_weighted_by_traffic_and_steps_by_precision() -> None:
+    """A change that helps one kind more than the other: the estimate is the average over the traffic's mix of
+    kinds (post-stratification), not tilted towards the less noisy kind. Two steps measuring the same effect are
+    combined by precision: the one with more canary outcomes counts more."""
+    hard = (Summary(5000, 0.10, 0.09), Summary(5000, 0.12, 0.1056))  # +0.02
+    easy = (Summary(5000, 0.50, 0.25), Summary(5000, 0.60, 0.24))  # +0.10
+    mixed = stratified_msprt("a", [[hard, easy]], ALPHA, 0.2)
+    assert mixed.delta == pytest.approx(0.06)
+    small = (Summary(1000, 0.3, 0.21), Summary(50, 0.5, 0.25))
+    large = (Summary(1000, 0.3, 0.21), Summary(1000, 0.35, 0.2275))
+    steps = stratified_msprt("a", [[small], [large]], ALPHA, 0.2)
+    assert 0.05 < steps.delta < 0.07  # dominated by the 1,000-outcome step's +0.05, not the mean of +0.2 and +0.05
+
+
 def test_a_thin_stratum_waits_until_both_arms_have_outcomes_in_it() -> None:
     full = (Summary(500, 0.3, 0.21), Summary(500, 0.3, 0.21))
     thin = (Summary(500, 0.9, 0.09), Summary(3, 0.0, 0.0))
-    alone = stratified_msprt("a", [full], ALPHA, 0.2, min_stratum_n=10)
-    both = stratified_msprt("a", [full, thin], ALPHA, 0.2, min_stratum_n=10)
+    alone = stratified_msprt("a", [[full]], ALPHA, 0.2, min_stratum_n=10)
+    both = stratified_msprt("a", [[full, thin]], ALPHA, 0.2, min_stratum_n=10)
     # the thin stratum's 0.9 vs 0.0 does not enter the difference (tau, from all outcomes, moves the bounds a little)
     assert both.delta == pytest.approx(alone.delta) and both.high == pytest.approx(alone.high, rel=0.01)
     assert both.canary.n == 503
