@@ -38,9 +38,11 @@ class Users(threading.Thread):
     the exact rest of a line, so exact-match users would give too few accepts to compare arms in a test.)
     Runs until stopped; counts requests per arm and errors."""
 
-    def __init__(self, gateway: str, key: str, prompts: list[tuple[str, str]], users: int = 400, model: str = "tab"):
+    def __init__(self, gateway: str, key: str, prompts: list[tuple[str, str]], users: int = 400, model: str = "tab",
+                 stop: list[str] | None = None):
         super().__init__(daemon=True)
         self.gateway, self.key, self.prompts, self.users, self.model = gateway, key, prompts, users, model
+        self.extra = {"stop": stop} if stop else {}  # with stop ["\n"], a suggestion that starts a new line is empty
         self.stop, self.errors, self.by_arm = threading.Event(), [], {}
 
     def one(self, i: int) -> None:
@@ -48,7 +50,8 @@ class Users(threading.Thread):
         h = {"Authorization": f"Bearer {self.key}"}
         try:
             r = httpx.post(self.gateway + "/v1/completions", headers=h, timeout=60, json={
-                "model": self.model, "prompt": prompt, "max_tokens": 6, "temperature": 1.0, "user": f"user-{i % self.users}"})
+                "model": self.model, "prompt": prompt, "max_tokens": 6, "temperature": 1.0, "user": f"user-{i % self.users}",
+                **self.extra})
             r.raise_for_status()
             a = r.json()
             text, arm = a["choices"][0]["text"], a["tidal"]["arm"]

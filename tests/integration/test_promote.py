@@ -27,20 +27,27 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.timeout(1800)  # ~15 canary outcomes at 5% of a few requests/s, plus the platform when run alone
-def test_degraded_candidate_is_rolled_back_at_the_first_step(settings, registry, checkpoints, base_dir, users, tmp_path,
-                                                             chaos_report):
-    """The pilot's silent-collapse trap, live: under a reward rule that pays 1.0 for an empty completion (more than
-    an accept), a candidate that mostly shows nothing earns more reward per request than the champion while its
+def test_degraded_candidate_is_rolled_back_at_the_first_step(settings, registry, checkpoints, base_dir, gateway, keys,
+                                                             tmp_path, chaos_report):
+    """The pilot's silent-collapse trap, live: these users ask for single-line suggestions (stop at a line break),
+    so the degraded candidate, which starts a new line at once, mostly shows nothing; under a reward rule that pays
+    1.0 for an empty completion (more than an accept) it earns more reward per request than the champion while its
     users keep no characters. The accepted-characters guardrail (the production 5% margin) rolls it back."""
     bad = newline_adapter(base_dir, tmp_path / "degraded")
     info = publish(registry, checkpoints.store, "tab", bad, "lora", 1, {"tidal.origin": "test: degraded"})
-    # This regression is large (accepted characters per request fall about fourfold), so the sequential test may
-    # look from 15 outcomes per arm: ~15 canary outcomes at 5%, half the wait of the default small-n guard (30).
+    users = Users(gateway, keys["alice"], cursor_prompts(settings, 300, seed=11), stop=["\n"])
+    # This regression is large (accepted characters per request fall to nothing), so the sequential test may look
+    # from 15 outcomes per arm: ~15 canary outcomes at 5%, half the wait of the default small-n guard (30).
     env = {**os.environ, "TIDAL_CANARY__MIN_TEST_SAMPLES": "15", "TIDAL_CANARY__MARGINS__ACCEPTED_CHARS": "0.05",
            "TIDAL_COLLECT__REWARD_RULE__EMPTY": "1.0"}
     promote = Promote(info.version, tmp_path / "promote.log", env=env)
-    start_when_verified(users, registry, promote, info.version)
-    rc, out = promote.finish(timeout=840)
+    try:
+        start_when_verified(users, registry, promote, info.version)
+        rc, out = promote.finish(timeout=840)
+    finally:
+        users.stop.set()
+        if users.is_alive():
+            users.join(timeout=120)
     assert rc == 0 and "rolled back" in out, out[-3000:]
     t = tags(registry, info.version)
     assert {"tidal.release.deployed", "tidal.release.verified", "tidal.release.step_1", "tidal.release.rolled_back"} <= set(t)

@@ -58,9 +58,10 @@ def test_a_release_that_fails_mid_ramp_takes_its_canary_off_at_once(settings, re
     canary at its weight. The flow now rolls it back before it fails, and says why on the version."""
     same = zero_adapter(base_dir, tmp_path / "failing")
     info = publish(registry, checkpoints.store, "tab", same, "lora", 1, {"tidal.origin": "test: failing release"})
-    # This process only: its log reads go to a bucket that does not exist; the fleet and gateway are untouched.
+    # This process only: its log reads go to a bucket that does not exist; the fleet and gateway are untouched. No
+    # users' history is read before the ramp (that read would fail before any canary is routed): the first look fails.
     env = {**os.environ, "TIDAL_STORE__ROUTES": json.dumps({"logs": "s3://no-such-bucket-tidal"}),
-           "TIDAL_STORE__S3_ENDPOINT_URL": s3_endpoint}
+           "TIDAL_STORE__S3_ENDPOINT_URL": s3_endpoint, "TIDAL_CANARY__HISTORY_S": "0"}
     promote = Promote(info.version, tmp_path / "promote.log", env=env)
     rc, out = promote.finish(timeout=600)
     assert rc != 0 and "NoSuchBucket" in out, out[-3000:]
