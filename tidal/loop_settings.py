@@ -56,10 +56,12 @@ def _demo_canary() -> CanaryConfig:
     # That resolves large effects only: the first step must exclude a 0.3-sd regression (not production's 0.13),
     # and accepted characters per request (mean ~0.5, sd ~2 here: most requests keep nothing) are known to within
     # ~75% of control's mean at best, so the demo's margin is 0.75: a candidate must be shown to keep at least a
-    # quarter of control's accepted characters. Production traffic affords the default 5%.
+    # quarter of control's accepted characters. The share of slow requests is known to about ±1 point from ~900
+    # outcomes (a fresh surge engine answers a few slowly), so its margin is 3 points, not 1. Production traffic
+    # affords the defaults.
     return CanaryConfig(steps=[0.25, 0.5], min_samples=150, max_step_s=180.0, feedback_wait_s=5.0, poll_s=3.0,
                         unload_grace_s=10.0, mixture_sd=0.3, detect_regression_sd=0.3,
-                        margins=Margins(accepted_chars=0.75))
+                        margins=Margins(accepted_chars=0.75, slow_share=0.03))
 
 
 def _demo_train() -> TrainSettings:
