@@ -36,7 +36,8 @@ Assumptions: the production CanaryConfig except max_step_s (default 1800 s, as p
 --rate-rps requests/s (20 by default: an assumed small deployment), looks come every poll_s (5 s) =
 poll_s * rate requests, every request is resolved by the next look (real feedback arrives later, so real
 seconds are longer by up to feedback_wait_s). Seeds are shared between scenarios (same users and
-arrivals). Ramps run in --jobs processes (results do not depend on it: each ramp is seeded by its index).
+arrivals). Ramps run in --jobs processes (results do not depend on it: each ramp is seeded by its index);
+~20 minutes on 2 cores, most of it the A/A ramps, which run every step to max_step_s (--scenarios picks some).
 Progress goes to stderr; the last stdout line is one JSON object. Nothing is asserted.
 """
 
