@@ -117,16 +117,7 @@ def _check(alpha: float, mixture_sd: float) -> None:
 
 def pooled(control: Summary, canary: Summary) -> Summary:
     """Both arms as one sample: its variance is the variance under H0 (within-arm plus between-arm parts)."""
-    n = control.n + canary.n
-    if n == 0:
-        return Summary(0, 0.0, 0.0)
-    mean = (control.n * control.mean + canary.n * canary.mean) / n
-    if n < 2:
-        return Summary(n, mean, 0.0)
-    delta = canary.mean - control.mean
-    var = ((max(control.n - 1, 0)) * control.var + (max(canary.n - 1, 0)) * canary.var
-           + control.n * canary.n / n * delta**2) / (n - 1)
-    return Summary(n, mean, var)
+    return _merge([control, canary])
 
 
 def msprt(metric: str, control: Summary, canary: Summary, alpha: float, mixture_sd: float, min_n: int = 30) -> Comparison:
