@@ -13,13 +13,18 @@ def base_dir(registry, checkpoints):
 
 
 @pytest.fixture()
-def users(settings, gateway, keys, platform):
-    """Tab users, not yet typing: a test starts them once its candidate is built and published, so the traffic
-    does not slow that work down on a small machine; stopped after the test."""
+def no_canary(platform):
+    """tab routed to its champion alone: a release test starts from no canary (another module may have left one)."""
     routes = platform.routes_client()
     current = routes.show()["routes"].get("tab", {}).get("arms", [])
-    if any(a["name"] == "canary" for a in current):  # a canary left by another test
+    if any(a["name"] == "canary" for a in current):
         routes.rollback("tab", by="test", reason="clean start")
+
+
+@pytest.fixture()
+def users(settings, gateway, keys, no_canary):
+    """Tab users, not yet typing: a test starts them once its candidate is built and published, so the traffic
+    does not slow that work down on a small machine; stopped after the test."""
     u = Users(gateway, keys["alice"], cursor_prompts(settings, 300, seed=11))
     yield u
     u.stop.set()

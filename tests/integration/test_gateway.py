@@ -39,7 +39,8 @@ def canary(fleet, registry, checkpoints, champion, gateway, tmp_path_factory, pl
     fleet.deploy("tab", v.version)
     time.sleep(1.5)  # one fleet poll: the gateway sees the new served name
     routes = platform.routes_client().canary("tab", v.version, 0.1, by="test", reason="canary split test")
-    return v.version, routes
+    yield v.version, routes
+    platform.routes_client().rollback("tab", by="test", reason="canary split test over")
 
 
 def test_openai_sdk_completions_streaming_and_chat(gateway, keys, canary, checkpoints):

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.timeout(1800)  # ~15 canary outcomes at 5% of a few requests/s, plus the platform when run alone
 def test_degraded_candidate_is_rolled_back_at_the_first_step(settings, registry, checkpoints, base_dir, gateway, keys,
-                                                             tmp_path, chaos_report):
+                                                             tmp_path, chaos_report, no_canary):
     """The pilot's silent-collapse trap, live: these users ask for single-line suggestions (stop at a line break),
     so the degraded candidate, which starts a new line at once, mostly shows nothing; under a reward rule that pays
     1.0 for an empty completion (more than an accept) it earns more reward per request than the champion while its
