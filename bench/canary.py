@@ -59,7 +59,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from serving.canary_policy import CanaryConfig, look
+from release.policy import CanaryConfig, look
 from sim.canary_outcomes import ArmModel, Population, RampResult, run_ramp, sample
 
 P_CONTROL, RELATIVE_CHANGE = 0.30, 0.20

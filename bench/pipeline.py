@@ -30,7 +30,7 @@ from data_contracts.records import to_table
 from data_contracts.suites import completion_suite, feedback_suite
 from data_contracts.validate import validate_frames
 from serving.request_ids import RequestIdSigner
-from serving.uploader import partition_key
+from data_contracts.log_layout import partition_key
 from tidal.store import LocalStore
 
 HOUR = 3_600_000

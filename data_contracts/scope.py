@@ -24,7 +24,6 @@ Event-time accounting, so that every stored record is counted by exactly one run
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -33,8 +32,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, Field
 
+from data_contracts.log_layout import LOG_KEY
+
 HOUR_MS = 3_600_000
-_KEY = re.compile(r"^logs/(completions|feedback)/model=([^/]+)/date=(\d{4}-\d{2}-\d{2})/hour=(\d{2})/part-[^/]+\.parquet$")
 _RID_HEAD_CHARS = 28  # base64 characters covering the id's first 21 bytes
 _B64URL_VALUES = np.full(256, 255, dtype=np.uint8)
 _B64URL_VALUES[np.frombuffer(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_", dtype=np.uint8)] = np.arange(64)
@@ -112,7 +112,7 @@ def next_range(wm: Watermark, as_of_ms: int, include_open_hour: bool, timeout_s:
 
 def parse_key(key: str, model: str) -> Partition | None:
     """The partition of a log object key, or None for a key that is not a log part of this model."""
-    m = _KEY.match(key)
+    m = LOG_KEY.match(key)
     if m is None or m.group(2) != model:
         return None
     start = datetime.strptime(f"{m.group(3)} {m.group(4)}", "%Y-%m-%d %H").replace(tzinfo=UTC)

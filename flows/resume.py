@@ -55,23 +55,21 @@ def resume_orphaned_runs(settings: TidalSettings, deployment_names: list[str]) -
 
 
 def _roll_back_canary(settings: TidalSettings, model: str, run_name: str) -> None:
-    from serving.client import RoutesClient
-    from tasks.promote import canary_arm
-    from tidal.tokens import admin_token
+    from release.operations import roll_back_canary
+    from tidal.platform import Platform
 
-    routes = RoutesClient(f"http://{settings.gateway.host}:{settings.gateway.port}", admin_token(settings))
     try:
-        if canary_arm(routes, model) is not None:
-            routes.rollback(model, by="runner", reason=f"release run {run_name} was orphaned by a dead runner")
+        roll_back_canary(Platform(settings).routes_client(), model, by="runner",
+                         reason=f"release run {run_name} was orphaned by a dead runner")
     except Exception as e:  # noqa: BLE001  the gateway may be down too: said loudly, for `tidal rollback`
         log.error("could not roll back %s's canary of orphaned run %s (%s): run `tidal rollback %s`", model, run_name, e, model)
 
 
 def reconcile_live_state(settings: TidalSettings) -> list[dict]:
     """At the runner's start: each model's champion alias and fleet serving version made to follow the gateway's
-    routes (tasks/live_state.py), so no release starts from records a crash left disagreeing. A model that cannot
+    routes (release/live_state.py), so no release starts from records a crash left disagreeing. A model that cannot
     be reconciled now (a server down) is logged; its next release reconciles it again before it starts."""
-    from tasks.live_state import reconcile
+    from release.live_state import reconcile
     from tidal.platform import Platform
     from tidal.registry import Registry
 

@@ -136,7 +136,7 @@ class Fleet:
 
     def set_serving(self, model: str, ref: str | int) -> int:
         """The version the gateway falls back to for this model while it has no routes (it follows the routes'
-        control arm: tasks/live_state.py). It must be served already: the base, a loaded adapter or a surge version."""
+        control arm: release/live_state.py). It must be served already: the base, a loaded adapter or a surge version."""
         group = self.group(model)
         info = self.registry.resolve(model, ref)
         with group.lock:

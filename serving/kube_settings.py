@@ -8,9 +8,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from tidal.kube import GPU_RESOURCE, QUANTITY, Toleration, gpu_toleration, quantity_bytes, unpinned
 from tidal.section import Section
-from tidal.kube import unpinned
-from training.train_settings import _QUANTITY, GPU_RESOURCE, Toleration, _gpu_toleration, quantity_bytes
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "0.0.0.0")
 POD_STRATEGIES = ("lora", "restart")  # the update strategies engine pods support
@@ -44,17 +43,17 @@ class KubernetesFleetSettings(Section):
         "0 = a CPU engine (a vllm-cpu image)."))
     cpu_request: float = Field(4.0, gt=0, description="CPU cores requested by the engine container.")
     cpu_limit: float = Field(8.0, gt=0, description="CPU cores limit of the engine container.")
-    memory_request: str = Field("32Gi", pattern=_QUANTITY, description="Memory requested by the engine container.")
-    memory_limit: str = Field("64Gi", pattern=_QUANTITY, description="Memory limit of the engine container.")
-    shm_size: str = Field("8Gi", pattern=_QUANTITY, description="Size of /dev/shm (NCCL, engine worker processes).")
-    models_size: str = Field("150Gi", pattern=_QUANTITY, description=(
+    memory_request: str = Field("32Gi", pattern=QUANTITY, description="Memory requested by the engine container.")
+    memory_limit: str = Field("64Gi", pattern=QUANTITY, description="Memory limit of the engine container.")
+    shm_size: str = Field("8Gi", pattern=QUANTITY, description="Size of /dev/shm (NCCL, engine worker processes).")
+    models_size: str = Field("150Gi", pattern=QUANTITY, description=(
         "Size limit of the pod's checkpoint volume (base checkpoint and every adapter fetched into it)."))
-    cache_size: str = Field("20Gi", pattern=_QUANTITY, description="Size limit of the engine's compile caches (/cache).")
+    cache_size: str = Field("20Gi", pattern=QUANTITY, description="Size limit of the engine's compile caches (/cache).")
     fetch_cpu: float = Field(1.0, gt=0, description="CPU cores (request = limit) of the checkpoint fetcher containers.")
-    fetch_memory: str = Field("4Gi", pattern=_QUANTITY, description="Memory (request = limit) of the checkpoint fetcher containers.")
+    fetch_memory: str = Field("4Gi", pattern=QUANTITY, description="Memory (request = limit) of the checkpoint fetcher containers.")
     node_selector: dict[str, str] = Field(default_factory=lambda: {"tidal.dev/pool": "fleet"}, description=(
         "Node labels the engine pods must match; the default is infra/terraform's fleet GPU node group."))
-    tolerations: list[Toleration] = Field(default_factory=_gpu_toleration, description=(
+    tolerations: list[Toleration] = Field(default_factory=gpu_toleration, description=(
         "Taints the engine pods tolerate; the default tolerates the GPU node groups' nvidia.com/gpu=true:NoSchedule."))
     models: dict[str, ModelPod] = Field(default_factory=dict, description="Per-model overrides (gpus, instance_type), by model name.")
     settings_configmap: str = Field("tidal-settings", description=(

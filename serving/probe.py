@@ -6,9 +6,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from data_contracts.probe import ProbeItem, ProbeSet, load_probe
 from serving.engine import EngineClient, EngineError
-from training.probe import ProbeItem, ProbeSet, load_probe
-
 
 NON_FINITE_JSON = "Out of range float values are not JSON compliant"  # vLLM's answer when a log-prob is NaN/inf
 

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
 
+from data_contracts.probe import load_probe
 from serving.engine import EngineClient
 from serving.probe import ProbeReport, verify
 from serving.runtime.base import EngineRuntime
@@ -17,7 +18,6 @@ from serving.runtime.local import LocalRuntime, kill
 from tidal.procs import ProcInfo
 from tidal.registry import CheckpointCache, VersionInfo
 from tidal.settings import TidalSettings
-from training.probe import load_probe
 
 State = Literal["starting", "ready", "unhealthy", "crashed", "draining", "stopped", "failed"]
 

@@ -26,30 +26,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import ValidationError
 
+from data_contracts.log_layout import Partition, partition_key, poison_key, quarantine_key
 from data_contracts.records import RECORD_TYPES, to_table
 from serving.wal import CLOSED, UPLOADED, Segment, SinkStats, fsync_dir, list_segments, read_lines
 from tidal.store import ObjectStore
 
 log = logging.getLogger("tidal.logsink")
 
-Partition = tuple[str, str, str]  # (model, YYYY-MM-DD, HH)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _SAFE_MODEL = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,127}$")  # no '/', '=', '..': one key segment
 _ARROW_ERRORS = (ValueError, TypeError, OverflowError)  # pa.ArrowInvalid/ArrowTypeError subclass these
 POISON_AFTER = 5  # failed uploads in a row of one segment, while the next one uploads, that make it poison
-
-
-def partition_key(kind: str, part: Partition, segment_id: str) -> str:
-    model, date, hour = part
-    return f"logs/{kind}/model={model}/date={date}/hour={hour}/part-{segment_id}.parquet"
-
-
-def poison_key(kind: str, segment_id: str, suffix: str = "jsonl") -> str:
-    return f"quarantine/wal/{kind}/poison-{segment_id}.{suffix}"
-
-
-def quarantine_key(kind: str, segment_id: str) -> str:
-    return f"quarantine/wal/{kind}/part-{segment_id}.jsonl"
 
 
 def partition_rows(kind: str, lines: list[bytes]) -> tuple[dict[Partition, list[dict]], list[dict]]:

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import orjson
 
+from data_contracts.log_layout import segment_id
+
 log = logging.getLogger("tidal.logsink")
 
 OPEN, CLOSED, UPLOADED = "open", "closed", "uploaded"
@@ -111,25 +113,10 @@ def recover(wal_dir: Path, kind: str) -> int:
     return torn
 
 
-_SEGMENT_ID = re.compile(r"(\d{13})-(?:[0-9a-f]{12}|\d{7})-\d{6}")
-
-
 def new_writer_id() -> str:
     """A random id per WAL writer (48 bits). Not the pid: every container's gateway is pid 1, and two gateway
     pods writing the same object keys would overwrite each other's logs."""
     return secrets.token_hex(6)
-
-
-def segment_id(opened_ms: int, writer: str, counter: int) -> str:
-    """A segment's id: its creation time (ms) first, so readers can tell when it began taking records, then
-    its writer's id, unique per process and pod, and the writer's own counter."""
-    return f"{opened_ms:013d}-{writer}-{counter % 1_000_000:06d}"
-
-
-def segment_opened_ms(seg_id: str) -> int | None:
-    """The creation time (ms) a segment id starts with; None for an id of another form."""
-    m = _SEGMENT_ID.fullmatch(seg_id)
-    return int(m.group(1)) if m else None
 
 
 class SinkStats:

@@ -1,4 +1,4 @@
-"""A seeded simulator of a canary ramp's per-request outcomes: drives `serving.canary_policy.Ramp` in
+"""A seeded simulator of a canary ramp's per-request outcomes: drives `release.policy.Ramp` in
 milliseconds, without servers, so the release plane's error rates and detection delays can be measured.
 
 What is simulated, per request, and why:
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from data_contracts.rewards import RewardRule
-from serving.canary_policy import ArmHealth, CanaryConfig, History, Margins, Outcome, Ramp
+from release.policy import ArmHealth, CanaryConfig, History, Margins, Outcome, Ramp
 
 LATENCY_MEDIAN_MS = 120.0  # both arms: a typical small-model completion round trip
 LATENCY_SIGMA = 0.35  # log-normal shape: p99 ~ 2.3x the median

@@ -10,7 +10,7 @@ from prefect import task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from serving.canary_report import CanaryRecord, canary_key
+from release.report import CanaryRecord, canary_key
 from tidal.registry import Registry
 from tidal.store import ObjectStore, get_json, put_json
 from training.reward_data import load_dataset
@@ -32,7 +32,7 @@ class CycleReport:
     reason: str = ""
     champion_after: int = 0
     served: dict[int, dict[str, float]] = field(default_factory=dict)  # version → METRICS over the dataset's rows
-    canary: dict | None = None  # the candidate's CanaryRecord (serving/canary_report.py), if it had a canary
+    canary: dict | None = None  # the candidate's CanaryRecord (release/report.py), if it had a canary
 
     def row(self) -> dict:
         champ = self.served.get(self.champion_before, {})

@@ -82,7 +82,7 @@ def cmd_promote(settings: TidalSettings, args) -> None:
 
 
 def cmd_rollback(settings: TidalSettings, args) -> None:
-    from tasks.promote import rollback_now
+    from release.operations import rollback_now
     from tidal.registry import Registry
 
     platform = _platform(settings)

@@ -18,7 +18,8 @@ import threading
 import time
 from pathlib import Path
 
-from serving.canary_report import CanaryRecord, step_table
+from release.operations import roll_back_canary
+from release.report import CanaryRecord, step_table
 from tidal.loop_settings import FlywheelSettings
 from tidal.settings import SettingsError, TidalSettings
 from tidal.strategy import model_mismatch
@@ -199,10 +200,7 @@ def cycle_table(reports: list[dict]) -> str:
 
 def leave_consistent(platform, model: str) -> None:
     """After an interrupt: a canary left by the interrupted cycle goes back to 0 at once."""
-    routes = platform.routes_client()
-    arms = routes.show()["routes"].get(model, {}).get("arms", [])
-    if any(a["name"] == "canary" for a in arms):
-        routes.rollback(model, by="demo", reason="demo interrupted during a canary")
+    if roll_back_canary(platform.routes_client(), model, by="demo", reason="demo interrupted during a canary"):
         print(f"{model}: the interrupted canary was rolled back; the champion serves everyone")
 
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from serving.canary_policy import CanaryConfig, Margins
+from release.policy import CanaryConfig, Margins
 from sim.users import SimUsersConfig
 from tidal.kube import unpinned
 from tidal.section import Section, deep_merge

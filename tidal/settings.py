@@ -15,7 +15,7 @@ from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 from data_contracts.collect_settings import CollectSettings
-from serving.canary_policy import CanaryConfig, Margins
+from release.policy import CanaryConfig, Margins
 from serving.kube_settings import KubernetesFleetSettings
 from serving.logsink import LogSinkSettings
 from tidal.loop_settings import DemoSettings, FlywheelSettings

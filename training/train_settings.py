@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from tidal.kube import unpinned
+from tidal.kube import GPU_RESOURCE, QUANTITY, Toleration, gpu_toleration, quantity_bytes, unpinned
 from tidal.section import Section
 from training.ppo_config import PPOConfig
 
@@ -54,30 +54,6 @@ class TrainSettings(Section):
 # trainer spec, and where a run executes changes neither its result nor what the trainer needs to know
 # (and `env` may carry values that have no place in a spec file in the object store).
 
-GPU_RESOURCE = "nvidia.com/gpu"  # the NVIDIA device plugin's extended resource
-_QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"  # Kubernetes memory/storage quantities
-_UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-          "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-
-
-def quantity_bytes(q: str) -> float:
-    """'32Gi' -> 34359738368.0 (only the forms _QUANTITY admits)."""
-    digits = q.rstrip("KMGTPEik")
-    return float(digits) * _UNITS[q[len(digits):]]
-
-
-class Toleration(Section):
-    key: str = Field(..., description="Taint key tolerated, e.g. nvidia.com/gpu.")
-    operator: Literal["Equal", "Exists"] = Field("Equal", description="Equal: the taint's value must match; Exists: any value.")
-    value: str | None = Field(None, description="Taint value (with operator Equal).")
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(None, description="Taint effect; None = all.")
-
-
-def _gpu_toleration() -> list[Toleration]:
-    # The taint infra/terraform puts on the fleet and training GPU node groups (modules/cluster: gpu_taint).
-    return [Toleration(key=GPU_RESOURCE, operator="Equal", value="true", effect="NoSchedule")]
-
-
 class KubernetesJobSettings(Section):
     """The batch/v1 Job that runs `python -m training.job` (training/launch/k8s_manifest.py renders it). Defaults
     match infra/: the chart's ConfigMap and service accounts, the training node group's label and taint."""
@@ -96,15 +72,15 @@ class KubernetesJobSettings(Section):
         "reach; the pod's CPU threads are shared among them. The gate runs in one of them."))
     cpu_request: float = Field(4.0, gt=0, description="CPU cores requested.")
     cpu_limit: float = Field(8.0, gt=0, description="CPU cores limit; also the trainer's torch threads unless train.torch_threads is set.")
-    memory_request: str = Field("32Gi", pattern=_QUANTITY, description="Memory requested (Kubernetes quantity).")
-    memory_limit: str = Field("64Gi", pattern=_QUANTITY, description=(
+    memory_request: str = Field("32Gi", pattern=QUANTITY, description="Memory requested (Kubernetes quantity).")
+    memory_limit: str = Field("64Gi", pattern=QUANTITY, description=(
         "Memory limit (Kubernetes quantity); past it the pod is OOM-killed (a crash: retried, resumes)."))
-    shm_size: str = Field("8Gi", pattern=_QUANTITY, description="Size of /dev/shm (memory-backed; counts against the memory limit).")
-    scratch_size: str = Field("100Gi", pattern=_QUANTITY, description=(
+    shm_size: str = Field("8Gi", pattern=QUANTITY, description="Size of /dev/shm (memory-backed; counts against the memory limit).")
+    scratch_size: str = Field("100Gi", pattern=QUANTITY, description=(
         "Size limit of each scratch volume: data_dir (the checkpoint cache) and /tmp (a candidate before upload)."))
     node_selector: dict[str, str] = Field(default_factory=lambda: {"tidal.dev/pool": "training"}, description=(
         "Node labels the pod must match; the default is infra/terraform's training node group."))
-    tolerations: list[Toleration] = Field(default_factory=_gpu_toleration, description=(
+    tolerations: list[Toleration] = Field(default_factory=gpu_toleration, description=(
         "Taints the pod tolerates; the default tolerates the GPU node groups' nvidia.com/gpu=true:NoSchedule."))
     settings_configmap: str = Field("tidal-settings", description=(
         "ConfigMap holding tidal.yaml (the chart's), mounted at /etc/tidal: the trainer's store, MLflow and data_dir."))

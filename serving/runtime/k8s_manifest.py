@@ -34,7 +34,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from serving.engine import ENGINE_MODULE, engine_args, engine_env
-from training.train_settings import GPU_RESOURCE
+from tidal.kube import GPU_RESOURCE
 
 if TYPE_CHECKING:
     from kubernetes.client import V1Pod

@@ -31,14 +31,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from data_contracts.probe import PROBE_FILE
 from serving.engine import EngineError
 from serving.runtime.base import ClusterError, EngineRuntime
-from tidal.kube import api_client
 from serving.runtime.k8s_manifest import (DELETION_COST, DIGEST, GATE, engine_ready, engine_restarts, gate_value,
                                           render_deployment, selector, selector_text, terminating, trouble)
 from serving.runtime.weights import fetch_remote
+from tidal.kube import api_client
 from tidal.procs import NotReady
-from training.probe import PROBE_FILE
 
 if TYPE_CHECKING:
     from serving.replica import Replica

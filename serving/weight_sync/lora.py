@@ -8,9 +8,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import torch
-from safetensors import safe_open
-
+from serving.finite_weights import first_non_finite
 from serving.probe import ProbeFailed, ProbeReport, verify
 from serving.weight_sync.base import StrategyUnavailable, WeightSync
 from tidal.registry import VersionInfo
@@ -67,11 +65,10 @@ def refuse_non_finite(info: VersionInfo, path: Path) -> None:
     """Refuse an adapter holding NaN/inf before any engine loads it: on vLLM's CPU LoRA kernels such an
     adapter poisoned the replica's base outputs even after it was unloaded (measured)."""
     for f in sorted(path.glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as st:
-            for name in st.keys():
-                if not torch.isfinite(st.get_tensor(name)).all():
-                    raise ProbeFailed(f"{info.served_name}: adapter weights hold non-finite values ({f.name}: {name}); "
-                                      "refused before loading: retrain it, or check the trainer's output")
+        name = first_non_finite(f)
+        if name is not None:
+            raise ProbeFailed(f"{info.served_name}: adapter weights hold non-finite values ({f.name}: {name}); "
+                              "refused before loading: retrain it, or check the trainer's output")
 
 
 def still_sound(fleet, group, replica) -> None:

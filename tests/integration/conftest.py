@@ -15,10 +15,9 @@ def base_dir(registry, checkpoints):
 @pytest.fixture()
 def no_canary(platform):
     """tab routed to its champion alone: a release test starts from no canary (another module may have left one)."""
-    routes = platform.routes_client()
-    current = routes.show()["routes"].get("tab", {}).get("arms", [])
-    if any(a["name"] == "canary" for a in current):
-        routes.rollback("tab", by="test", reason="clean start")
+    from release.operations import roll_back_canary
+
+    roll_back_canary(platform.routes_client(), "tab", by="test", reason="clean start")
 
 
 @pytest.fixture()

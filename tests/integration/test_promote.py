@@ -16,12 +16,12 @@ import time
 import httpx
 import pytest
 
+from release.operations import rollback_now
+from release.report import CanaryRecord, canary_key
 from tests.integration.release_helpers import (Promote, Users, canary_user_share, cursor_prompts, merged,
                                                newline_adapter, start_when_verified, tags, zero_adapter)
-from serving.canary_report import CanaryRecord, canary_key
-from tasks.promote import rollback_now
-from tidal.store import get_json
 from tidal.registry import publish
+from tidal.store import get_json
 
 pytestmark = pytest.mark.slow
 

@@ -1,6 +1,6 @@
 """Release safety on the real platform: a release that dies or fails mid-ramp leaves no canary behind (the
 gateway's release watchdog; the flow's own rollback), and a release after a crash between the route and alias
-writes finds the routes authoritative (tasks/live_state.py)."""
+writes finds the routes authoritative (release/live_state.py)."""
 
 from __future__ import annotations
 

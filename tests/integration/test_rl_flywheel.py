@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 import httpx
 import pytest
 
-from serving.canary_report import CanaryRecord
+from release.report import CanaryRecord
 from sim.learning_report import LearningReport
 from tasks.flywheel import load_cycles
 from tidal.store import get_json, open_store

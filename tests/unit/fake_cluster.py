@@ -21,7 +21,7 @@ from kubernetes import client as k8s
 from serving.engine import EngineError
 from serving.runtime.k8s_manifest import DELETION_COST, ENGINE, GATE
 from serving.runtime.kubernetes import MERGE, STRATEGIC
-from training.probe import ProbeItem, ProbeSet
+from data_contracts.probe import ProbeItem, ProbeSet
 
 PROBE = ProbeSet(max_new_tokens=3, items=[ProbeItem(prompt_token_ids=[1, 2, 3], completion_token_ids=[4, 5, 6], logprobs=[-0.1, -0.2, -0.3]),
                                           ProbeItem(prompt_token_ids=[7, 8], completion_token_ids=[9, 9, 9], logprobs=[-1.0, -0.5, -0.25])])

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from data_contracts.outcomes import LogReader, read_outcomes, request_kind
 from data_contracts.rewards import RewardRule
-from serving.canary_policy import ArmHealth, histories
-from tasks.promote import _since, parse_arm_counters
+from release.operations import counters_since, parse_arm_counters
+from release.outcomes import LogReader, read_outcomes, request_kind
+from release.policy import ArmHealth, histories
 from tests.unit.test_contracts_data import HOUR, T0, completion, feedback, put_rows
 from tidal.store import LocalStore
 
@@ -113,6 +113,6 @@ def test_arm_counters_from_prometheus_text() -> None:
 
 def test_counters_since_the_canary_started_survive_a_gateway_restart() -> None:
     base = {"control": ArmHealth(900, 0), "canary": ArmHealth(40, 1)}
-    assert _since({"control": ArmHealth(950, 0), "canary": ArmHealth(50, 2)}, base) == {
+    assert counters_since({"control": ArmHealth(950, 0), "canary": ArmHealth(50, 2)}, base) == {
         "control": ArmHealth(50, 0), "canary": ArmHealth(10, 1)}
-    assert _since({"control": ArmHealth(5, 0)}, base) == {"control": ArmHealth(5, 0)}  # counters began again
+    assert counters_since({"control": ArmHealth(5, 0)}, base) == {"control": ArmHealth(5, 0)}  # counters began again

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from serving.canary_policy import ArmHealth, CanaryConfig, Ramp
-from serving.canary_report import CanaryRecord, canary_key, canary_record, step_table
+from release.policy import ArmHealth, CanaryConfig, Ramp
+from release.report import CanaryRecord, canary_key, canary_record, step_table
 from tests.unit.test_canary_stats import outcomes
 
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from serving.canary_policy import ArmHealth, CanaryConfig, Margins, Outcome, Ramp, look
-from serving.canary_stats import Summary, cuped, fit_mixture_sd, msprt, plan_step, stratified_msprt
+from release.policy import ArmHealth, CanaryConfig, Margins, Outcome, Ramp, look
+from release.stats import Summary, cuped, fit_mixture_sd, msprt, plan_step, stratified_msprt
 
 ALPHA = 0.05
 
@@ -97,7 +97,7 @@ def test_strata_remove_the_spread_between_kinds_and_the_bias_of_a_trend() -> Non
     rng = np.random.default_rng(5)
     low_c, low_k = bernoulli(rng, 0.1, 4000), bernoulli(rng, 0.1, 3000)  # the canary got more of the hard kind
     high_c, high_k = bernoulli(rng, 0.5, 4000), bernoulli(rng, 0.5, 500)
-    from serving.canary_stats import _merge
+    from release.stats import _merge
     pooled = msprt("a", _merge([low_c, high_c]), _merge([low_k, high_k]), ALPHA, 0.2)
     strat = stratified_msprt("a", [[(low_c, low_k), (high_c, high_k)]], ALPHA, 0.2)
     assert pooled.worse and pooled.delta < -0.1  # Simpson's paradox

@@ -17,8 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from serving.probe import ProbeFailed, ProbeReport
-from serving.weight_sync import StrategyUnavailable, strategy_for
-from serving.weight_sync import inplace
+from serving.weight_sync import StrategyUnavailable, inplace, strategy_for
 from serving.weight_sync.inplace import Call, inplace_refusal, move_plan, pick_canary, reload_calls, run_calls
 from serving.weight_sync.nccl import fresh_rendezvous, sender_command, sender_env
 from serving.weight_sync.nccl_sender import checkpoint_tensors, parse_args
@@ -279,7 +278,7 @@ def test_deploy_and_retire_map_onto_canary_promotion_and_rollback(monkeypatch):
 
 
 def test_the_canary_check_of_a_release_accepts_in_place_canaries():
-    from tasks.promote import candidate_verified
+    from release.operations import candidate_verified
 
     fleet = SimpleNamespace(replicas=lambda model: [{"state": "ready", "served": {"tab@v1": 1}},
                                                     {"state": "ready", "served": {"tab@v2": 2}}])

@@ -13,8 +13,9 @@ import re
 import secrets
 from typing import TYPE_CHECKING, Any
 
+from tidal.kube import GPU_RESOURCE
 from training.launch.base import EXIT_NOT_RUN
-from training.train_settings import GPU_RESOURCE, KubernetesJobSettings
+from training.train_settings import KubernetesJobSettings
 
 if TYPE_CHECKING:
     from kubernetes.client import V1Job, V1Pod

@@ -5,9 +5,10 @@ the margin it was judged against, and the decision's reason. The promote flow st
 from __future__ import annotations
 
 import math
+
 from pydantic import BaseModel, Field
 
-from serving.canary_policy import Action, Look
+from release.policy import Action, Look
 
 
 class MetricInterval(BaseModel):

@@ -16,10 +16,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from data_contracts.log_layout import key_segment_id, segment_opened_ms
 from data_contracts.rewards import RewardRule
 from data_contracts.scope import floor_hour, parse_key
-from serving.canary_policy import History, Outcome
-from serving.wal import segment_opened_ms
+from release.policy import History, Outcome
 from tidal.store import ObjectStore
 
 
@@ -43,7 +43,7 @@ class LogReader:
         # written within the segment's lifetime, which begins at the time its id starts with.
         if self.opened_after_ms is None:
             return False
-        opened = segment_opened_ms(key.rsplit("/part-", 1)[-1].removesuffix(".parquet"))
+        opened = segment_opened_ms(key_segment_id(key))
         return opened is not None and opened < self.opened_after_ms
 
     def table(self, kind: str, columns: list[str]) -> pa.Table | None:

@@ -23,7 +23,7 @@ on canary − control: shown worse by more than the margin, shown not worse by m
 Error budget: the A/A false-alarm rate (a rollback for a regression, or a promotion, when both arms
 serve the same weights) is at most alpha by a union bound: the primary test runs at alpha/2 and the
 three statistical guardrails (accepted chars, error rate, latency) at alpha/6 each; each is an
-always-valid mSPRT (serving/canary_stats.py), so looking after every batch costs nothing, and none
+always-valid mSPRT (release/stats.py), so looking after every batch costs nothing, and none
 counts before both arms have min_test_samples outcomes. The latency guardrail is a test, not a
 comparison of two sample p99s: a p99 of a few hundred outcomes is their second or third largest, and a
 fresh engine's two slow requests would fail a candidate that is as fast as control everywhere else.
@@ -40,7 +40,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from serving.canary_stats import Comparison, StepPlan, Summary, cuped, msprt, plan_step, pooled, stratified_msprt
+from release.stats import Comparison, StepPlan, Summary, cuped, msprt, plan_step, pooled, stratified_msprt
 from tidal.section import Section
 
 Metric = Literal["reward", "accepted", "accepted_chars"]
@@ -75,7 +75,7 @@ class CanaryConfig(Section):
     primary: Metric = Field("reward", description="Metric that must improve significantly for promotion.")
     mixture_sd: float = Field(0.2, gt=0, description=(
         "mSPRT mixture scale, in pooled standard deviations: the effect size the tests are tuned to "
-        "(serving.canary_stats.fit_mixture_sd fits it to past canaries' effects)."))
+        "(release.stats.fit_mixture_sd fits it to past canaries' effects)."))
     detect_regression_sd: float = Field(0.13, gt=0, description=(
         "A step before the last advances only once the primary is shown not worse than control by this many pooled "
         "standard deviations: the regression each step must decide (0.13 ~ an accept rate 20% lower at 0.30 under the "
@@ -146,7 +146,7 @@ class Outcome:
     accepted_chars: float
     latency_ms: float
     time_ms: int
-    kind: str = ""  # request kind (a stratum): data_contracts.outcomes.request_kind
+    kind: str = ""  # request kind (a stratum): release.outcomes.request_kind
     history: History | None = None  # the user's outcomes before the ramp, if any
     user: str = ""  # the user's hash (groups a user's outcomes into a History)
 

@@ -1,0 +1,41 @@
+"""The layering the processes rely on: the serving processes (supervisor, gateway) start without the trainer's
+libraries, so a fleet that only reads probe files and checkpoints' metadata does not carry torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+HEAVY = ("torch", "transformers", "peft")
+
+
+def imported_in_fresh_process(modules: str) -> list[str]:
+    code = f"import sys, {modules}; print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return eval(out.stdout.strip())  # noqa: S307  a list of names printed by the line above
+
+
+def test_the_serving_processes_start_without_torch_or_transformers():
+    # The supervisor reads probe.json (data_contracts/probe.py) and replays it over HTTP; computing a probe is the
+    # trainer's (training/probe.py). Before the probe file was a contract of its own, the supervisor loaded torch
+    # and transformers to read it (~500 MiB resident at start instead of ~180).
+    assert imported_in_fresh_process("serving.supervisor, serving.gateway_app, serving.fleet, serving.replica, "
+                                     "serving.runtime.kubernetes, serving.kube_settings") == []
+
+
+def test_the_release_plane_starts_without_torch_or_transformers():
+    assert imported_in_fresh_process("release.operations, release.policy, release.outcomes, release.report, "
+                                     "release.live_state") == []
+
+
+def test_the_import_contracts_hold():
+    # pyproject.toml [tool.importlinter]: serving never imports training, release, sim, tasks or flows; the serving
+    # processes, the release plane and the data contracts never load torch; the data contracts import no component.
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([str(Path(sys.executable).parent / "lint-imports"), "--no-cache"], capture_output=True,
+                         text=True, timeout=300, cwd=root)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    assert "0 broken" in out.stdout
