@@ -100,6 +100,18 @@ CONFIGS: dict[str, tuple[dict, dict]] = {
     "full_norm1e2_stop2_budget25_kept4_t05": ({"lora": False, "learning_rate": 1e-4, "final_norm_learning_rate": 1e-2,
                                                "stop_credit_coef": 2.0, "abstain_budget": 0.25, "kept_credit_coef": 4.0,
                                                "sharpen_coef": 1.0, "sharpen_temperature": 0.5}, {}),
+    # the demo's configuration pushed towards fewer suggestions: stronger stop credit (the budget then binds), or
+    # a weaker KL penalty holding the abstain probability back
+    "full_norm1e2_stop4_budget25_kept4_t05": ({"lora": False, "learning_rate": 1e-4, "final_norm_learning_rate": 1e-2,
+                                               "stop_credit_coef": 4.0, "abstain_budget": 0.25, "kept_credit_coef": 4.0,
+                                               "sharpen_coef": 1.0, "sharpen_temperature": 0.5}, {}),
+    "full_norm1e2_stop4_budget25_kept8_t05": ({"lora": False, "learning_rate": 1e-4, "final_norm_learning_rate": 1e-2,
+                                               "stop_credit_coef": 4.0, "abstain_budget": 0.25, "kept_credit_coef": 8.0,
+                                               "sharpen_coef": 1.0, "sharpen_temperature": 0.5}, {}),
+    "full_norm1e2_stop2_budget25_kept4_t05_kl05": ({"lora": False, "learning_rate": 1e-4, "final_norm_learning_rate": 1e-2,
+                                                    "stop_credit_coef": 2.0, "abstain_budget": 0.25,
+                                                    "kept_credit_coef": 4.0, "sharpen_coef": 1.0,
+                                                    "sharpen_temperature": 0.5, "kl_coef": 0.05}, {}),
     "full_norm1e2_stop1_budget20_kept4": ({"lora": False, "learning_rate": 1e-4, "final_norm_learning_rate": 1e-2,
                                            "stop_credit_coef": 1.0, "abstain_budget": 0.2, "kept_credit_coef": 4.0}, {}),
     # every weight trained (the final norm can scale the logits), sharpened, with or without the code loss
