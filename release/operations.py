@@ -16,7 +16,7 @@ from data_contracts.rewards import RewardRule
 from release.live_state import reconcile
 from release.outcomes import LogReader, read_outcomes
 from release.policy import ArmHealth, CanaryConfig, History, histories
-from serving.client import FleetClient, RoutesClient
+from serving.client import AdminError, FleetClient, RoutesClient
 from tidal.registry import Registry, VersionInfo
 from tidal.store import ObjectStore
 
@@ -87,8 +87,6 @@ def candidate_verified(fleet: FleetClient, model: str, cand: VersionInfo, strate
 def when_served(change, timeout_s: float = 60.0):
     """Run a route change once the gateway lists the versions it names: the gateway polls the fleet every
     gateway.fleet_poll_s, so right after a deploy (or while a replica is briefly out of rotation) it answers 409."""
-    from serving.client import AdminError
-
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -109,8 +107,6 @@ def route_when_served(routes: RoutesClient, model: str, version: int, weight: fl
 def check_in(routes: RoutesClient, model: str, version: int, watch_s: float) -> str:
     """Tell the gateway's watchdog this release still watches its canary (next check-in due within watch_s).
     Returns "" while the canary is routed, else why it is gone (an operator's `tidal rollback`, or the watchdog)."""
-    from serving.client import AdminError
-
     try:
         routes.watch(model, version, watch_s)
         return ""
@@ -172,8 +168,6 @@ def rollback_now(registry: Registry, routes: RoutesClient, fleet: FleetClient, m
     Target: `to`; else the control version while a canary runs; else the `previous` alias (the champion
     a promotion replaced). A target no replica serves any more is deployed (and verified) first.
     """
-    from serving.client import AdminError
-
     t0 = time.monotonic()
     current = routes.show()["routes"].get(model) or {}
     arms = {a["name"]: a for a in current.get("arms", [])}
