@@ -80,7 +80,7 @@ def version(n: int):
 
 def bench_fleet(engine_settings, dirs: dict[int, Path]):
     """What InPlaceSync.move reads of a fleet: settings, checkpoint directories, and a restart to record."""
-    from tidal.settings import FleetSettings
+    from serving.settings import FleetSettings
 
     fleet = SimpleNamespace(settings=SimpleNamespace(engine=engine_settings, fleet=FleetSettings()), restarted=[],
                             checkpoints=SimpleNamespace(local_dir=lambda info: dirs[info.version]))
@@ -187,7 +187,7 @@ def run(args) -> tuple[dict, list[str]]:
     from serving.weight_sync.nccl import NcclSync
     from serving.weight_sync.reload import ReloadSync
     from tidal.procs import port_free
-    from tidal.settings import EngineSettings
+    from serving.settings import EngineSettings
 
     dl, work, figures, errors = Deadline(args.deadline), Path(args.work), {"gpus": args.gpus}, []
     logs = work / "logs"

@@ -41,26 +41,12 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from release.stats import Comparison, StepPlan, Summary, cuped, msprt, plan_step, pooled, stratified_msprt
+from tidal.model_settings import Margins
 from tidal.section import Section
 
 Metric = Literal["reward", "accepted", "accepted_chars"]
 Action = Literal["wait", "advance", "promote", "rollback", "inconclusive"]
 METRICS: tuple[Metric, ...] = ("reward", "accepted", "accepted_chars")
-
-
-class Margins(Section):
-    """How much worse than control a candidate may be on each guardrail and still be promoted (non-inferiority
-    margins). Set per model (`models[].canary_margins`) where a model's users tolerate more or less."""
-
-    accepted_chars: float = Field(0.05, ge=0, lt=1, description=(
-        "Accepted characters per request may be at most this share below control's: promotion needs the always-valid "
-        "lower bound of the difference above -margin x control's mean; an upper bound below it rolls back."))
-    error_rate: float = Field(0.02, ge=0, le=1, description=(
-        "The canary's error rate may exceed control's by at most this (absolute): promotion needs the upper bound "
-        "of the excess below it, a lower bound above it rolls back."))
-    slow_share: float = Field(0.01, ge=0, le=1, description=(
-        "The share of canary requests slower than max_p99_ratio x control's p99 + p99_slack_ms may exceed control's "
-        "share by at most this (0.01: the 1% a p99 allows), with the same two bounds."))
 
 
 class CanaryConfig(Section):

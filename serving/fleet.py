@@ -17,7 +17,9 @@ from serving.runtime import EngineRuntime, runtime_for
 from serving.weight_sync import WeightSync, strategy_for
 from tidal.procs import write_json
 from tidal.registry import CheckpointCache, Registry, RegistryError, VersionInfo
-from tidal.settings import ModelSettings, SettingsError, TidalSettings
+from tidal.model_settings import ModelSettings
+from tidal.section import SettingsError
+from serving.settings import ServingSettings
 
 log = logging.getLogger("tidal.fleet")
 
@@ -52,7 +54,7 @@ class ModelGroup:
 
 
 class Fleet:
-    def __init__(self, settings: TidalSettings, registry: Registry, checkpoints: CheckpointCache,
+    def __init__(self, settings: ServingSettings, registry: Registry, checkpoints: CheckpointCache,
                  runtime: EngineRuntime | None = None):
         self.settings, self.registry = settings, registry
         self.runtime = runtime or runtime_for(settings)

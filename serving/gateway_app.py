@@ -25,10 +25,10 @@ from serving.gateway_metrics import GatewayMetrics, RateLimiter
 from serving.logsink import LogSink
 from serving.request_ids import RequestIdSigner
 from serving.routes import CanaryGone, ModelRoutes, RouteError, RouteTable
+from serving.settings import ServingSettings, client_keys, load_serving_settings
 from serving.upstream import ReplicaPool
-from tidal.settings import TidalSettings, load_settings
 from tidal.store import open_store
-from tidal.tokens import admin_token, client_keys, secret
+from tidal.tokens import admin_token, secret
 
 log = logging.getLogger("tidal.gateway")
 
@@ -221,11 +221,11 @@ def build_app(gw: Gateway, clients: dict[str, str], admin: str, limiter: RateLim
     return app
 
 
-def build_gateway(settings: TidalSettings) -> tuple[FastAPI, TidalSettings]:
+def build_gateway(settings: ServingSettings) -> tuple[FastAPI, ServingSettings]:
     g = settings.gateway
     sink = LogSink(settings.data_path / "wal", open_store(settings), g.logsink)
     metrics = GatewayMetrics(sink.metrics)
-    key = secret(settings, "request_id", g.secret).encode()  # signs request ids and keys user hashes
+    key = secret(settings.data_path, "request_id", g.secret).encode()  # signs request ids and keys user hashes
     gw = Gateway(routes=RouteTable(settings.data_path / "gateway" / "routes.json", g.route_limits),
                  pool=ReplicaPool(f"http://{settings.fleet.host}:{settings.fleet.admin_port}", admin_token(settings),
                                   g.fleet_poll_s, max_in_flight=g.max_in_flight_per_replica, call_limit_s=g.upstream_timeout_s),
@@ -239,7 +239,7 @@ def build_gateway(settings: TidalSettings) -> tuple[FastAPI, TidalSettings]:
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = load_settings()
+    settings = load_serving_settings()
     app, _ = build_gateway(settings)
     uvicorn.run(app, host=settings.gateway.host, port=settings.gateway.port, log_level="warning",
                 http="httptools", loop="uvloop", access_log=False, proxy_headers=False, server_header=False)

@@ -17,7 +17,7 @@ from serving.runtime.base import EngineRuntime
 from serving.runtime.local import LocalRuntime, kill
 from tidal.procs import ProcInfo
 from tidal.registry import CheckpointCache, VersionInfo
-from tidal.settings import TidalSettings
+from serving.settings import ServingSettings
 
 State = Literal["starting", "ready", "unhealthy", "crashed", "draining", "stopped", "failed"]
 
@@ -88,7 +88,7 @@ class Replica:
         return {**out, "pod": self.pod} if self.pod else out
 
 
-def boot(replica: Replica, settings: TidalSettings, checkpoints: CheckpointCache, enable_lora: bool,
+def boot(replica: Replica, settings: ServingSettings, checkpoints: CheckpointCache, enable_lora: bool,
          runtime: EngineRuntime | None = None) -> None:
     """Start the engine (through `runtime`, default a local subprocess), wait for readiness, load adapters, probe
     every served version, warm it up; only then is it 'ready' (in rotation).

@@ -20,10 +20,11 @@ from serving.fleet import Fleet
 from serving.probe import ProbeFailed
 from serving.route_guard import RouteGuard, RoutedVersion, RoutesUnknown
 from serving.runtime.base import ClusterError
+from serving.settings import ServingSettings, load_serving_settings
 from serving.weight_sync import StrategyUnavailable
 from tidal.procs import NotReady, PortInUse
 from tidal.registry import CheckpointCache, CheckpointCorrupt, Registry, RegistryError
-from tidal.settings import SettingsError, TidalSettings, load_settings
+from tidal.section import SettingsError
 from tidal.store import open_store
 from tidal.tokens import admin_token
 
@@ -123,7 +124,7 @@ def build_app(state: FleetState, token: str) -> FastAPI:
     return app
 
 
-def serve(settings: TidalSettings) -> None:
+def serve(settings: ServingSettings) -> None:
     store = open_store(settings)
     fleet = Fleet(settings, Registry(settings.mlflow.tracking_uri), CheckpointCache(store, settings.data_path / "cache"))
     guard = RouteGuard(f"http://{settings.gateway.host}:{settings.gateway.port}", admin_token(settings),
@@ -135,7 +136,7 @@ def serve(settings: TidalSettings) -> None:
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health check otherwise
-    serve(load_settings())
+    serve(load_serving_settings())
 
 
 if __name__ == "__main__":

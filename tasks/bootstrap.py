@@ -11,7 +11,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from tidal.registry import Registry, VersionInfo, code_revision, publish
-from tidal.settings import PROJECT_ROOT, BootstrapSettings
+from tidal.section import PROJECT_ROOT
+from training.train_settings import BootstrapSettings
 from tidal.store import ObjectStore
 from training import corpus as corpus_mod
 from training.policy import build_policy, save_policy

@@ -19,7 +19,8 @@ from release.live_state import LiveState, reconcile
 from release.operations import (Release, ReleaseError, arm_counters, audit, candidate_verified, check_in,
                                 counters_since, log_plan, now_ms, roll_back_canary, route_when_served, user_histories)
 from release.outcomes import LogReader, read_outcomes
-from release.policy import CanaryConfig, Look, Margins, Ramp
+from release.policy import CanaryConfig, Look, Ramp
+from tidal.model_settings import Margins
 from release.report import canary_key, canary_record
 from serving.client import FleetClient, RoutesClient
 from tidal.registry import Registry

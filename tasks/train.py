@@ -21,7 +21,8 @@ from prefect.cache_policies import NO_CACHE
 from data_contracts.dataset import read_manifest, read_parquet
 from tidal.procs import tail
 from tidal.registry import Registry, VersionInfo, code_revision, publish
-from tidal.settings import PROJECT_ROOT, SettingsError, TidalSettings
+from tidal.section import PROJECT_ROOT, SettingsError
+from tidal.settings import TidalSettings
 from tidal.store import ObjectStore, download_dir, get_json
 from tidal.strategy import model_mismatch
 from training.job_spec import (

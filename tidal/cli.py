@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         from tidal.platform import ServerUnavailable
         from tidal.procs import NotReady, PortInUse
         from tidal.registry import RegistryError
-        from tidal.settings import SettingsError
+        from tidal.section import SettingsError
 
         if isinstance(e, (AdminError, NotReady, PortInUse, RegistryError, ServerUnavailable, SettingsError,
                           FileNotFoundError, ValueError)):

@@ -21,7 +21,8 @@ from pathlib import Path
 from release.operations import roll_back_canary
 from release.report import CanaryRecord, step_table
 from tidal.loop_settings import FlywheelSettings
-from tidal.settings import SettingsError, TidalSettings
+from tidal.section import SettingsError
+from tidal.settings import TidalSettings
 from tidal.strategy import model_mismatch
 
 METRIC_NAMES = ("suggestion_rate", "accept_rate", "reward_per_request", "accepted_chars_per_request")
@@ -267,7 +268,7 @@ def cmd_demo(settings: TidalSettings, args) -> None:
     from tidal.platform import Platform, use_platform_env
     from tidal.registry import Registry
     from tidal.store import open_store
-    from tidal.tokens import client_keys
+    from serving.settings import client_keys
 
     stop_on_signals()
     settings = demo_profile(settings)

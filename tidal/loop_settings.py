@@ -6,7 +6,9 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from release.policy import CanaryConfig, Margins
+from release.policy import CanaryConfig
+
+from tidal.model_settings import Margins
 from sim.users import SimUsersConfig
 from tidal.kube import unpinned
 from tidal.section import Section, deep_merge

@@ -20,7 +20,8 @@ import yaml
 
 from tidal.procs import (NotReady, ProcInfo, alive, group_members, read_procinfo, require_port, save_procinfo, spawn,
                          stop_group, tail, wait_http, wait_port_free)
-from tidal.settings import SettingsError, TidalSettings
+from tidal.section import SettingsError
+from tidal.settings import TidalSettings
 from tidal.tokens import admin_token
 
 log = logging.getLogger("tidal.platform")

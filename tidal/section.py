@@ -1,6 +1,18 @@
-"""Base of every settings section (kept apart so component modules can declare their own sections)."""
+"""Base of every settings section, and what every layer raises about settings.
+
+Kept apart so that each component declares its own sections in a leaf module of its own package; the
+settings root (`tidal/settings.py`) only composes them.
+"""
+
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+class SettingsError(ValueError):
+    """A bad setting, with the fix in its message."""
 
 
 class Section(BaseModel):

@@ -11,7 +11,7 @@ from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 if TYPE_CHECKING:
-    from tidal.settings import TidalSettings
+    from tidal.core_settings import SettingsRoot
 
 
 class ObjectStore(Protocol):
@@ -161,7 +161,7 @@ class RoutedStore:
         return self._for(key).uri(key)
 
 
-def open_store(settings: TidalSettings) -> ObjectStore:
+def open_store(settings: SettingsRoot) -> ObjectStore:
     default = open_url(settings.store_url, settings, "store.url")
     if not settings.store.routes:
         return default
@@ -169,7 +169,7 @@ def open_store(settings: TidalSettings) -> ObjectStore:
                                  for area, url in settings.store.routes.items()})
 
 
-def open_url(url: str, settings: TidalSettings, setting: str) -> ObjectStore:
+def open_url(url: str, settings: SettingsRoot, setting: str) -> ObjectStore:
     """One store root, named in errors by the `setting` it came from: file:///dir, a directory, or s3://bucket/prefix."""
     if "://" not in url:  # a plain directory
         url = Path(url).expanduser().resolve().as_uri()

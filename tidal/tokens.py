@@ -10,16 +10,21 @@ from __future__ import annotations
 import os
 import secrets as _secrets
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tidal.settings import ClientKey, SettingsError, TidalSettings
+from tidal.section import SettingsError
+
+if TYPE_CHECKING:
+    from tidal.core_settings import SettingsRoot
 
 MIN_SECRET_CHARS = 16
 
 
-def secret(settings: TidalSettings, name: str, given: str | None = None) -> str:
+def secret(data_path: Path, name: str, given: str | None = None) -> str:
+    """The given secret, else the one generated once into data_path/secrets/name."""
     if given is not None:
         return _checked(given, f"the configured {name}", "set a longer one")
-    path = settings.data_path / "secrets" / name
+    path = data_path / "secrets" / name
     if not path.exists():
         _create(path, _secrets.token_urlsafe(32))
     return _checked(path.read_text().strip(), f"{path}", "delete the file to have a new secret generated")
@@ -56,10 +61,5 @@ def _create(path: Path, value: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def admin_token(settings: TidalSettings) -> str:
-    return secret(settings, "admin_token", settings.admin_token)
-
-
-def client_keys(settings: TidalSettings) -> list[ClientKey]:
-    """Configured API clients, or one client 'local' with a generated key."""
-    return settings.gateway.clients or [ClientKey(client_id="local", key=secret(settings, "client_key_local"))]
+def admin_token(settings: SettingsRoot) -> str:
+    return secret(settings.data_path, "admin_token", settings.admin_token)

@@ -1,5 +1,5 @@
-"""Settings of the training plane: the `train` section (what a run computes) and the `trainer` section (where
-the trainer process runs)."""
+"""Settings of the training plane: the `train` section (what a run computes), the `trainer` section (where
+the trainer process runs) and the `bootstrap` section (how version 1 is made)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from pydantic import Field, model_validator
 
 from tidal.kube import GPU_RESOURCE, QUANTITY, Toleration, gpu_toleration, quantity_bytes, unpinned
 from tidal.section import Section
+from training.policy_config import PolicyConfig
 from training.ppo_config import PPOConfig
+from training.pretrain_config import PretrainConfig
 
 
 class GateConfig(Section):
@@ -131,3 +133,14 @@ class LaunchSettings(Section):
         "With launcher 'local': trainer processes on this machine. Above 1 the flow runs `torchrun --standalone "
         "--nproc-per-node N -m training.job` (data parallel, or the Megatron backend's tensor-parallel shards: a "
         "multiple of train.ppo.tensor_parallel), one GPU each where CUDA exists, else gloo on the CPU."))
+
+
+class BootstrapSettings(Section):
+    """How version 1 is made: its tokenizer, architecture, pretraining and served-weight probe."""
+
+    vocab_size: int = Field(1024, ge=300, description="Byte-level BPE vocabulary size of the base tokenizer.")
+    heldout_fraction: float = Field(0.1, gt=0, lt=1, description="Share of stdlib files (by path hash) never trained on.")
+    policy: PolicyConfig = Field(default_factory=PolicyConfig, description="Base policy architecture.")
+    pretrain: PretrainConfig = Field(default_factory=PretrainConfig, description="Pretraining budget and optimiser.")
+    probe_prompts: int = Field(4, ge=1, description="Prompts in each version's served-weight probe.")
+    probe_tokens: int = Field(8, ge=1, description="Greedy tokens per probe prompt.")

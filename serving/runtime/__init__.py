@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 from serving.runtime.base import EngineRuntime
 
 if TYPE_CHECKING:
-    from tidal.settings import TidalSettings
+    from serving.settings import ServingSettings
 
 
-def runtime_for(settings: TidalSettings) -> EngineRuntime:
+def runtime_for(settings: ServingSettings) -> EngineRuntime:
     """The runtime `fleet.runtime` names (the Kubernetes client is imported only when it is the one)."""
     if settings.fleet.runtime == "local":
         from serving.runtime.local import LocalRuntime

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
     from serving.kube_settings import KubernetesFleetSettings
     from tidal.registry import VersionInfo
-    from tidal.settings import EngineSettings
+    from serving.settings import EngineSettings
 
 ENGINE, FETCH, WEIGHTS = "vllm", "fetch-weights", "weights"  # container names
 MODELS_DIR = "/models"  # the pod's checkpoint volume: <MODELS_DIR>/<checkpoint key>

@@ -43,7 +43,7 @@ from tidal.procs import NotReady
 if TYPE_CHECKING:
     from serving.replica import Replica
     from tidal.registry import CheckpointCache, VersionInfo
-    from tidal.settings import TidalSettings
+    from serving.settings import ServingSettings
 
 log = logging.getLogger("tidal.fleet")
 MERGE, STRATEGIC = "application/merge-patch+json", "application/strategic-merge-patch+json"
@@ -80,7 +80,7 @@ class ProbeFiles:
 class KubernetesRuntime(EngineRuntime):
     name = "kubernetes"
 
-    def __init__(self, settings: TidalSettings, apis: tuple[Any, Any] | None = None, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, settings: ServingSettings, apis: tuple[Any, Any] | None = None, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep, fetcher: Callable[[str, VersionInfo], str] = fetch_remote):
         """`apis`: (AppsV1Api, CoreV1Api); None = connect on first use (in-cluster, else kubeconfig)."""
         self.settings, self.cfg = settings, settings.fleet.kubernetes

@@ -13,7 +13,7 @@ from tidal.procs import PortInUse, port_free, stop_group
 
 if TYPE_CHECKING:
     from serving.replica import Replica
-    from tidal.settings import TidalSettings
+    from serving.settings import ServingSettings
 
 
 def kill(replica: Replica, timeout: float = 10.0) -> None:
@@ -26,7 +26,7 @@ def kill(replica: Replica, timeout: float = 10.0) -> None:
 class LocalRuntime(EngineRuntime):
     name = "local"
 
-    def __init__(self, settings: TidalSettings):
+    def __init__(self, settings: ServingSettings):
         self.settings = settings
         self._ports: set[int] = set()
         self._lock = threading.Lock()

@@ -102,10 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     srv.add_argument("--port", type=int, required=True)
     args = parser.parse_args(argv)
 
-    from tidal.settings import load_settings
+    from tidal.core_settings import SettingsRoot, load_root
     from tidal.store import open_store
 
-    store = open_store(load_settings())
+    store = open_store(load_root(SettingsRoot))  # the object store's section is all it reads
     if args.cmd == "fetch":
         info = version_from(json.loads(args.version))
         path = fetch(store, info, args.into)

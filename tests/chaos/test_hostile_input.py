@@ -33,7 +33,7 @@ def test_fuzzed_gateway_never_answers_5xx_or_leaks_a_secret(settings, gateway, k
 
     examples = 150 if request.config.getoption("--long") else 20
     admin = admin_token(settings)
-    signing = secret(settings, "request_id", settings.gateway.secret)
+    signing = secret(settings.data_path, "request_id", settings.gateway.secret)
     never_shown = [keys["alice"], keys["bob"], admin, signing]
     routes_before = platform.routes_client().show()["routes"]
     schema = schemathesis.openapi.from_url(gateway + "/openapi.json")

@@ -170,7 +170,7 @@ def canary_user_share(settings, model: str, users: int, weight: float, client: s
     from serving.routes import ArmSpec, ModelRoutes, arm_key, assign, assignment_key
     from tidal.tokens import secret
 
-    key = arm_key(secret(settings, "request_id", settings.gateway.secret).encode())
+    key = arm_key(secret(settings.data_path, "request_id", settings.gateway.secret).encode())
     routes = ModelRoutes(model=model, updated_ms=0, updated_by="test", arms=[
         ArmSpec(name="control", version=1, weight=1 - weight), ArmSpec(name="canary", version=2, weight=weight)])
     return sum(assign(routes, assignment_key(client, f"user-{i}"), key).name == "canary" for i in range(users)) / users

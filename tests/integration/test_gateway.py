@@ -71,7 +71,7 @@ def test_canary_split_is_sticky_and_every_record_names_its_version(gateway, keys
     routes = ModelRoutes.model_validate(routes_dump)
     # The split itself is the gateway's own hash over 2000 users (cheap); 250 of them go through
     # the real gateway and engines, which must serve each one exactly that arm.
-    key = arm_key(secret(settings, "request_id", settings.gateway.secret).encode())  # the gateway's own key
+    key = arm_key(secret(settings.data_path, "request_id", settings.gateway.secret).encode())  # the gateway's own key
     expected = [assign(routes, assignment_key("alice", f"user-{i}"), key).name for i in range(2000)]
     share = expected.count("canary") / len(expected)
     assert abs(share - 0.1) < 4 * (0.1 * 0.9 / len(expected)) ** 0.5  # binomial, 4 sigma

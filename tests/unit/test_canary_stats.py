@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from release.policy import ArmHealth, CanaryConfig, Margins, Outcome, Ramp, look
+from release.policy import ArmHealth, CanaryConfig, Outcome, Ramp, look
+
+from tidal.model_settings import Margins
 from release.stats import Summary, cuped, fit_mixture_sd, msprt, plan_step, stratified_msprt
 
 ALPHA = 0.05

@@ -49,7 +49,7 @@ def test_an_unknown_loop_mode_is_refused(settings_for):
 
 
 def test_a_work_pool_needs_a_fixed_image(settings_for):
-    from tidal.settings import SettingsError
+    from tidal.section import SettingsError
 
     for image, why in (("", "needs flywheel.image"), ("registry/tidal", "no fixed tag"), ("registry/tidal:latest", "no fixed tag")):
         with pytest.raises((SettingsError, ValueError), match=why):
@@ -70,7 +70,7 @@ def test_work_pool_runs_get_their_stages_service_account(settings_for):
 
 def test_a_local_runner_is_refused_when_flows_belong_to_a_pool(settings_for, tmp_path):
     from tidal.platform import Platform
-    from tidal.settings import SettingsError
+    from tidal.section import SettingsError
 
     s = load_settings(data_dir=str(tmp_path / "data"), flywheel={"work_pool": "tidal-kubernetes", "image": "r/tidal:1"})
     with pytest.raises(SettingsError, match="register the deployments with `python -m flows.deployments`"):

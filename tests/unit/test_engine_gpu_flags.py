@@ -12,7 +12,8 @@ from pydantic import ValidationError
 
 from serving.engine import engine_args, engine_env, engine_flavor
 from tidal.registry import VersionInfo
-from tidal.settings import EngineSettings, SettingsError
+from serving.settings import EngineSettings
+from tidal.section import SettingsError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,7 +60,8 @@ def test_local_runtime_passes_the_model_strategy(monkeypatch, tmp_path):
     from serving import engine
     from serving.replica import Replica
     from serving.runtime.local import LocalRuntime
-    from tidal.settings import ModelSettings, TidalSettings
+    from tidal.model_settings import ModelSettings
+    from tidal.settings import TidalSettings
 
     seen = {}
     monkeypatch.setattr(engine, "launch", lambda *a, **kw: seen.update(kw) or (None, None))

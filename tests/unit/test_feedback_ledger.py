@@ -49,7 +49,8 @@ def test_the_wal_keeps_feedback_over_its_cap_and_a_short_retention_is_refused(tm
     import asyncio
 
     from serving.logsink import LogSink, LogSinkSettings
-    from tidal.settings import SettingsError, load_settings
+    from tidal.section import SettingsError
+    from tidal.settings import load_settings
     from tidal.store import LocalStore
     from tests.unit.test_logsink import completion, feedback
 

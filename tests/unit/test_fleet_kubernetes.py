@@ -29,7 +29,8 @@ from tests.unit.fake_cluster import PROBE, FakeCluster, client_factory
 from tests.unit.terraform_hcl import CHART, TF, load_dir
 from tidal.procs import NotReady
 from tidal.registry import DIGEST_TAG, CheckpointCache, VersionInfo, checkpoint_digest, checkpoint_files, checkpoint_key
-from tidal.settings import SettingsError, load_settings
+from tidal.section import SettingsError
+from tidal.settings import load_settings
 from tidal.store import LocalStore
 from training.probe import save_probe
 

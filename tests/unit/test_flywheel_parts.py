@@ -79,7 +79,7 @@ def test_demo_profile_replaces_canary_and_training_and_stops_schedules(monkeypat
 
 
 def test_the_demo_serves_its_full_weight_candidates_with_a_full_checkpoint_strategy(monkeypatch, tmp_path):
-    from tidal.settings import SettingsError
+    from tidal.section import SettingsError
 
     monkeypatch.chdir(tmp_path)
     for k in [k for k in os.environ if k.startswith("TIDAL_")]:

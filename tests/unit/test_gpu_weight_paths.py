@@ -22,7 +22,7 @@ from serving.weight_sync.inplace import Call, inplace_refusal, move_plan, pick_c
 from serving.weight_sync.nccl import fresh_rendezvous, sender_command, sender_env
 from serving.weight_sync.nccl_sender import checkpoint_tensors, parse_args
 from tidal.registry import VersionInfo
-from tidal.settings import EngineSettings
+from serving.settings import EngineSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tidal.settings import SettingsError, TidalSettings, load_settings
+from serving.settings import ServingSettings, load_serving_settings
+from tidal.section import SettingsError
+from tidal.settings import TidalSettings, load_settings
 
 
 @pytest.fixture(autouse=True)
@@ -318,7 +320,7 @@ def test_secrets_are_generated_once_atomically_private_and_refused_when_empty(cl
 
     settings = load_settings(data_dir=clean_env / "data")
     with ThreadPoolExecutor(8) as pool:  # racing first uses all get the one secret that was written
-        values = set(pool.map(lambda _: secret(settings, "racy"), range(32)))
+        values = set(pool.map(lambda _: secret(settings.data_path, "racy"), range(32)))
     path = settings.data_path / "secrets" / "racy"
     assert len(values) == 1 and len(values.pop()) >= MIN_SECRET_CHARS
     assert path.stat().st_mode & 0o777 == 0o600
@@ -329,7 +331,7 @@ def test_secrets_are_generated_once_atomically_private_and_refused_when_empty(cl
     with pytest.raises(SettingsError, match="admin_token is empty.*delete the file"):
         admin_token(settings)
     with pytest.raises(SettingsError, match="configured request_id is 5 characters"):
-        secret(settings, "request_id", given="short")
+        secret(settings.data_path, "request_id", given="short")
 
 
 def test_the_settings_file_for_child_processes_is_private_before_it_has_its_name(clean_env: Path, monkeypatch) -> None:
@@ -361,3 +363,31 @@ def test_the_settings_file_for_child_processes_is_private_before_it_has_its_name
 def test_a_first_byte_timeout_longer_than_the_whole_call_is_refused(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
     text = settings_error(monkeypatch, env={"TIDAL_GATEWAY__FIRST_BYTE_TIMEOUT_S": "300"})
     assert "first_byte_timeout_s=300 exceeds gateway.upstream_timeout_s=120" in text and "raise upstream_timeout_s" in text
+
+
+# ---- each component's root ------------------------------------------------------------------------
+
+def test_the_serving_processes_read_their_sections_of_the_shared_file(clean_env: Path) -> None:
+    write_config(clean_env / "tidal.yaml", "fleet: {admin_port: 8300}\ngateway: {port: 8301}\n"
+                 "models: [{name: tab, replicas: 2, canary_margins: {accepted_chars: 0.2}}]\n"
+                 "train: {ppo: {learning_rate: 0.001}}\ndemo: {cycles: 2}\n")
+    serving, whole = load_serving_settings(), load_settings()
+    assert type(serving) is ServingSettings and isinstance(whole, ServingSettings)
+    # the same file gives the serving processes what the CLI passes them, and none of the other planes' sections
+    assert serving.model_dump() == {k: v for k, v in whole.model_dump().items() if k in ServingSettings.model_fields}
+    assert (serving.fleet.admin_port, serving.gateway.port, serving.model("tab").replicas) == (8300, 8301, 2)
+    assert not hasattr(serving, "train") and whole.train.ppo.learning_rate == 0.001
+
+
+def test_the_serving_root_checks_its_own_combinations(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
+    monkeypatch.setenv("TIDAL_GATEWAY__PORT", "8090")  # the fleet supervisor's admin port
+    with pytest.raises(SettingsError, match="ports must differ"):
+        load_serving_settings()
+
+
+def test_only_the_whole_root_refuses_keys_of_no_section(clean_env: Path) -> None:
+    write_config(clean_env / "tidal.yaml", "fleet: {admin_port: 8300}\ntrian: {}\n")
+    assert load_serving_settings().fleet.admin_port == 8300  # a component reads its sections and leaves the rest
+    with pytest.raises(SettingsError, match="trian"):
+        load_settings()  # `tidal up` reads every section first, so the typo stops the platform before it starts
+

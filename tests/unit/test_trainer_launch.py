@@ -16,7 +16,8 @@ import yaml
 from kubernetes import client as k8s
 
 from tests.unit.terraform_hcl import CHART, ROOT, TF, load_dir
-from tidal.settings import SettingsError, load_settings
+from tidal.section import SettingsError
+from tidal.settings import load_settings
 from tidal.store import LocalStore
 from training.job_spec import EXIT_BAD_INPUT, TrainJob
 from training.launch import EXIT_NOT_RUN, STORE_REF, spec_key
@@ -387,7 +388,7 @@ def test_where_the_trainer_runs_changes_neither_run_key_nor_spec():
                                                        ("restart", True, "train every weight \\(lora=false\\)")])
 def test_a_run_whose_candidate_the_models_strategy_cannot_serve_is_refused_before_training(strategy, lora, fix):
     from tasks.train import plan_run
-    from tidal.settings import SettingsError
+    from tidal.section import SettingsError
 
     s = load_settings(models=[{"name": "tab", "update_strategy": strategy}], train={"ppo": {"lora": lora}})
     with pytest.raises(SettingsError, match=f"model 'tab' \\(update_strategy '{strategy}'\\) with train.ppo.lora=.*{fix}"):

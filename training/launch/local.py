@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from tidal.settings import PROJECT_ROOT
+from tidal.section import PROJECT_ROOT
 from training.launch.base import TrainerLauncher
 
 if TYPE_CHECKING:
