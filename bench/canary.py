@@ -5,7 +5,7 @@ promoted, and the A/A false-alarm rate, all on simulated traffic.
     .venv/bin/python bench/canary.py [--ramps 200] [--rate-rps 20] [--seed 0] [--max-step-s S] [--jobs 2]
                                      [--users 4000] [--user-spread 0.5] [--kinds 2] [--plain] [--no-adjust]
 
-What is measured: --ramps seeded ramps per scenario (sim/canary_outcomes.py: the production `Ramp` and
+What is measured: --ramps seeded ramps per scenario (release/ramp_simulation.py: the production `Ramp` and
 `look()` on simulated outcomes), control accepting 30% of suggestions (reward per request 0.05 under the
 default rule, 24 characters a suggestion):
   * regression: accept rate 20% lower (0.24). A ramp "detects" it when it ends in a rollback, for any
@@ -21,7 +21,7 @@ any level-alpha/2 test needs for a median detection of the regression at the fir
 (fixed-horizon z-test, no sequential penalty: (z_{1-alpha/2} / d)^2 canary outcomes, d the effect in
 standard deviations), the floor under detect_requests_median at that exposure.
 
-Population (sim/canary_outcomes.Population): --users users (4,000) whose accept probability varies by a
+Population (release/ramp_simulation.Population): --users users (4,000) whose accept probability varies by a
 Gamma factor with coefficient of variation --user-spread (0.5), --kinds request kinds (2: half at 0.5x the
 accept rate, half at 1.5x), and the outcomes each user had in the hour before the ramp (canary.history_s
 at the same traffic: Poisson(rate x 3600 / users) per user), which CUPED uses. These are assumptions, not
@@ -60,7 +60,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from release.policy import CanaryConfig, look
-from sim.canary_outcomes import ArmModel, Population, RampResult, run_ramp, sample
+from release.ramp_simulation import ArmModel, Population, RampResult, run_ramp, sample
 
 P_CONTROL, RELATIVE_CHANGE = 0.30, 0.20
 SCENARIOS = {  # name: the canary's arm (control is ArmModel(P_CONTROL))

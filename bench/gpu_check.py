@@ -51,7 +51,7 @@ def tiny_versions(work: Path, pretrain_s: float = 20.0, seed: int = 0) -> tuple[
     """v1 (a briefly pretrained tiny policy, head dim 64) and v2 (a noisy copy), each with its probe."""
     import torch
 
-    from training.corpus import read_texts, source_files, stdlib_root
+    from data_contracts.corpus import read_texts, source_files, stdlib_root
     from training.policy import PolicyConfig, build_policy, save_policy
     from training.pretrain import PretrainConfig, pretrain
     from training.probe import compute_probe, probe_prompts, save_probe
@@ -126,7 +126,7 @@ def probe_fails(url: str, name: str, checkpoint: Path, atol: float) -> bool:
 
 def sample_set(url: str, name: str, v1: Path, n: int = 32, tokens: int = 32) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, sampled completion ids): prompts cut from the stdlib, completions sampled at temperature 1."""
-    from training.corpus import read_texts, source_files, stdlib_root
+    from data_contracts.corpus import read_texts, source_files, stdlib_root
     from training.policy import load_tokenizer
     from training.probe import probe_prompts
 

@@ -96,7 +96,7 @@ def main() -> None:
     p.add_argument("--data-dir", type=Path, default=None, help="Tidal data directory holding the datasets")
     p.add_argument("--simulate", type=int, default=0, help=(
         "instead of stored datasets: N logged requests of the traffic split sampled by the checkpoint and judged by "
-        "the simulated users (sim/logged_traffic.py)"))
+        "the simulated users (bench/logged_traffic.py)"))
     p.add_argument("--rows-file", type=Path, default=None, help=(
         "with --simulate: a JSON-lines file of the simulated rows; read if it holds the same checkpoint, N and seed, "
         "else written, so several configurations train on the same logs"))
@@ -122,7 +122,7 @@ def main() -> None:
     from sim.evaluate import eval_cases
     from tidal.settings import load_settings
     from tidal.store import open_store
-    from training import corpus
+    from data_contracts import corpus
     from training.candidate import build_trainable
     from training.policy import load_policy, load_tokenizer
     from training.pretrain import bits_per_byte, fitted_bits_per_byte
@@ -143,7 +143,7 @@ def main() -> None:
     tok = load_tokenizer(args.checkpoint)
     tok.padding_side = "left"  # generation pads prompts on the left
     root = corpus.stdlib_root()
-    _, code_files = corpus.split_files(corpus.source_files(root), root, settings.bootstrap.heldout_fraction)
+    _, code_files = corpus.split_stdlib(settings.bootstrap.heldout_fraction, root)
     code, gate = corpus.read_texts(code_files), settings.demo.train.gate
 
     def bpb(model) -> dict[str, float]:
@@ -158,7 +158,7 @@ def main() -> None:
     cases = eval_cases(users, settings.bootstrap.heldout_fraction, args.eval_requests, seed=EVAL_SEED)
 
     if args.simulate:
-        from sim.logged_traffic import logged_traffic
+        from bench.logged_traffic import logged_traffic
 
         t0 = time.perf_counter()
         ids = [f"simulated:{args.simulate}"]

@@ -144,7 +144,7 @@ def prepare(model_dir: Path, n: int, prompt_len: int, completion_len: int, seed:
     prompt = `prompt_len` tokens, completion = the `completion_len` tokens that follow it in the file."""
     import torch
 
-    from training.corpus import read_texts, stdlib_root
+    from data_contracts.corpus import read_texts, stdlib_root
     from training.policy import PolicyConfig, build_policy, save_policy
     from training.tokenizer import train_tokenizer
 

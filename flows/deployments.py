@@ -76,14 +76,14 @@ def register_on_pool(settings: TidalSettings, deps: list) -> list:
 
 def main() -> None:
     settings = load_settings()
-    from tidal.platform import prefect_env
+    from tidal.client_env import prefect_env
 
     os.environ.update(prefect_env(settings))
     os.environ.update({"PREFECT_RUNNER_SERVER_ENABLE": "true", "PREFECT_RUNNER_SERVER_HOST": settings.prefect.host,
                        "PREFECT_RUNNER_SERVER_PORT": str(settings.prefect.runner_port)})
     from prefect import serve
 
-    from flows.resume import reconcile_live_state, resume_orphaned_runs
+    from tasks.resume import reconcile_live_state, resume_orphaned_runs
 
     deps = deployments(settings)
     if settings.flywheel.work_pool:

@@ -12,10 +12,9 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 from prefect.flow_runs import pause_flow_run
 
-from tasks.promote import (abandon_release, deploy_and_verify, promote_candidate, reconcile_live, resolve_release,
-                           roll_back_candidate, run_canary, unload_after_grace)
+from tasks.promote import (abandon_release, admin_clients, deploy_and_verify, promote_candidate, reconcile_live,
+                           resolve_release, roll_back_candidate, run_canary, unload_after_grace)
 from tasks.promote_approval import Approval, approval_description
-from tidal.platform import Platform
 from tidal.registry import Registry
 from tidal.settings import load_settings
 from tidal.store import open_store
@@ -26,9 +25,9 @@ def promote(model: str = "tab", candidate: str = "@candidate", require_gate: boo
     """Returns the outcome: 'promoted' or 'rolled_back'."""
     settings = load_settings()
     settings.model(model)  # unknown model → clear error
-    cfg, platform = settings.canary, Platform(settings)
+    cfg = settings.canary
     registry, store = Registry(settings.mlflow.tracking_uri), open_store(settings)
-    fleet, routes = platform.fleet_client(), platform.routes_client()
+    fleet, routes = admin_clients(settings)
     gateway_url = f"http://{settings.gateway.host}:{settings.gateway.port}"
 
     live = reconcile_live(model, registry, routes, fleet)  # the routes are the truth; aliases and fleet follow them

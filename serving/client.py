@@ -6,6 +6,9 @@ import time
 
 import httpx
 
+from serving.settings import ServingSettings
+from tidal.tokens import admin_token
+
 # Idempotent calls are re-sent after a transport error: the server may close an idle keep-alive connection just
 # as the client re-uses it (the request then fails with a reset or a disconnect, though the server is healthy).
 IDEMPOTENT = frozenset({"GET", "PUT"})
@@ -102,3 +105,14 @@ class RoutesClient(_AdminClient):
 
     def rollback(self, model: str, by: str = "cli", reason: str = "") -> dict:
         return self._call("POST", f"/admin/routes/{model}/rollback", json={"by": by, "reason": reason})
+
+
+def fleet_client(settings: ServingSettings, timeout_s: float = 1800.0) -> FleetClient:
+    """The fleet supervisor's admin API as configured. timeout_s: a deploy or scale answers once its replicas are
+    verified (minutes); status reads need less."""
+    return FleetClient(f"http://{settings.fleet.host}:{settings.fleet.admin_port}", admin_token(settings), timeout_s)
+
+
+def routes_client(settings: ServingSettings) -> RoutesClient:
+    """The gateway's route admin API as configured."""
+    return RoutesClient(f"http://{settings.gateway.host}:{settings.gateway.port}", admin_token(settings))

@@ -22,7 +22,7 @@ import numpy as np
 
 from data_contracts.rewards import RewardRule
 from sim.tab_sites import TabSite, cursor_sites, site_files
-from training import corpus
+from data_contracts import corpus
 from sim.users import SimUsersConfig, population, verdict
 
 TRUNCATIONS = (2, 3, 4, 6, 8, 12)

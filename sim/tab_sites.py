@@ -15,13 +15,12 @@ of line starts — a tokenizer artefact (token healing in serving would lift it)
 
 from __future__ import annotations
 
-import hashlib
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from training import corpus
+from data_contracts import corpus
 
 Split = Literal["traffic", "eval"]
 EVAL_SALT = b"tidal-eval-split/"
@@ -36,8 +35,7 @@ class TabSite:
 
 
 def _eval_score(rel: str) -> float:
-    digest = hashlib.sha256(EVAL_SALT + rel.encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64
+    return corpus.unit_hash(rel, EVAL_SALT)
 
 
 def site_files(split: Split, heldout_fraction: float, eval_fraction: float = 0.5,
@@ -46,7 +44,7 @@ def site_files(split: Split, heldout_fraction: float, eval_fraction: float = 0.5
     `heldout_fraction`), divided into traffic and eval by a second hash; with it: all *.py files there."""
     if code_dir is None:
         root = corpus.stdlib_root()
-        _, pool = corpus.split_files(corpus.source_files(root), root, heldout_fraction)
+        _, pool = corpus.split_stdlib(heldout_fraction, root)
     else:
         root = Path(code_dir)
         if not root.is_dir():

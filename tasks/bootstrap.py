@@ -14,7 +14,7 @@ from tidal.registry import Registry, VersionInfo, code_revision, publish
 from tidal.section import PROJECT_ROOT
 from training.train_settings import BootstrapSettings
 from tidal.store import ObjectStore
-from training import corpus as corpus_mod
+from data_contracts import corpus as corpus_mod
 from training.policy import build_policy, save_policy
 from training.pretrain import PretrainResult, pretrain
 from training.probe import ProbeSet, compute_probe, probe_prompts, save_probe
@@ -33,7 +33,7 @@ class Corpus:
 def load_corpus(heldout_fraction: float) -> Corpus:
     """The interpreter's standard library, split train/held-out by a hash of each file's path."""
     root = corpus_mod.stdlib_root()
-    train, heldout = corpus_mod.split_files(corpus_mod.source_files(root), root, heldout_fraction)
+    train, heldout = corpus_mod.split_stdlib(heldout_fraction, root)
     return Corpus(corpus_mod.read_texts(train), corpus_mod.read_texts(heldout), len(train), len(heldout))
 
 

@@ -20,11 +20,17 @@ from release.operations import (Release, ReleaseError, arm_counters, audit, cand
                                 counters_since, log_plan, now_ms, roll_back_canary, route_when_served, user_histories)
 from release.outcomes import LogReader, read_outcomes
 from release.policy import CanaryConfig, Look, Ramp
-from tidal.model_settings import Margins
 from release.report import canary_key, canary_record
-from serving.client import FleetClient, RoutesClient
+from serving.client import FleetClient, RoutesClient, fleet_client, routes_client
+from serving.settings import ServingSettings
+from tidal.model_settings import Margins
 from tidal.registry import Registry
 from tidal.store import ObjectStore, put_json
+
+
+def admin_clients(settings: ServingSettings) -> tuple[FleetClient, RoutesClient]:
+    """The release's connections, as configured: the fleet supervisor's admin API and the gateway's routes."""
+    return fleet_client(settings), routes_client(settings)
 
 
 @task(cache_policy=NO_CACHE)

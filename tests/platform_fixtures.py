@@ -50,7 +50,8 @@ def settings(tmp_path_factory) -> TidalSettings:
 
 @pytest.fixture(scope="session")
 def platform(settings):
-    from tidal.platform import Platform, use_platform_env
+    from tidal.client_env import use_platform_env
+    from tidal.platform import Platform
 
     use_platform_env(settings)
     p = Platform(settings)

@@ -10,7 +10,8 @@ from tidal.settings import TidalSettings, load_settings
 
 
 def _platform(settings: TidalSettings):
-    from tidal.platform import Platform, use_platform_env
+    from tidal.client_env import use_platform_env
+    from tidal.platform import Platform
 
     use_platform_env(settings)
     return Platform(settings)

@@ -118,7 +118,8 @@ def print_eval(model: str, result: dict, n: int, reference: int | None = None) -
 
 
 def cmd_eval(settings: TidalSettings, args) -> None:
-    from tidal.platform import Platform, use_platform_env
+    from tidal.client_env import use_platform_env
+    from tidal.platform import Platform
 
     use_platform_env(settings)
     versions = [int(v.strip().lstrip("v")) for v in args.versions.split(",") if v.strip()]
@@ -265,7 +266,8 @@ def run_cycle(model: str, n: int, quiet_while: str | None = None, traffic=None) 
 def cmd_demo(settings: TidalSettings, args) -> None:
     from sim.users import SimTraffic
     from tidal.cli import ensure_champions, print_status
-    from tidal.platform import Platform, use_platform_env
+    from tidal.client_env import use_platform_env
+    from tidal.platform import Platform
     from tidal.registry import Registry
     from tidal.store import open_store
     from serving.settings import client_keys

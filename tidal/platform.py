@@ -21,13 +21,10 @@ import yaml
 from tidal.procs import (NotReady, ProcInfo, alive, group_members, read_procinfo, require_port, save_procinfo, spawn,
                          stop_group, tail, wait_http, wait_port_free)
 from tidal.section import SettingsError
+from tidal.client_env import TELEMETRY_OFF
 from tidal.settings import TidalSettings
-from tidal.tokens import admin_token
 
 log = logging.getLogger("tidal.platform")
-
-TELEMETRY_OFF = {"DO_NOT_TRACK": "true", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
-
 
 @dataclass
 class Service:
@@ -155,16 +152,15 @@ class Platform:
         return self.ensure(self.services()["gateway"])
 
     def routes_client(self):
-        from serving.client import RoutesClient
+        from serving.client import routes_client
 
-        return RoutesClient(f"http://{self.settings.gateway.host}:{self.settings.gateway.port}", admin_token(self.settings))
+        return routes_client(self.settings)
 
     def fleet_client(self, timeout_s: float = 1800.0):
         """timeout_s: a deploy or scale answers once its replicas are verified (minutes); status reads need less."""
-        from serving.client import FleetClient
+        from serving.client import fleet_client
 
-        return FleetClient(f"http://{self.settings.fleet.host}:{self.settings.fleet.admin_port}", admin_token(self.settings),
-                           timeout_s)
+        return fleet_client(self.settings, timeout_s)
 
     # ---- stopping -------------------------------------------------------------------------------
     def stop(self, name: str) -> None:
@@ -216,25 +212,6 @@ class Platform:
         if out["fleet"]["healthy"]:
             out["fleet"]["fleet"] = self.fleet_client().status()
         return out
-
-
-def prefect_env(settings: TidalSettings) -> dict[str, str]:
-    return {**TELEMETRY_OFF, "PREFECT_API_URL": settings.prefect.api_url, "PREFECT_HOME": str(settings.data_path / "prefect")}
-
-
-def use_platform_env(settings: TidalSettings) -> None:
-    """Point this process's Prefect and MLflow clients at the platform's servers (called at start-up)."""
-    os.environ.update(prefect_env(settings))
-    os.environ["MLFLOW_TRACKING_URI"] = settings.mlflow.tracking_uri
-    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(settings.mlflow.request_retries)
-    if settings.store.s3_endpoint_url:
-        os.environ.setdefault("MLFLOW_S3_ENDPOINT_URL", settings.store.s3_endpoint_url)
-    if "prefect.context" in sys.modules:
-        # Prefect reads its settings once, on import: a process that imported it before this point would run
-        # its flows on a throw-away in-process server instead of the platform's.
-        from prefect.context import refresh_global_settings_context
-
-        refresh_global_settings_context()
 
 
 class ServerUnavailable(RuntimeError):

@@ -73,7 +73,8 @@ def sandbox_platform(models: list[dict], base_port: int | None = None, fleet: bo
                      gateway_settings: dict | None = None, **config):
     """A whole platform for a benchmark: servers, a short bootstrap, fleet, gateway; always torn down.
     gateway_settings merge into the sandbox's `gateway` section (config's other sections likewise)."""
-    from tidal.platform import Platform, use_platform_env
+    from tidal.client_env import use_platform_env
+    from tidal.platform import Platform
     from tidal.settings import load_settings
 
     root = Path(tempfile.mkdtemp(prefix="tidal-sandbox-"))

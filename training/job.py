@@ -231,7 +231,7 @@ SHOWN = {"ppo/policy_loss", "ppo/value_loss", "ppo/approx_kl", "ppo/clipfrac", "
 
 
 def gate(spec: TrainJob) -> None:
-    from training import corpus
+    from data_contracts import corpus
     from training.candidate import CRITIC_FILE
     from training.offline_gate import evaluate
     from training.policy import load_policy, load_tokenizer
@@ -250,7 +250,7 @@ def gate(spec: TrainJob) -> None:
     critic = ValueHead(int(champion.config.hidden_size))
     critic.load_state_dict(torch.load(cand_dir / CRITIC_FILE, weights_only=True))
     root = corpus.stdlib_root()
-    _, code_files = corpus.split_files(corpus.source_files(root), root, settings.bootstrap.heldout_fraction)
+    _, code_files = corpus.split_stdlib(settings.bootstrap.heldout_fraction, root)
     report = evaluate(candidate, champion, critic, load_tokenizer(dirs.base_dir), heldout, corpus.read_texts(code_files),
                       spec.train.gate)
     from mlflow.entities import Metric

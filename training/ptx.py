@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
-from training import corpus
+from data_contracts import corpus
 from training.ppo_config import PPOConfig
 from training.ppo_trainer import seeded_generator
 from training.pretrain import sample_batch, token_stream
@@ -39,7 +39,7 @@ def ptx_stream(tokenizer: PreTrainedTokenizerBase, heldout_fraction: float, max_
     heldout_fraction must be the bootstrap's (settings.bootstrap.heldout_fraction): it decides which files are
     held out for the gate and the simulated users."""
     root = corpus.stdlib_root()
-    train_files, _ = corpus.split_files(corpus.source_files(root), root, heldout_fraction)
+    train_files, _ = corpus.split_stdlib(heldout_fraction, root)
     texts, size = [], 0
     for text in corpus.read_texts(train_files):
         if size >= max_bytes:

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import ValidationError
 
+from data_contracts.corpus import unit_hash
 from data_contracts.dataset import dataset_prefix, read_manifest, read_watermark
 from data_contracts.rewards import RewardRule
 from data_contracts.samples import REWARD_SAMPLE_SCHEMA, RewardSample
@@ -109,7 +110,7 @@ def _type_name(t: pa.DataType) -> str:
 
 def row_score(request_id: str) -> float:
     """A row's place in [0, 1): a hash of its request id, the same in every run."""
-    return int.from_bytes(hashlib.sha256(request_id.encode()).digest()[:8], "big") / 2**64
+    return unit_hash(request_id)
 
 
 def is_heldout(request_id: str, fraction: float) -> bool:

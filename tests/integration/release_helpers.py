@@ -13,13 +13,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from training import corpus
+from data_contracts import corpus
 
 
 def cursor_prompts(settings, n: int, seed: int) -> list[tuple[str, str]]:
     """(code before the cursor, rest of its line) at random mid-line positions of held-out stdlib files."""
     root = corpus.stdlib_root()
-    _, heldout = corpus.split_files(corpus.source_files(root), root, settings.bootstrap.heldout_fraction)
+    _, heldout = corpus.split_stdlib(settings.bootstrap.heldout_fraction, root)
     texts = corpus.read_texts(heldout[:100])
     rng, out = random.Random(seed), []
     while len(out) < n:

@@ -51,7 +51,7 @@ def test_runs_a_dead_runner_left_running_are_crashed_and_resubmitted(platform, s
     from prefect.deployments import run_deployment
     from prefect.states import Running
 
-    from flows.resume import RESUMED_TAG
+    from tasks.resume import RESUMED_TAG
 
     platform.up_flows()
     platform.stop("flows")  # nothing executes the run below until a runner starts again

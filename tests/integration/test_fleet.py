@@ -16,7 +16,7 @@ from serving.client import FleetError
 from serving.replica import Replica, boot
 from tidal.procs import NotReady, PortInUse, port_free
 from tidal.registry import publish
-from training import corpus
+from data_contracts import corpus
 from training.variants import noisy_copy, random_adapter
 
 pytestmark = pytest.mark.slow
@@ -55,7 +55,7 @@ def test_bootstrap_registers_v1_as_champion(registry, champion, settings):
     assert registry.aliases("tab")["champion"] == 1
     # The base learned context, not just which bytes are common: it beats the held-out code's byte entropy.
     root = corpus.stdlib_root()
-    _, heldout = corpus.split_files(corpus.source_files(root), root, settings.bootstrap.heldout_fraction)
+    _, heldout = corpus.split_stdlib(settings.bootstrap.heldout_fraction, root)
     unigram = byte_entropy(corpus.read_texts(heldout[:200]))
     bpb = float(champion.tags["tidal.heldout_bits_per_byte"])
     assert bpb < unigram - 0.3, (bpb, unigram)

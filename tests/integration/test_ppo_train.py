@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from tidal.procs import alive
-from training import corpus
+from data_contracts import corpus
 from training.probe import probe_prompts
 from training.reward_data import load_dataset, split
 
@@ -62,7 +62,7 @@ def make_dataset(settings, gateway, keys, n: int, seed: int) -> str:
     )
 
     root = corpus.stdlib_root()
-    _, heldout = corpus.split_files(corpus.source_files(root), root, settings.bootstrap.heldout_fraction)
+    _, heldout = corpus.split_stdlib(settings.bootstrap.heldout_fraction, root)
     prompts = probe_prompts(corpus.read_texts(heldout[:200]), n=n, prompt_chars=150, seed=seed)
 
     def one(i: int) -> None:
@@ -183,7 +183,7 @@ def test_runner_killed_mid_train_resumes_the_run_and_registers_one_candidate(set
     from prefect.client.schemas.filters import FlowRunFilter
     from prefect.deployments import run_deployment
 
-    from flows.resume import RESUMED_TAG
+    from tasks.resume import RESUMED_TAG
 
     store = checkpoints.store
     ds = make_dataset(settings, gateway, keys, n=200, seed=8)  # a dataset of its own: a new training run

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from data_contracts.samples import RewardSample
-from training.corpus import read_texts, stdlib_root
+from data_contracts.corpus import read_texts, stdlib_root
 from training.policy import (
     PolicyConfig,
     build_policy,

@@ -1,4 +1,4 @@
-"""Acceptance checks of the canary ramp, driven by the seeded outcome simulator (sim/canary_outcomes.py):
+"""Acceptance checks of the canary ramp, driven by the seeded outcome simulator (release/ramp_simulation.py):
 A/A false alarms within alpha, a clearly degraded canary stopped at the first step, a better one promoted.
 
 Every ramp is seeded, so the counts below are deterministic. Cost grows with the square of the requests
@@ -17,7 +17,7 @@ import pytest
 
 from data_contracts.rewards import RewardRule
 from release.policy import CanaryConfig, look
-from sim.canary_outcomes import ArmModel, Population, RampResult, _serve, run_ramp, sample
+from release.ramp_simulation import ArmModel, Population, RampResult, _serve, run_ramp, sample
 
 RATE_RPS = 20.0  # assumed traffic; looks every 100 requests = the default poll_s (5 s) at this rate
 BASE = ArmModel(accept_p=0.3)

@@ -1,6 +1,6 @@
 """Learning guard: one fixed training budget on a fixed logged dataset must raise the held-out users' reward.
 
-The dataset is the tiny champion's own Tab traffic (sim/logged_traffic.py: sampled at the users' temperature, cut at
+The dataset is the tiny champion's own Tab traffic (bench/logged_traffic.py: sampled at the users' temperature, cut at
 the first line break, judged by the simulated users) at cursor sites of the code it was pretrained on, cut into
 files so that traffic and held-out sites come from different files. Its users are easier than the demo's (a kept
 prefix counts from 1–2 characters, not 3–6), so that this 30k-parameter policy earns some partial verdicts to learn
@@ -23,11 +23,11 @@ import torch
 
 from data_contracts.rewards import RewardRule
 from sim.evaluate import eval_cases, outcomes
-from sim.logged_traffic import logged_traffic, sample_completions
+from bench.logged_traffic import logged_traffic, sample_completions
 from sim.paired import compare
 from sim.users import SimUsersConfig
 from training.candidate import build_trainable
-from training.corpus import stdlib_root
+from data_contracts.corpus import stdlib_root
 from training.policy import load_policy, load_tokenizer
 from training.ppo_config import PPOConfig
 from training.ppo_trainer import PPOTrainer, iteration_plan

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from training.corpus import read_texts, stdlib_root
+from data_contracts.corpus import read_texts, stdlib_root
 from training.offline_gate import evaluate, kl_and_ope
 from training.policy import load_policy, load_tokenizer
 from training.train_settings import GateConfig

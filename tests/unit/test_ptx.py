@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.unit.ppo_helpers import cfg
-from training import corpus
+from data_contracts import corpus
 from training.candidate import build_trainable
 from training.policy import load_tokenizer
 from training.ppo_trainer import PPOTrainer, iteration_plan

@@ -66,7 +66,7 @@ def test_platform_env_reaches_a_prefect_imported_before_it(tmp_path):
     import prefect.context
     from prefect.settings import get_current_settings
 
-    from tidal.platform import use_platform_env
+    from tidal.client_env import use_platform_env
 
     saved = dict(os.environ)
     for key in ("PREFECT_API_URL", "PREFECT_HOME"):

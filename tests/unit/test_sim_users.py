@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from sim.tab_sites import cursor_sites, site_files
 from sim.users import SimUsersConfig, population, verdict
-from training import corpus
+from data_contracts import corpus
 
 
 @pytest.mark.parametrize("suggestion, intended, min_chars, expected", [
@@ -45,7 +45,7 @@ def test_bad_user_ranges_are_refused(field, value, message):
 def test_traffic_and_eval_files_are_disjoint_held_out_files():
     root, traffic = site_files("traffic", 0.1)
     _, evaluation = site_files("eval", 0.1)
-    train, heldout = corpus.split_files(corpus.source_files(root), root, 0.1)
+    train, heldout = corpus.split_stdlib(0.1, root)
     assert traffic and evaluation and not set(traffic) & set(evaluation)
     assert set(traffic) | set(evaluation) == set(heldout)  # never the pretraining files
     assert not set(traffic) & set(train)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from training.corpus import read_texts, source_files, split_files, stdlib_root
+from data_contracts.corpus import read_texts, source_files, split_files, stdlib_root
 
 
 def test_stdlib_root_holds_the_standard_library() -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from training.corpus import read_texts, stdlib_root
+from data_contracts.corpus import read_texts, stdlib_root
 from training.policy import PolicyConfig, build_policy, load_policy, load_tokenizer, save_policy
 from training.tokenizer import train_tokenizer
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from training.corpus import read_texts, stdlib_root
+from data_contracts.corpus import read_texts, stdlib_root
 from training.policy import PolicyConfig, build_policy
 from training.pretrain import (
     PretrainConfig,

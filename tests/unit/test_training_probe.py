@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.corpus import read_texts, stdlib_root
+from data_contracts.corpus import read_texts, stdlib_root
 from training.policy import PolicyConfig, build_policy
 from training.probe import ProbeSet, compute_probe, load_probe, probe_prompts, save_probe
 from training.tokenizer import train_tokenizer

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer, Qwen2Config
 
-from training.corpus import read_texts, stdlib_root
+from data_contracts.corpus import read_texts, stdlib_root
 from training.tokenizer import EOT, train_tokenizer
 
 SAMPLES = [

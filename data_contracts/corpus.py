@@ -1,8 +1,10 @@
-"""The pretraining corpus: the Python standard library's own source code.
+"""The code corpus and its train/held-out split: the Python standard library's own source code.
 
-Every machine with Python 3.11 has it, so the demo needs no download. The
-train/held-out split hashes each file's path relative to the library root, so
-the same files land on the same side on any machine.
+Every machine with Python 3.11 has it, so the demo needs no download. The train/held-out split hashes each
+file's path relative to the library root, so the same files land on the same side on any machine. It is a
+contract between the planes: pretraining and the trainer's pretraining-mix loss read only the train side, the
+simulated users and `tidal eval` only the held-out side, so it lives here, beside the records, with
+`unit_hash`, the one sha256 → [0, 1) rule every stable split uses (files, rows, eval sites).
 """
 
 from __future__ import annotations
@@ -35,11 +37,15 @@ def source_files(root: Path) -> list[Path]:
     return sorted(files)
 
 
+def unit_hash(text: str, salt: bytes = b"") -> float:
+    """A uniform number in [0, 1) fixed by `text` (and `salt`, for a split independent of the unsalted one):
+    the first 8 bytes of sha256(salt + utf-8 text), as an integer over 2**64."""
+    return int.from_bytes(hashlib.sha256(salt + text.encode("utf-8")).digest()[:8], "big") / 2**64
+
+
 def _heldout_score(path: Path, root: Path) -> float:
     """A uniform number in [0, 1) fixed by the path relative to ``root``."""
-    rel = Path(path).relative_to(root).as_posix()
-    digest = hashlib.sha256(rel.encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64
+    return unit_hash(Path(path).relative_to(root).as_posix())
 
 
 def split_files(
@@ -57,6 +63,13 @@ def split_files(
     for path in files:
         (heldout if _heldout_score(path, Path(root)) < heldout_fraction else train).append(path)
     return train, heldout
+
+
+def split_stdlib(heldout_fraction: float, root: Path | None = None) -> tuple[list[Path], list[Path]]:
+    """(train, held-out) source files of the standard library (or of `root`): the bootstrap's split, with its
+    `bootstrap.heldout_fraction`, is the one every plane must use."""
+    root = Path(root) if root is not None else stdlib_root()
+    return split_files(source_files(root), root, heldout_fraction)
 
 
 def read_texts(files: Iterable[Path]) -> list[str]:

@@ -1,4 +1,5 @@
-"""Flow runs a dead runner left behind: when the runner starts, each is marked Crashed and submitted again.
+"""What the flows' runner does when it starts, before it serves: flow runs a dead runner left behind are marked
+Crashed and submitted again, and each model's live state is reconciled with the gateway's routes.
 
 The runner (`python -m flows.deployments`) is the only executor of this platform's deployments, so a run
 of one of them still Running or Pending when a runner starts was orphaned by the previous runner's death
@@ -56,10 +57,10 @@ def resume_orphaned_runs(settings: TidalSettings, deployment_names: list[str]) -
 
 def _roll_back_canary(settings: TidalSettings, model: str, run_name: str) -> None:
     from release.operations import roll_back_canary
-    from tidal.platform import Platform
+    from serving.client import routes_client
 
     try:
-        roll_back_canary(Platform(settings).routes_client(), model, by="runner",
+        roll_back_canary(routes_client(settings), model, by="runner",
                          reason=f"release run {run_name} was orphaned by a dead runner")
     except Exception as e:  # noqa: BLE001  the gateway may be down too: said loudly, for `tidal rollback`
         log.error("could not roll back %s's canary of orphaned run %s (%s): run `tidal rollback %s`", model, run_name, e, model)
@@ -70,11 +71,11 @@ def reconcile_live_state(settings: TidalSettings) -> list[dict]:
     routes (release/live_state.py), so no release starts from records a crash left disagreeing. A model that cannot
     be reconciled now (a server down) is logged; its next release reconciles it again before it starts."""
     from release.live_state import reconcile
-    from tidal.platform import Platform
+    from serving.client import fleet_client, routes_client
     from tidal.registry import Registry
 
-    platform, registry, out = Platform(settings), Registry(settings.mlflow.tracking_uri), []
-    routes, fleet = platform.routes_client(), platform.fleet_client(timeout_s=30.0)
+    registry, out = Registry(settings.mlflow.tracking_uri), []
+    routes, fleet = routes_client(settings), fleet_client(settings, timeout_s=30.0)
     for m in settings.models:
         try:
             live = reconcile(m.name, registry, routes, fleet, by="runner")
