@@ -84,7 +84,7 @@ def plan_run(settings: TidalSettings, store: ObjectStore, model: str, champion: 
     cfg, strategy = settings.train, settings.model(model).update_strategy
     if problem := model_mismatch(model, strategy, cfg.ppo.lora, "train.ppo.lora"):  # before training: it could never serve
         raise SettingsError(problem)
-    key = run_key(model, manifest["digest"], champion.version, cfg)
+    key = run_key(model, manifest["digest"], champion.version, cfg, settings.bootstrap.heldout_fraction)
     tracking = settings.mlflow.tracking_uri
     mlflow.set_tracking_uri(tracking)
     experiment = mlflow.set_experiment(f"{model}/train")
@@ -103,7 +103,7 @@ def plan_run(settings: TidalSettings, store: ObjectStore, model: str, champion: 
             mlflow.log_input(data, context="train")
     spec = TrainJob(model=model, run_key=key, dataset_id=manifest["dataset_id"], dataset_digest=manifest["digest"],
                     champion_version=champion.version, tracking_uri=tracking, mlflow_run_id=run_id, train=cfg,
-                    torch_threads=trainer_threads(settings))
+                    corpus_heldout_fraction=settings.bootstrap.heldout_fraction, torch_threads=trainer_threads(settings))
     spec_path = settings.run_dir / f"train-{model}-{key}.json"
     spec_path.parent.mkdir(parents=True, exist_ok=True)
     spec_path.write_text(spec.model_dump_json(indent=2))

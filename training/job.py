@@ -30,58 +30,31 @@ import argparse
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from tidal.registry import CheckpointCache, Registry, VersionInfo
-from tidal.settings import load_settings
-from tidal.store import ObjectStore, download_dir, get_json, open_store, put_json, upload_dir
+from data_contracts.samples import RewardSample
+from tidal.core_settings import SettingsRoot, load_root
+from tidal.registry import Registry
+from tidal.store import ObjectStore, get_json, open_store, put_json, upload_dir
 from training import distributed
 from training.distributed import LaunchEnvError
 from training.job_spec import EXIT_BAD_INPUT, EXIT_DIVERGED, TrainJob, TrainResult
 from training.launch.base import STORE_REF
-from training.reward_data import DatasetError, at_most, load_dataset, split
-
-STATE_DIR = "state"
-
-
-def save_state(store: ObjectStore, prefix: str, iteration: int, state: dict) -> str:
-    """One file per checkpoint, written whole (LocalStore renames into place, an S3 put is atomic)."""
-    key = f"{prefix}/{STATE_DIR}/iter-{iteration:06d}.pt"
-    with tempfile.TemporaryDirectory() as tmp:
-        torch.save({**state, "iteration": iteration}, Path(tmp) / "state.pt")
-        store.put_file(Path(tmp) / "state.pt", key)
-    return key
+from training.reward_data import DatasetError, RewardDataset, at_most, load_dataset, split
+from training.run_files import Checkouts, latest_state_key, load_state, save_state
 
 
-def latest_state_key(store: ObjectStore, prefix: str) -> str | None:
-    keys = sorted(k for k in store.list(f"{prefix}/{STATE_DIR}/") if k.endswith(".pt"))
-    return keys[-1] if keys else None
+def core_settings() -> SettingsRoot:
+    """What the trainer reads of this process's settings: where the object store is and the local cache. Everything
+    that decides the result is in the spec (and its run key)."""
+    return load_root(SettingsRoot)
 
 
-def load_state(store: ObjectStore, key: str) -> dict:
-    """A saved state on the CPU (the trainer moves it to its model's device)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        store.get_file(key, Path(tmp) / "state.pt")
-        return torch.load(Path(tmp) / "state.pt", weights_only=True, map_location="cpu")
-
-class Checkouts:
-    """Local directories of the champion, its base, and the run's candidate."""
-
-    def __init__(self, spec: TrainJob, store: ObjectStore, registry: Registry, cache_dir: Path):
-        self.cache = CheckpointCache(store, cache_dir)
-        self.champion: VersionInfo = registry.get(spec.model, spec.champion_version)
-        base = self.champion if self.champion.base_version == self.champion.version else registry.get(
-            spec.model, self.champion.base_version)
-        self.champion_dir, self.base_dir = self.cache.local_dir(self.champion), self.cache.local_dir(base)
-        self.store, self.spec, self.cache_dir = store, spec, cache_dir
-
-    def candidate_dir(self) -> Path:
-        return download_dir(self.store, f"{self.spec.prefix}/candidate", self.cache_dir / self.spec.prefix / "candidate")
-
-
-def loss_terms(cfg, tokenizer, rule, heldout_fraction: float) -> dict:
+def loss_terms(cfg, tokenizer, rule, corpus_heldout_fraction: float) -> dict:
     """The PPOTrainer's optional terms as `cfg` (a PPOConfig) asks for them: {"ptx", "stop", "kept", "sharpen"}, each None
     when its coefficient is 0. `rule` (the dataset's RewardRule) values the stop credit's cuts."""
     from training.kept_credit import KeptCredit
@@ -89,45 +62,89 @@ def loss_terms(cfg, tokenizer, rule, heldout_fraction: float) -> dict:
     from training.sharpen import Sharpen
     from training.stop_credit import StopCredit
 
-    return {"ptx": ptx_loss_for(cfg, tokenizer, heldout_fraction),
+    return {"ptx": ptx_loss_for(cfg, tokenizer, corpus_heldout_fraction),
             "stop": StopCredit(tokenizer, rule, cfg.hindsight_stop, cfg.stop_credit_abstain) if cfg.stop_credit_coef > 0 else None,
             "kept": KeptCredit(tokenizer) if cfg.kept_credit_coef > 0 else None,
             "sharpen": Sharpen(tokenizer, cfg.hindsight_stop) if cfg.sharpen_coef > 0 else None}
 
 
 def train(spec: TrainJob) -> None:
-    from training.candidate import build_trainable, candidate_kind, save_candidate
-    from training.partial_credit import partial_rows
+    """select rows -> build the trainer -> resume -> train -> publish the candidate, then result.json."""
     from training.policy import load_tokenizer
-    from training.ppo_trainer import PPOTrainer, iteration_plan
-    from training.rollout import select_samples
+    from training.ppo_trainer import iteration_plan
 
-    started = time.perf_counter()
-    settings, cfg = load_settings(), spec.train.ppo
-    world, rank0 = distributed.world_size(), distributed.is_main()
-    say = print if rank0 else _silent  # one voice: rank 0's
-    store, registry = open_store(settings), Registry(spec.tracking_uri)
+    started, cfg, world = time.perf_counter(), spec.train.ppo, distributed.world_size()
+    say = print if distributed.is_main() else _silent  # one voice: rank 0's
+    core = core_settings()
+    store, registry = open_store(core), Registry(spec.tracking_uri)
     if store.exists(f"{spec.prefix}/result.json"):
         say(f"{spec.run_key}: already finished; nothing to do", flush=True)
         return
     torch.set_num_threads(max(1, spec.torch_threads // world))  # the pod's cores, shared by its processes
     torch.manual_seed(cfg.seed)
 
+    data = checked_dataset(store, spec)
+    picked = pick_rows(spec, data)  # before any download: too few usable rows is bad input
+    with distributed.main_first():  # rank 0 fills the node's checkpoint cache, then the others find it complete
+        dirs = Checkouts(spec, store, registry, core.data_path / "cache")
+    tokenizer = load_tokenizer(dirs.base_dir)
+    rows = shape_rows(spec, picked, data, tokenizer, say)
+    plan = iteration_plan(len(rows.samples), cfg)
+    if len(plan[0]) < world:  # every batch has min(batch_size, rows) rows
+        raise LaunchEnvError(f"batches of {len(plan[0])} rows cannot be split over {world} processes: raise "
+                             f"train.ppo.batch_size to at least {world}, or start fewer (trainer.kubernetes.gpus_per_node)")
+    built = build_trainer(spec, dirs, tokenizer, data)
+    start, state = resume(built, store, spec, rows.samples, plan, say)
+    progress = Progress(spec, store, built, len(plan))
+    history = built.trainer.train(rows.samples, plan, start, progress.after_iteration)  # every rank, in step
+    publish(spec, store, dirs, built, rows, history, state, plan_len=len(plan), mlflow_s=progress.mlflow_s,
+            train_s=time.perf_counter() - started)
+
+
+def checked_dataset(store: ObjectStore, spec: TrainJob) -> RewardDataset:
     data = load_dataset(store, spec.model, spec.dataset_id)
     if data.digest != spec.dataset_digest:
         raise DatasetError(f"dataset {spec.dataset_id} changed since the run was planned ({data.digest[:19]}… vs "
                            f"{spec.dataset_digest[:19]}…); start a new run")
+    return data
+
+
+@dataclass
+class Rows:
+    samples: list[RewardSample]  # served rows, then hindsight rows
+    heldout: int  # rows kept out for the gate
+    dropped: dict[str, int]  # training rows left out, by reason
+    hindsight: object  # training.hindsight's rows and what was skipped
+    credit: object | None  # training.partial_credit's tally, when partials are split along their kept prefix
+
+
+@dataclass
+class Picked:
+    kept: list[RewardSample]  # the train side's usable rows, in dataset order
+    heldout: int  # rows kept out for the gate
+    dropped: dict[str, int]  # training rows left out, by reason
+
+
+def pick_rows(spec: TrainJob, data: RewardDataset) -> Picked:
+    """The dataset's train side, fresh enough for the champion; fewer than train.min_train_rows is bad input."""
+    from training.rollout import select_samples
+
     train_rows, heldout = split(data.samples, spec.train.heldout_fraction)
-    picked = select_samples(train_rows, spec.champion_version, cfg.max_stale_versions)
+    picked = select_samples(train_rows, spec.champion_version, spec.train.ppo.max_stale_versions)
     dropped = {"stale": picked.stale, "newer": picked.newer, "empty": picked.empty, "greedy": picked.greedy}
     if len(picked.kept) < spec.train.min_train_rows:
         raise DatasetError(f"dataset {spec.dataset_id}: {len(picked.kept)} usable training rows (of {len(data.samples)}; "
                            f"held out {len(heldout)}, dropped {dropped}) < train.min_train_rows={spec.train.min_train_rows}: "
                            "collect more traffic with feedback")
+    return Picked(picked.kept, len(heldout), dropped)
 
-    with distributed.main_first():  # rank 0 fills the node's checkpoint cache, then the others find it complete
-        dirs = Checkouts(spec, store, registry, settings.data_path / "cache")
-    tokenizer = load_tokenizer(dirs.base_dir)
+
+def shape_rows(spec: TrainJob, picked: Picked, data: RewardDataset, tokenizer, say: Callable) -> Rows:
+    """The picked rows shaped by the partial-verdict rules (hindsight rows, split credit); a rule the dataset cannot
+    value is bad input."""
+    from training.partial_credit import partial_rows
+
+    cfg = spec.train.ppo
     if (cfg.hindsight_partials or cfg.partial_credit != "last_token" or cfg.stop_credit_coef > 0) and data.rule is None:
         raise DatasetError(f"dataset {spec.dataset_id}: its manifest records no reward rule, which hindsight rows, "
                            "split credit and stop credit need for their rewards; re-run collect, or set "
@@ -141,84 +158,120 @@ def train(spec: TrainJob) -> None:
     if credit is not None:
         say(f"{spec.run_key}: {credit.credited} partials credited along their kept prefix ({credit.kept_tokens} "
             "tokens kept)" + (f" (skipped {credit.skipped})" if credit.skipped else ""), flush=True)
-    samples = shaped.samples  # served rows, then hindsight rows
-    plan = iteration_plan(len(samples), cfg)
-    if len(plan[0]) < world:  # every batch has min(batch_size, rows) rows
-        raise LaunchEnvError(f"batches of {len(plan[0])} rows cannot be split over {world} processes: raise "
-                             f"train.ppo.batch_size to at least {world}, or start fewer (trainer.kubernetes.gpus_per_node)")
-    megatron = cfg.backend == "megatron"
-    if megatron:  # tensor-parallel shards; the processes of one shard position split the batches
+    return Rows(shaped.samples, picked.heldout, picked.dropped, hindsight, credit)
+
+
+@dataclass
+class Built:
+    """The PPO trainer and how its state is saved and its candidate written, for one backend."""
+
+    trainer: object  # training.ppo_trainer.PPOTrainer
+    megatron: bool  # tensor-parallel shards (training/megatron/): state and candidate are collectives
+
+    def state(self) -> dict:
+        """The trainer's state; Megatron: every tensor-parallel rank's, in rank order (a collective)."""
+        if self.megatron:
+            from training.megatron.parallel import gather_tensor_parallel
+
+            return {"tp_shards": gather_tensor_parallel(self.trainer.state_dict())}
+        return self.trainer.state_dict()
+
+    def load(self, state: dict, key: str, tensor_parallel: int) -> None:
+        if not self.megatron:
+            self.trainer.load_state_dict(state)
+            return
+        from training.megatron.parallel import tensor_parallel_rank
+
+        shards = state.get("tp_shards") or []
+        if len(shards) != tensor_parallel:
+            raise LaunchEnvError(f"checkpoint {key} holds {len(shards) or 'no'} tensor-parallel shards, this run "
+                                 f"has tensor_parallel={tensor_parallel}: resume with the same layout")
+        self.trainer.load_state_dict(shards[tensor_parallel_rank()])
+
+
+def build_trainer(spec: TrainJob, dirs: Checkouts, tokenizer, data: RewardDataset) -> Built:
+    """The champion's policy (LoRA or full, with a fresh critic) on this process's device, in a PPOTrainer."""
+    from training.candidate import build_trainable
+    from training.ppo_trainer import PPOTrainer
+
+    cfg = spec.train.ppo
+    if cfg.backend == "megatron":  # tensor-parallel shards; the processes of one shard position split the batches
         from training.megatron import parallel
-        from training.megatron.parallel import data_parallel, gather_tensor_parallel, tensor_parallel_rank
-        from training.megatron.trainable import build_megatron_trainable, save_megatron_candidate
+        from training.megatron.parallel import data_parallel
+        from training.megatron.trainable import build_megatron_trainable
 
         model = build_megatron_trainable(dirs.champion_dir, dirs.base_dir, cfg).to(parallel.device())
-        trainer = PPOTrainer(model, cfg, tokenizer.pad_token_id, dp=data_parallel())
-    else:
-        model = build_trainable(dirs.champion_dir, dirs.base_dir, cfg).to(distributed.device())
-        trainer = PPOTrainer(model, cfg, tokenizer.pad_token_id,
-                             **loss_terms(cfg, tokenizer, data.rule, settings.bootstrap.heldout_fraction))
+        return Built(PPOTrainer(model, cfg, tokenizer.pad_token_id, dp=data_parallel()), megatron=True)
+    model = build_trainable(dirs.champion_dir, dirs.base_dir, cfg).to(distributed.device())
+    return Built(PPOTrainer(model, cfg, tokenizer.pad_token_id,
+                            **loss_terms(cfg, tokenizer, data.rule, spec.corpus_heldout_fraction)), megatron=False)
 
-    def checkpoint_state() -> dict:
-        """The trainer's state; Megatron: every tensor-parallel rank's, in rank order (a collective)."""
-        return {"tp_shards": gather_tensor_parallel(trainer.state_dict())} if megatron else trainer.state_dict()
 
+def resume(built: Built, store: ObjectStore, spec: TrainJob, samples: list[RewardSample], plan: list,
+           say: Callable) -> tuple[int, dict | None]:
+    """(first iteration to run, the state resumed from): after the run's last checkpoint, else from the start with
+    the reference policy's log-probs computed."""
     key = distributed.broadcast(latest_state_key(store, spec.prefix))  # rank 0's pick: all resume from one state
-    state = None if key is None else load_state(store, key)
-    if state is not None:
-        if megatron:
-            shards = state.get("tp_shards") or []
-            if len(shards) != cfg.tensor_parallel:
-                raise LaunchEnvError(f"checkpoint {key} holds {len(shards) or 'no'} tensor-parallel shards, this run "
-                                     f"has tensor_parallel={cfg.tensor_parallel}: resume with the same layout")
-            trainer.load_state_dict(shards[tensor_parallel_rank()])
-        else:
-            trainer.load_state_dict(state)
-        start = state["iteration"] + 1
-        say(f"{spec.run_key}: resuming after iteration {state['iteration']} of {len(plan)}", flush=True)
-    else:
-        trainer.compute_reference(samples, rows=(r for batch in plan for r in batch))
-        start = 0
+    if key is None:
+        built.trainer.compute_reference(samples, rows=(r for batch in plan for r in batch))
+        return 0, None
+    state = load_state(store, key)
+    built.load(state, key, spec.train.ppo.tensor_parallel)
+    say(f"{spec.run_key}: resuming after iteration {state['iteration']} of {len(plan)}", flush=True)
+    return state["iteration"] + 1, state
 
-    from mlflow.entities import Metric
-    from mlflow.tracking import MlflowClient
 
-    mlflow = MlflowClient(spec.tracking_uri) if rank0 else None
-    mlflow_s = 0.0  # wall seconds in MLflow calls, reported with the result
+class Progress:
+    """After each iteration: its metrics to MLflow, a checkpoint when due, a line on stdout (rank 0 alone)."""
 
-    def after_iteration(it: int, metrics: dict[str, float]) -> None:
-        nonlocal mlflow_s
-        due = (it + 1) % spec.train.checkpoint_every == 0 or it + 1 == len(plan)
-        saved = checkpoint_state() if due else None  # every rank joins (Megatron gathers), rank 0 alone writes
-        if not rank0:
+    def __init__(self, spec: TrainJob, store: ObjectStore, built: Built, iterations: int):
+        from mlflow.tracking import MlflowClient
+
+        self.spec, self.store, self.built, self.iterations = spec, store, built, iterations
+        self.mlflow = MlflowClient(spec.tracking_uri) if distributed.is_main() else None
+        self.mlflow_s = 0.0  # wall seconds in MLflow calls, reported with the result
+
+    def after_iteration(self, it: int, metrics: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        due = (it + 1) % self.spec.train.checkpoint_every == 0 or it + 1 == self.iterations
+        saved = self.built.state() if due else None  # every rank joins (Megatron gathers), rank 0 alone writes
+        if self.mlflow is None:
             return
         now, t = int(time.time() * 1000), time.perf_counter()
-        mlflow.log_batch(spec.mlflow_run_id, metrics=[Metric(k, v, now, it) for k, v in metrics.items()])
-        mlflow_s += time.perf_counter() - t
+        self.mlflow.log_batch(self.spec.mlflow_run_id, metrics=[Metric(k, v, now, it) for k, v in metrics.items()])
+        self.mlflow_s += time.perf_counter() - t
         if saved is not None:
-            save_state(store, spec.prefix, it, {**saved, "final": metrics})
-        print(f"iteration {it + 1}/{len(plan)}: " + ", ".join(
+            save_state(self.store, self.spec.prefix, it, {**saved, "final": metrics})
+        print(f"iteration {it + 1}/{self.iterations}: " + ", ".join(
             f"{k.split('/')[1]}={v:.4g}" for k, v in metrics.items() if k in SHOWN), flush=True)
 
-    # every rank runs the same iterations, in step (every collective); rank 0 alone has side effects
-    history = trainer.train(samples, plan, start, after_iteration)
-    trainer.model.to("cpu")  # the candidate's files load on any machine (critic.pt included)
+
+def publish(spec: TrainJob, store: ObjectStore, dirs: Checkouts, built: Built, rows: Rows, history: list[dict],
+            state: dict | None, plan_len: int, mlflow_s: float, train_s: float) -> None:
+    """The candidate's files under the run's prefix, then result.json, written last: the run is complete."""
+    from training.candidate import candidate_kind, save_candidate
+
+    built.trainer.model.to("cpu")  # the candidate's files load on any machine (critic.pt included)
     with tempfile.TemporaryDirectory() as tmp:
-        save = save_megatron_candidate if megatron else save_candidate
-        if megatron or rank0:  # Megatron gathers its shards into one HF checkpoint: every rank joins
-            out = save(trainer.model, dirs.champion_dir, dirs.base_dir, Path(tmp) / "candidate", spec.run_key)
-        if not rank0:
+        if built.megatron:
+            from training.megatron.trainable import save_megatron_candidate as save
+        else:
+            save = save_candidate
+        if built.megatron or distributed.is_main():  # Megatron gathers its shards into one HF checkpoint: every rank joins
+            out = save(built.trainer.model, dirs.champion_dir, dirs.base_dir, Path(tmp) / "candidate", spec.run_key)
+        if not distributed.is_main():
             return
         upload_dir(store, out, f"{spec.prefix}/candidate")
-    final = history[-1] if history else (state or {}).get("final", {})
     result = TrainResult(
-        iterations=len(plan), resumed_from=None if state is None else state["iteration"],
-        train_rows=len(samples), heldout_rows=len(heldout), dropped=dropped, final=final,
-        hindsight_rows=len(hindsight.samples), hindsight_skipped=hindsight.skipped,
-        credited_partials=credit.credited if credit else 0,
+        iterations=plan_len, resumed_from=None if state is None else state["iteration"],
+        train_rows=len(rows.samples), heldout_rows=rows.heldout, dropped=rows.dropped,
+        final=history[-1] if history else (state or {}).get("final", {}),
+        hindsight_rows=len(rows.hindsight.samples), hindsight_skipped=rows.hindsight.skipped,
+        credited_partials=rows.credit.credited if rows.credit else 0,
         tokens_per_s=sum(h["charts/tokens_per_s"] for h in history) / max(len(history), 1),
-        kind=candidate_kind(cfg), mlflow_s=round(mlflow_s, 3), train_s=round(time.perf_counter() - started, 1))
-    put_json(store, f"{spec.prefix}/result.json", result.model_dump())  # last: the run is complete
+        kind=candidate_kind(spec.train.ppo), mlflow_s=round(mlflow_s, 3), train_s=round(train_s, 1))
+    put_json(store, f"{spec.prefix}/result.json", result.model_dump())
 
 
 def _silent(*args, **kwargs) -> None:
@@ -237,20 +290,19 @@ def gate(spec: TrainJob) -> None:
     from training.policy import load_policy, load_tokenizer
     from training.value_head import ValueHead
 
-    settings = load_settings()
+    core = core_settings()
     torch.set_num_threads(spec.torch_threads)
-    store, registry = open_store(settings), Registry(spec.tracking_uri)
+    store, registry = open_store(core), Registry(spec.tracking_uri)
     data = load_dataset(store, spec.model, spec.dataset_id)
     _, heldout = split(data.samples, spec.train.heldout_fraction)
     heldout = at_most(heldout, spec.train.gate.max_heldout_rows)
-    dirs = Checkouts(spec, store, registry, settings.data_path / "cache")
+    dirs = Checkouts(spec, store, registry, core.data_path / "cache")
     cand_dir = dirs.candidate_dir()
     champion = load_policy(dirs.champion_dir, base_path=dirs.base_dir)
     candidate = load_policy(cand_dir, base_path=dirs.base_dir)
     critic = ValueHead(int(champion.config.hidden_size))
     critic.load_state_dict(torch.load(cand_dir / CRITIC_FILE, weights_only=True))
-    root = corpus.stdlib_root()
-    _, code_files = corpus.split_stdlib(settings.bootstrap.heldout_fraction, root)
+    _, code_files = corpus.split_stdlib(spec.corpus_heldout_fraction)
     report = evaluate(candidate, champion, critic, load_tokenizer(dirs.base_dir), heldout, corpus.read_texts(code_files),
                       spec.train.gate)
     from mlflow.entities import Metric
@@ -272,7 +324,7 @@ def read_spec(ref: str) -> TrainJob:
     from pydantic import ValidationError
 
     if ref.startswith(STORE_REF):
-        key, store = ref.removeprefix(STORE_REF), open_store(load_settings())
+        key, store = ref.removeprefix(STORE_REF), open_store(core_settings())
         if not store.exists(key):
             raise SpecError(f"no spec {key!r} in the object store {store.url}: the flow uploads it before starting the "
                             "trainer; check that this pod's store settings (tidal.yaml) match the flow's")

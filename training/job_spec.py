@@ -34,6 +34,9 @@ class TrainJob(BaseModel):
     tracking_uri: str = Field(description="MLflow server the trainer logs metrics to.")
     mlflow_run_id: str = Field(description="MLflow run of this training run (created by the flow, reused by retries).")
     train: TrainSettings = Field(description="The training settings in force.")
+    corpus_heldout_fraction: float = Field(gt=0, lt=1, description=(
+        "bootstrap.heldout_fraction: the share of the code corpus version 1 never saw (data_contracts/corpus.py). The "
+        "pretraining-mix loss reads only the other files, the gate's held-out code only these."))
     torch_threads: int = Field(ge=1, description="torch.set_num_threads of the trainer (train.torch_threads, or derived).")
 
     @property
@@ -41,10 +44,12 @@ class TrainJob(BaseModel):
         return f"training/model={self.model}/{self.run_key}"
 
 
-def run_key(model: str, dataset_digest: str, champion_version: int, train: TrainSettings) -> str:
-    """Same inputs, same key: a resubmitted run resumes (or returns) instead of training again."""
+def run_key(model: str, dataset_digest: str, champion_version: int, train: TrainSettings,
+            corpus_heldout_fraction: float) -> str:
+    """Same inputs, same key: a resubmitted run resumes (or returns) instead of training again. Every field of the
+    spec that changes what the trainer computes is here; the operational ones (retries, threads) are not."""
     settings = train.model_dump(mode="json", exclude={"retries", "retry_delay_s", "torch_threads"})
-    blob = json.dumps([model, dataset_digest, champion_version, settings], sort_keys=True)
+    blob = json.dumps([model, dataset_digest, champion_version, settings, corpus_heldout_fraction], sort_keys=True)
     return "run-" + hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -130,10 +130,11 @@ def test_the_gates_row_cap_takes_the_same_uniform_subset_in_any_order() -> None:
 
 def test_run_key_changes_with_what_determines_the_result() -> None:
     cfg = TrainSettings()
-    key = run_key("tab", "sha256:a", 1, cfg)
-    assert key == run_key("tab", "sha256:a", 1, TrainSettings(retries=9, torch_threads=1))  # operational knobs only
-    assert key != run_key("tab", "sha256:b", 1, cfg) and key != run_key("tab", "sha256:a", 2, cfg)
-    assert key != run_key("tab", "sha256:a", 1, TrainSettings(ppo={"learning_rate": 1e-3}))
+    key = run_key("tab", "sha256:a", 1, cfg, 0.1)
+    assert key == run_key("tab", "sha256:a", 1, TrainSettings(retries=9, torch_threads=1), 0.1)  # operational knobs only
+    assert key != run_key("tab", "sha256:b", 1, cfg, 0.1) and key != run_key("tab", "sha256:a", 2, cfg, 0.1)
+    assert key != run_key("tab", "sha256:a", 1, TrainSettings(ppo={"learning_rate": 1e-3}), 0.1)
+    assert key != run_key("tab", "sha256:a", 1, cfg, 0.2)  # the code corpus's held-out share feeds the ptx loss and gate
 
 
 def test_the_manifests_reward_rule_comes_with_the_dataset(store) -> None:
