@@ -20,9 +20,11 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pydantic import ValidationError
 
 from data_contracts.ledger import Ledger
 from data_contracts.logs import Batch
+from data_contracts.manifest import CollectRecord, DatasetManifest
 from data_contracts.scope import Watermark, watermark_key
 from tidal.store import ObjectStore
 
@@ -98,20 +100,32 @@ def write_quarantine(store: ObjectStore, batch: Batch, ledgers: dict[str, Ledger
     return written
 
 
-def write_dataset(store: ObjectStore, model: str, ds_id: str, samples: pa.Table, manifest: dict) -> dict:
+def write_dataset(store: ObjectStore, model: str, ds_id: str, samples: pa.Table, record: CollectRecord) -> DatasetManifest:
     """Write the samples, then the manifest with their digest; returns the manifest as written."""
     data = _parquet_bytes(samples)
     prefix = dataset_prefix(model, ds_id)
-    manifest = {**manifest, "dataset_id": ds_id, "rows": samples.num_rows, "data_key": f"{prefix}/part-0.parquet",
-                "data_uri": store.uri(f"{prefix}/part-0.parquet"), "digest": "sha256:" + hashlib.sha256(data).hexdigest(),
-                "schema": {n: str(t) for n, t in zip(samples.schema.names, samples.schema.types)}}
+    manifest = DatasetManifest.model_validate({
+        **record.model_dump(), "dataset_id": ds_id, "rows": samples.num_rows, "data_key": f"{prefix}/part-0.parquet",
+        "data_uri": store.uri(f"{prefix}/part-0.parquet"), "digest": "sha256:" + hashlib.sha256(data).hexdigest(),
+        "schema": {n: str(t) for n, t in zip(samples.schema.names, samples.schema.types)}})
     _put_bytes(store, f"{prefix}/part-0.parquet", data)
-    _put_bytes(store, f"{prefix}/manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode())
+    _put_bytes(store, f"{prefix}/manifest.json", json.dumps(manifest.stored(), indent=2, sort_keys=True).encode())
     return manifest
 
 
-def read_manifest(store: ObjectStore, model: str, ds_id: str) -> dict:
+class ManifestError(ValueError):
+    """A stored manifest that is not a DatasetManifest (damaged, or written by another version of Tidal)."""
+
+
+def read_manifest(store: ObjectStore, model: str, ds_id: str) -> DatasetManifest:
+    key = f"{dataset_prefix(model, ds_id)}/manifest.json"
     with tempfile.TemporaryDirectory() as tmp:
-        store.get_file(f"{dataset_prefix(model, ds_id)}/manifest.json", Path(tmp) / "m.json")
-        return json.loads((Path(tmp) / "m.json").read_text())
+        store.get_file(key, Path(tmp) / "m.json")
+        text = (Path(tmp) / "m.json").read_text()
+    try:
+        return DatasetManifest.model_validate_json(text)
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise ManifestError(f"{key} is not a dataset manifest ({e.error_count()} problems; first: {first['msg']} at "
+                            f"{'.'.join(str(p) for p in first['loc'])}): re-run collect to write it again") from None
 

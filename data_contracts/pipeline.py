@@ -23,6 +23,7 @@ from data_contracts.collect_settings import CollectSettings, PiiPolicy
 from data_contracts.derive import completion_frame, feedback_frame, sample_frame
 from data_contracts.ledger import Ledger, ReconciliationError
 from data_contracts.logs import Batch, LogFile, find_log_files, load_batch
+from data_contracts.manifest import CollectRecord, DatasetManifest
 from data_contracts.rewards import RewardRule
 from data_contracts.scope import Range, Watermark, advance, initial_watermark, next_range
 from data_contracts.suites import CONTRACT_VERSION, ContractParams, completion_suite, feedback_suite, reward_sample_suite
@@ -64,7 +65,7 @@ class Versions:
 class CollectResult:
     dataset_id: str  # the new dataset, or the previous one when there was nothing new
     new: bool
-    manifest: dict = field(default_factory=dict)
+    manifest: DatasetManifest | None = None
     samples: pa.Table | None = None
     work: Work | None = None
 
@@ -151,20 +152,22 @@ def reconcile(work: Work) -> dict:
     return {**counts, "total": total}
 
 
-def manifest_fields(plan: Plan, batch: Batch, work: Work, rule: RewardRule, cfg: CollectSettings, versions: Versions,
-                    wm_after: Watermark, quarantine: dict, as_of_ms: int) -> dict:
-    return {
+def collect_record(plan: Plan, batch: Batch, work: Work, samples: pa.Table, rule: RewardRule, cfg: CollectSettings,
+                   versions: Versions, wm_after: Watermark, quarantine: dict, as_of_ms: int) -> CollectRecord:
+    """What the run records in its dataset's manifest, besides what writing the data fixes."""
+    return CollectRecord.model_validate({
         "model": plan.model, "contract_version": CONTRACT_VERSION, "created_ms": as_of_ms,
         "reward_rule": {"id": rule.id, "rule": rule.model_dump(mode="json")},
         "collect_settings": cfg.model_dump(mode="json", exclude={"reward_rule", "reward_rules"}),
         "source_partitions": batch.partitions, "source_files": batch.files,
         "schema_quarantined_files": [{"key": b.key, "kind": b.kind, "rows": b.rows, "detail": b.detail} for b in batch.bad_files],
-        "watermark_before": plan.watermark.model_dump(mode="json"), "watermark_after": wm_after.model_dump(mode="json"),
+        "watermark_before": plan.watermark, "watermark_after": wm_after,
         "late_arrivals": {k: int(getattr(batch, k).late.sum()) if getattr(batch, k).late is not None else 0
                           for k in ("completions", "feedback")},
         "counts": reconcile(work), "reconciled": True, "scrubbed": dict(work.scrubbed), "quarantine": quarantine,
         "versions": {"known": versions.known, "champion": versions.champion, "max_stale_versions": cfg.max_stale_versions},
-    }
+        "summary": summarize(samples, rule),
+    })
 
 
 def collect_once(store: ObjectStore, registry: VersionSource, model: str, cfg: CollectSettings, as_of_ms: int,
@@ -186,8 +189,8 @@ def collect_once(store: ObjectStore, registry: VersionSource, model: str, cfg: C
     samples = build_samples(work, rule)
     check_samples(samples, params, rule)
     wm_after = advance(plan.watermark, plan.rng, batch.future, ds_id, as_of_ms, plan.listed_from_ms, plan.listed_recent)
-    manifest = dataset.write_dataset(store, model, ds_id, samples, {**manifest_fields(
-        plan, batch, work, rule, cfg, versions, wm_after, quarantine, as_of_ms), "summary": summarize(samples, rule)})
+    manifest = dataset.write_dataset(store, model, ds_id, samples, collect_record(
+        plan, batch, work, samples, rule, cfg, versions, wm_after, quarantine, as_of_ms))
     dataset.write_watermark(store, wm_after)  # only once the dataset is complete
     return CollectResult(ds_id, True, manifest, samples, work)
 

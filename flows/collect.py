@@ -76,9 +76,9 @@ def collect(model: str = "tab", include_open_hour: bool = False, driver: Driver 
     run_id = log_to_mlflow(settings.mlflow.tracking_uri, manifest, samples)
     publish_reports(manifest, docs_uri, run_id, store)
     advance_watermark(store, watermark)  # only after the dataset is written and logged
-    events.dataset_ready(model, ds_id, int(manifest["rows"]), driver)
+    events.dataset_ready(model, ds_id, manifest.rows, driver)
 
-    total = manifest["counts"]["total"]
-    print(f"{model}: dataset {ds_id}: {manifest['rows']} samples; rows in {total['in']} = kept {total['kept']} + "
-          f"quarantined {total['quarantined']} + filtered {total['filtered']}")
+    total = manifest.counts.total
+    print(f"{model}: dataset {ds_id}: {manifest.rows} samples; rows in {total.in_} = kept {total.kept} + "
+          f"quarantined {total.quarantined} + filtered {total.filtered}")
     return ds_id

@@ -53,6 +53,6 @@ def train(model: str = "tab", dataset_id: str | None = None, driver: Driver = "s
     if info.tags.get("tidal.gate.passed") != "true":
         raise GateFailed(f"{model} v{info.version} failed the offline gate: {info.tags.get('tidal.gate.reason', 'unknown')}")
     promote_to_candidate(registry, info)
-    events.candidate_registered(model, info.version, manifest["dataset_id"], driver)
-    print(f"{model} v{info.version} trained from v{champion.version} on {manifest['dataset_id']}: gate passed, alias 'candidate'")
+    events.candidate_registered(model, info.version, manifest.dataset_id, driver)
+    print(f"{model} v{info.version} trained from v{champion.version} on {manifest.dataset_id}: gate passed, alias 'candidate'")
     return info.version

@@ -19,6 +19,7 @@ from data_contracts import assemble, dataset, pipeline
 from data_contracts.assemble import Work
 from data_contracts.collect_settings import CollectSettings, PiiPolicy
 from data_contracts.logs import Batch
+from data_contracts.manifest import DatasetManifest
 from data_contracts.pipeline import Encoder, Plan, Versions
 from data_contracts.report import quarantine_rows, report_markdown
 from data_contracts.rewards import RewardRule
@@ -114,44 +115,43 @@ def build_samples(work: Work, rule: RewardRule, params: ContractParams) -> pa.Ta
 
 @task(cache_policy=NO_CACHE)
 def write_dataset_version(store: ObjectStore, plan: Plan, work: Work, samples: pa.Table, rule: RewardRule, cfg: CollectSettings,
-                          versions: Versions, quarantine: dict, ds_id: str, as_of_ms: int) -> tuple[dict, Watermark]:
+                          versions: Versions, quarantine: dict, ds_id: str, as_of_ms: int) -> tuple[DatasetManifest, Watermark]:
     """Dataset + manifest; returns the manifest and the watermark to set once everything else succeeded."""
     wm_after = advance(plan.watermark, plan.rng, work.batch.future, ds_id, as_of_ms, plan.listed_from_ms, plan.listed_recent)
-    fields = pipeline.manifest_fields(plan, work.batch, work, rule, cfg, versions, wm_after, quarantine, as_of_ms)
-    manifest = dataset.write_dataset(store, plan.model, ds_id, samples, {**fields, "summary": pipeline.summarize(samples, rule)})
-    return manifest, wm_after
+    record = pipeline.collect_record(plan, work.batch, work, samples, rule, cfg, versions, wm_after, quarantine, as_of_ms)
+    return dataset.write_dataset(store, plan.model, ds_id, samples, record), wm_after
 
 
 @task(cache_policy=NO_CACHE)
-def log_to_mlflow(tracking_uri: str, manifest: dict, samples: pa.Table) -> str:
+def log_to_mlflow(tracking_uri: str, manifest: DatasetManifest, samples: pa.Table) -> str:
     """A run in experiment `<model>/collect` with the dataset as its input; returns the run id."""
-    model, counts = manifest["model"], manifest["counts"]["total"]
+    model, counts = manifest.model, manifest.counts.total.model_dump(by_alias=True)
     mlflow.set_tracking_uri(tracking_uri)
     mlflow.set_experiment(f"{model}/collect")
-    with mlflow.start_run(run_name=manifest["dataset_id"]) as run:
-        mlflow.set_tags({"tidal.dataset_id": manifest["dataset_id"], "tidal.dataset_digest": manifest["digest"],
-                         "tidal.reward_rule": manifest["reward_rule"]["id"], "tidal.contract_version": CONTRACT_VERSION})
-        mlflow.log_params({"model": model, "reward_rule": manifest["reward_rule"]["id"], "contract_version": CONTRACT_VERSION,
-                           "source_partitions": len(manifest["source_partitions"]),
-                           "watermark_after": manifest["watermark_after"]["hour"] or "none"})
-        metrics = {f"rows_{k}": v for k, v in counts.items() if isinstance(v, int)}
-        if manifest["summary"]["reward_mean"] is not None:
-            metrics["reward_mean"] = manifest["summary"]["reward_mean"]
+    with mlflow.start_run(run_name=manifest.dataset_id) as run:
+        mlflow.set_tags({"tidal.dataset_id": manifest.dataset_id, "tidal.dataset_digest": manifest.digest,
+                         "tidal.reward_rule": manifest.reward_rule.id, "tidal.contract_version": CONTRACT_VERSION})
+        mlflow.log_params({"model": model, "reward_rule": manifest.reward_rule.id, "contract_version": CONTRACT_VERSION,
+                           "source_partitions": len(manifest.source_partitions),
+                           "watermark_after": manifest.watermark_after.hour or "none"})
+        metrics = {f"rows_{k}": v for k, v in counts.items()}
+        if manifest.summary.reward_mean is not None:
+            metrics["reward_mean"] = manifest.summary.reward_mean
         mlflow.log_metrics(metrics)
-        mlflow.log_dict(manifest, "manifest.json")
-        data = mlflow.data.from_pandas(samples.to_pandas(), source=manifest["data_uri"], name=manifest["dataset_id"],
-                                       digest=manifest["digest"].removeprefix("sha256:")[:16])
+        mlflow.log_dict(manifest.stored(), "manifest.json")
+        data = mlflow.data.from_pandas(samples.to_pandas(), source=manifest.data_uri, name=manifest.dataset_id,
+                                       digest=manifest.digest.removeprefix("sha256:")[:16])
         mlflow.log_input(data, context="collect")
         return run.info.run_id
 
 
 @task(cache_policy=NO_CACHE)
-def publish_reports(manifest: dict, docs_uri: str | None, run_id: str, store: ObjectStore) -> None:
-    model = manifest["model"]
-    create_markdown_artifact(key=f"{_key(model)}-collect", description=f"Collection {manifest['dataset_id']}",
+def publish_reports(manifest: DatasetManifest, docs_uri: str | None, run_id: str, store: ObjectStore) -> None:
+    model = manifest.model
+    create_markdown_artifact(key=f"{_key(model)}-collect", description=f"Collection {manifest.dataset_id}",
                              markdown=report_markdown(manifest, docs_uri, run_id, store))
     create_table_artifact(key=f"{_key(model)}-collect-quarantine", table=quarantine_rows(manifest) or [{"kind": "-", "reason": "none", "rows": 0}],
-                          description=f"Quarantine reasons of {manifest['dataset_id']}")
+                          description=f"Quarantine reasons of {manifest.dataset_id}")
 
 
 @task(cache_policy=NO_CACHE)

@@ -19,6 +19,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from data_contracts.dataset import read_manifest, read_parquet
+from data_contracts.manifest import DatasetManifest
 from tidal.procs import tail
 from tidal.registry import Registry, VersionInfo, code_revision, publish
 from tidal.section import PROJECT_ROOT, SettingsError
@@ -54,7 +55,7 @@ class GateFailed(RuntimeError):
 class TrainPlan:
     spec: TrainJob
     champion: VersionInfo
-    manifest: dict
+    manifest: DatasetManifest
     spec_path: Path
     log_path: Path
     launch: LaunchSettings  # where the trainer runs (not part of the spec: it changes nothing the trainer computes)
@@ -69,7 +70,7 @@ def resolve_champion(registry: Registry, model: str) -> VersionInfo:
 
 
 @task(cache_policy=NO_CACHE)
-def resolve_dataset(store: ObjectStore, model: str, dataset_id: str | None) -> dict:
+def resolve_dataset(store: ObjectStore, model: str, dataset_id: str | None) -> DatasetManifest:
     """The manifest of the dataset to train on (the latest collected one when none is named)."""
     ds_id = dataset_id or latest_dataset_id(store, model)
     if not store.exists(f"datasets/model={model}/{ds_id}/manifest.json"):
@@ -79,12 +80,12 @@ def resolve_dataset(store: ObjectStore, model: str, dataset_id: str | None) -> d
 
 
 @task(cache_policy=NO_CACHE)
-def plan_run(settings: TidalSettings, store: ObjectStore, model: str, champion: VersionInfo, manifest: dict) -> TrainPlan:
+def plan_run(settings: TidalSettings, store: ObjectStore, model: str, champion: VersionInfo, manifest: DatasetManifest) -> TrainPlan:
     """The run's key, its MLflow run (found again by a retried or resubmitted flow) and the trainer's spec file."""
     cfg, strategy = settings.train, settings.model(model).update_strategy
     if problem := model_mismatch(model, strategy, cfg.ppo.lora, "train.ppo.lora"):  # before training: it could never serve
         raise SettingsError(problem)
-    key = run_key(model, manifest["digest"], champion.version, cfg, settings.bootstrap.heldout_fraction)
+    key = run_key(model, manifest.digest, champion.version, cfg, settings.bootstrap.heldout_fraction)
     tracking = settings.mlflow.tracking_uri
     mlflow.set_tracking_uri(tracking)
     experiment = mlflow.set_experiment(f"{model}/train")
@@ -95,13 +96,13 @@ def plan_run(settings: TidalSettings, store: ObjectStore, model: str, champion: 
         with mlflow.start_run(run_name=key) as run:
             run_id = run.info.run_id
             mlflow.set_tags({"tidal.train_run": key, "tidal.parent_version": str(champion.version),
-                             "tidal.dataset_id": manifest["dataset_id"], "tidal.dataset_digest": manifest["digest"],
+                             "tidal.dataset_id": manifest.dataset_id, "tidal.dataset_digest": manifest.digest,
                              "tidal.code_revision": code_revision(PROJECT_ROOT)})
             mlflow.log_params(hyper_parameters(settings))
-            data = mlflow.data.from_pandas(read_parquet(store, manifest["data_key"]).to_pandas(), source=manifest["data_uri"],
-                                           name=manifest["dataset_id"], digest=manifest["digest"].removeprefix("sha256:")[:16])
+            data = mlflow.data.from_pandas(read_parquet(store, manifest.data_key).to_pandas(), source=manifest.data_uri,
+                                           name=manifest.dataset_id, digest=manifest.digest.removeprefix("sha256:")[:16])
             mlflow.log_input(data, context="train")
-    spec = TrainJob(model=model, run_key=key, dataset_id=manifest["dataset_id"], dataset_digest=manifest["digest"],
+    spec = TrainJob(model=model, run_key=key, dataset_id=manifest.dataset_id, dataset_digest=manifest.digest,
                     champion_version=champion.version, tracking_uri=tracking, mlflow_run_id=run_id, train=cfg,
                     corpus_heldout_fraction=settings.bootstrap.heldout_fraction, torch_threads=trainer_threads(settings))
     spec_path = settings.run_dir / f"train-{model}-{key}.json"
@@ -181,7 +182,7 @@ def register_candidate(registry: Registry, store: ObjectStore, cache_dir: Path, 
     local = download_dir(store, f"{spec.prefix}/candidate", cache_dir / spec.prefix / "candidate")
     tags = {"tidal.origin": "ppo", "tidal.parent_version": str(champion.version), "tidal.train_run": spec.run_key,
             "tidal.dataset_id": spec.dataset_id, "tidal.dataset_digest": spec.dataset_digest,
-            "tidal.reward_rule": plan.manifest["reward_rule"]["id"], "tidal.code_revision": code_revision(PROJECT_ROOT),
+            "tidal.reward_rule": plan.manifest.reward_rule.id, "tidal.code_revision": code_revision(PROJECT_ROOT),
             "tidal.hparams": spec.train.ppo.model_dump_json(), "tidal.mlflow_run": spec.mlflow_run_id,
             "tidal.train_rows": str(result.train_rows), **gate.tags()}
     base = champion.base_version if result.kind == "lora" else None

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from pydantic import ValidationError
 
 from data_contracts.corpus import unit_hash
-from data_contracts.dataset import dataset_prefix, read_manifest, read_watermark
+from data_contracts.dataset import ManifestError, dataset_prefix, read_manifest, read_watermark
 from data_contracts.rewards import RewardRule
 from data_contracts.samples import REWARD_SAMPLE_SCHEMA, RewardSample
 from tidal.store import ObjectStore
@@ -51,17 +51,20 @@ def load_dataset(store: ObjectStore, model: str, ds_id: str) -> RewardDataset:
     if not store.exists(manifest_key):
         known = sorted({k.split("/")[2] for k in store.list(f"datasets/model={model}/")})
         raise DatasetError(f"dataset {ds_id} of {model} not found ({manifest_key} missing); datasets: {known or 'none'}")
-    manifest = read_manifest(store, model, ds_id)
+    try:
+        manifest = read_manifest(store, model, ds_id)
+    except ManifestError as e:
+        raise DatasetError(f"dataset {ds_id}: {e}") from None
     with tempfile.TemporaryDirectory() as tmp:
         local = Path(tmp) / "part-0.parquet"
         try:
-            store.get_file(manifest["data_key"], local)
+            store.get_file(manifest.data_key, local)
         except (KeyError, FileNotFoundError, OSError) as e:
             raise DatasetError(f"dataset {ds_id}: its data file is missing ({e})") from None
         digest = "sha256:" + hashlib.sha256(local.read_bytes()).hexdigest()
-        if digest != manifest.get("digest"):
+        if digest != manifest.digest:
             raise DatasetError(f"dataset {ds_id}: data digest {digest[:19]}… does not match the manifest's "
-                               f"{str(manifest.get('digest'))[:19]}…; the file changed after collection, re-run collect")
+                               f"{manifest.digest[:19]}…; the file changed after collection, re-run collect")
         try:
             table = pq.read_table(local)
         except Exception as e:  # noqa: BLE001  pyarrow raises several types for a damaged file
@@ -90,7 +93,7 @@ def load_dataset(store: ObjectStore, model: str, ds_id: str) -> RewardDataset:
         raise DatasetError(f"dataset {ds_id} holds rows of other models {sorted(wrong)}; expected only {model}")
     rules = {s.reward_rule for s in samples}
     rule = None
-    if (recorded := (manifest.get("reward_rule") or {}).get("rule")) is not None:
+    if (recorded := manifest.reward_rule.rule) is not None:
         try:
             rule = RewardRule.model_validate(recorded)
         except ValidationError as e:
@@ -98,7 +101,7 @@ def load_dataset(store: ObjectStore, model: str, ds_id: str) -> RewardDataset:
                                f"{e.errors()[0]['msg']} at {e.errors()[0]['loc']}") from None
         if rules != {rule.id}:
             raise DatasetError(f"dataset {ds_id}: rows were rewarded by {sorted(rules)}, the manifest names {rule.id}")
-    return RewardDataset(ds_id, manifest["digest"], ",".join(sorted(rules)), samples, rule)
+    return RewardDataset(ds_id, manifest.digest, ",".join(sorted(rules)), samples, rule)
 
 
 def _type_name(t: pa.DataType) -> str:

@@ -91,7 +91,7 @@ def test_collect_turns_gateway_traffic_into_a_reconciled_dataset(settings, gatew
     assert read_watermark(store, "tab") is None  # the first collection of this session
 
     ds_id = collect(model="tab", include_open_hour=True)
-    manifest = read_manifest(store, "tab", ds_id)
+    manifest = read_manifest(store, "tab", ds_id).stored()
     samples = {r["request_id"]: r for r in read_parquet(store, manifest["data_key"]).to_pylist()}
 
     # rows join exactly to the logs and the engine's answers

@@ -18,6 +18,7 @@ import psutil
 import pytest
 import torch
 
+from tests.manifest_helpers import collect_record
 from tidal.procs import alive
 from data_contracts import corpus
 from training.probe import probe_prompts
@@ -271,7 +272,7 @@ def test_unusable_datasets_and_a_diverging_learning_rate_register_nothing(settin
     from data_contracts.dataset import write_dataset
     from data_contracts.samples import samples_table
 
-    write_dataset(checkpoints.store, "tab", "ds-empty-by-test", samples_table([]), {"model": "tab", "reward_rule": {"id": "x@1"}})
+    write_dataset(checkpoints.store, "tab", "ds-empty-by-test", samples_table([]), collect_record(reward_rule={"id": "x@1"}))
     empty = tidal(settings, "train", "tab", "--dataset", "ds-empty-by-test")
     assert empty.returncode != 0 and "has no rows: collect more traffic" in empty.stdout + empty.stderr
 

@@ -65,7 +65,7 @@ def test_crash_between_dataset_write_and_watermark_is_redone_under_the_same_id(t
     monkeypatch.setattr(dataset, "write_watermark", lambda store, wm: calls.append(wm) or real_write(store, wm))
     redo = collect(store, T0 + 2 * HOUR + 10 * MIN)  # a little later: same partitions, same id
     assert redo.dataset_id == crashed_id and dataset_ids(store) == {crashed_id}
-    assert redo.samples.equals(crashed) and redo.manifest["digest"] == read_manifest(store, "tab", crashed_id)["digest"]
+    assert redo.samples.equals(crashed) and redo.manifest.stored()["digest"] == read_manifest(store, "tab", crashed_id).digest
     assert collect(store, T0 + 3 * HOUR).new is False
     assert len(calls) == 1 and read_watermark(store, "tab").dataset_id == crashed_id
 
@@ -85,10 +85,10 @@ def test_a_verdict_in_the_next_hour_is_joined_and_counted_once(tmp_path):
     put_logs(store, "completions", [c])
     put_logs(store, "feedback", [feedback(c, "accepted", after_ms=3000)])  # lands in hour 1's partition
     first = collect(store, T0 + HOUR + 20 * MIN)
-    assert first.samples["event"].to_pylist() == ["accepted"] and first.manifest["counts"]["feedback"]["in"] == 1
+    assert first.samples["event"].to_pylist() == ["accepted"] and first.manifest.stored()["counts"]["feedback"]["in"] == 1
     traffic(store, T0 + HOUR + 10 * MIN, 2, 2)
     second = collect(store, T0 + 2 * HOUR + 20 * MIN)
-    assert second.manifest["counts"]["feedback"]["in"] == 2  # the hour-1 verdict of hour 0 is not counted again
+    assert second.manifest.stored()["counts"]["feedback"]["in"] == 2  # the hour-1 verdict of hour 0 is not counted again
     assert second.samples.num_rows == 2
 
 
@@ -98,10 +98,10 @@ def test_late_verdicts_are_counted_once_and_not_used(tmp_path):
     put_logs(store, "completions", [a, b])
     put_logs(store, "feedback", [feedback(a, "accepted", after_ms=20 * MIN)])  # after the 15 min timeout
     first = collect(store, T0 + HOUR + 20 * MIN)
-    assert first.manifest["counts"]["feedback"]["filtered_by_reason"] == {"late_feedback": 1}
+    assert first.manifest.stored()["counts"]["feedback"]["filtered_by_reason"] == {"late_feedback": 1}
     put_logs(store, "feedback", [feedback(b, "accepted", after_ms=HOUR + 30 * MIN)])  # stored after that run
     second = collect(store, T0 + 2 * HOUR + 20 * MIN)
-    assert second.new and second.manifest["counts"]["feedback"] == {
+    assert second.new and second.manifest.stored()["counts"]["feedback"] == {
         "in": 1, "kept": 0, "quarantined": 0, "quarantined_by_reason": {}, "filtered": 1, "filtered_by_reason": {"late_feedback": 1}}
     assert collect(store, T0 + 5 * HOUR).new is False
 
@@ -110,13 +110,13 @@ def test_open_hour_runs_take_only_what_is_new(tmp_path):
     store = LocalStore(tmp_path)
     first_batch = traffic(store, T0 + 5 * MIN, 3, 1)
     first = collect(store, T0 + 10 * MIN, include_open_hour=True)
-    assert first.new and first.manifest["counts"]["completions"]["in"] == 3
+    assert first.new and first.manifest.stored()["counts"]["completions"]["in"] == 3
     second_batch = traffic(store, T0 + 11 * MIN, 2, 2)
     put_logs(store, "feedback", [feedback(first_batch[1], "accepted", after_ms=6 * MIN)])  # after the first run
     second = collect(store, T0 + 13 * MIN, include_open_hour=True)
     assert second.new and second.dataset_id != first.dataset_id
-    assert second.manifest["counts"]["completions"]["in"] == 2
-    assert second.manifest["counts"]["feedback"]["filtered_by_reason"] == {"late_feedback": 1}
+    assert second.manifest.stored()["counts"]["completions"]["in"] == 2
+    assert second.manifest.stored()["counts"]["feedback"]["filtered_by_reason"] == {"late_feedback": 1}
     assert set(second.samples["request_id"].to_pylist()) == {c["request_id"] for c in second_batch}
     assert collect(store, T0 + 13 * MIN, include_open_hour=True).new is False
     # a record younger than upload_grace_s (60 s) may still be in a gateway's log: the next run takes it
@@ -134,12 +134,12 @@ def test_future_rows_are_quarantined_once(tmp_path):
     put_logs(store, "completions", [c])
     traffic(store, T0 + 5 * MIN, 1, 1)
     first = collect(store, T0 + HOUR + 20 * MIN)
-    assert first.manifest["counts"]["completions"]["quarantined_by_reason"] == {"future_time": 1}
+    assert first.manifest.stored()["counts"]["completions"]["quarantined_by_reason"] == {"future_time": 1}
     assert collect(store, T0 + 2 * HOUR + 20 * MIN).new is False  # still in the future: not counted again
     assert list(read_watermark(store, "tab").future_seen["completions"]) == [c["request_id"]]
     traffic(store, T0 + 5 * HOUR, 1, 1)
     later = collect(store, T0 + 6 * HOUR + 20 * MIN)  # the range passes it: still not counted again
-    assert later.new and later.manifest["counts"]["completions"]["in"] == 1
+    assert later.new and later.manifest.stored()["counts"]["completions"]["in"] == 1
     assert read_watermark(store, "tab").future_seen == {"completions": {}, "feedback": {}}
 
 
@@ -171,20 +171,20 @@ def test_rows_stored_after_their_hour_was_collected_are_quarantined_as_late_arri
     store = LocalStore(tmp_path)
     traffic(store, T0 + 5 * MIN, 4, 4)
     first = collect(store, T0 + 2 * HOUR)  # hour 0 collected: the watermark is past it
-    assert first.new and first.manifest["late_arrivals"] == {"completions": 0, "feedback": 0}
+    assert first.new and first.manifest.stored()["late_arrivals"] == {"completions": 0, "feedback": 0}
     late = completion(T0 + 20 * MIN, 99)  # stored only now
     put_logs(store, "completions", [late])
     put_logs(store, "feedback", [feedback(late, "accepted")])
     (tmp_path / "logs/feedback/model=tab/date=2026-01-01/hour=00/part-broken.parquet").write_bytes(b"not parquet")
     traffic(store, T0 + HOUR + 5 * MIN, 2, 2)  # the next hour's own traffic
     second = collect(store, T0 + 3 * HOUR)
-    counts = second.manifest["counts"]
-    assert second.new and second.manifest["late_arrivals"] == {"completions": 1, "feedback": 1}
+    counts = second.manifest.stored()["counts"]
+    assert second.new and second.manifest.stored()["late_arrivals"] == {"completions": 1, "feedback": 1}
     assert counts["completions"]["quarantined_by_reason"] == {"late_arrival": 1} and counts["completions"]["kept"] == 2
     assert counts["feedback"]["quarantined_by_reason"] == {"late_arrival": 1}  # (the broken file has no readable rows)
-    assert [f["key"].rsplit("/", 1)[1] for f in second.manifest["schema_quarantined_files"]] == ["part-broken.parquet"]
+    assert [f["key"].rsplit("/", 1)[1] for f in second.manifest.stored()["schema_quarantined_files"]] == ["part-broken.parquet"]
     assert late["request_id"] not in second.samples["request_id"].to_pylist()
-    quarantined = read_parquet(store, second.manifest["quarantine"]["completions"])
+    quarantined = read_parquet(store, second.manifest.stored()["quarantine"]["completions"])
     assert quarantined["request_id"].to_pylist() == [late["request_id"]] and quarantined["reason"].to_pylist() == ["late_arrival"]
     assert collect(store, T0 + 4 * HOUR).new is False  # counted once: the next run does not take them again
     assert read_watermark(store, "tab").listed_from_ms is not None

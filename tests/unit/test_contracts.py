@@ -89,7 +89,7 @@ def run(tmp_path_factory):
     fb += [orphan, partial_no_chars, foreign, on_quarantined, late]
     put_logs(store, "feedback", fb)
     result = collect_once(store, VERSIONS, "tab", CFG, AS_OF)
-    quarantine = {k: read_parquet(store, v).to_pylist() for k, v in result.manifest["quarantine"].items() if k != "files"}
+    quarantine = {k: read_parquet(store, v).to_pylist() for k, v in result.manifest.stored()["quarantine"].items() if k != "files"}
     return {"store": store, "result": result, "good": good, "defects": defects, "q": quarantine, "key": key, "stale": stale,
             "future": future, "orphan": orphan, "fb": {"partial_no_chars": partial_no_chars, "foreign": foreign,
                                                         "on_quarantined": on_quarantined, "late": late}}
@@ -108,7 +108,7 @@ def test_conflicting_duplicates_are_quarantined_and_replays_kept_once(run):
     assert sorted(r["user_hash"] for r in dup) == ["dup-a", "dup-b"] and {r["reason"] for r in dup} == {"duplicate_request_id"}
     ids = run["result"].samples["request_id"].to_pylist()
     assert len(ids) == len(set(ids)) and run["good"][0]["request_id"] in ids
-    assert run["result"].manifest["counts"]["completions"]["filtered_by_reason"]["duplicate"] == 1
+    assert run["result"].manifest.stored()["counts"]["completions"]["filtered_by_reason"]["duplicate"] == 1
 
 
 def test_future_rows_are_quarantined(run):
@@ -117,7 +117,7 @@ def test_future_rows_are_quarantined(run):
 
 
 def test_a_file_in_the_wrong_schema_is_quarantined_whole(run):
-    m = run["result"].manifest
+    m = run["result"].manifest.stored()
     [bad] = m["schema_quarantined_files"]
     assert bad["key"] == run["key"] and bad["rows"] == 2 and "version" in bad["detail"] and "int64" in bad["detail"]
     assert m["counts"]["completions"]["quarantined_by_reason"]["schema"] == 2
@@ -131,7 +131,7 @@ def test_feedback_defects(run):
     assert by_id[fb["partial_no_chars"]["request_id"]] == "partial_without_chars"
     assert by_id[fb["foreign"]["request_id"]] == "foreign_feedback"
     assert len(by_id) == 3
-    filtered = run["result"].manifest["counts"]["feedback"]["filtered_by_reason"]
+    filtered = run["result"].manifest.stored()["counts"]["feedback"]["filtered_by_reason"]
     assert filtered == {"completion_quarantined": 1, "late_feedback": 1, "stale": 1}
 
 
@@ -148,7 +148,7 @@ def test_good_rows_pass_and_only_they(run):
 
 
 def test_counts_reconcile_exactly(run):
-    counts = run["result"].manifest["counts"]
+    counts = run["result"].manifest.stored()["counts"]
     for kind in ("completions", "feedback"):
         c = counts[kind]
         assert c["in"] == c["kept"] + c["quarantined"] + c["filtered"]

@@ -45,9 +45,9 @@ def test_scrub_redacts_and_re_encodes_the_prompt_and_counts_it(tmp_path):
     assert bytes(samples[leaky["request_id"]]["prompt_token_ids"]).decode() == \
         "# ask [REDACTED:email]\nkey = '[REDACTED:aws_access_key]'\n"
     assert samples[clean["request_id"]]["prompt_token_ids"] == clean["prompt_token_ids"]
-    assert res.manifest["scrubbed"] == {"aws_access_key": 1, "email": 1}
+    assert res.manifest.stored()["scrubbed"] == {"aws_access_key": 1, "email": 1}
     # a secret in the completion cannot be scrubbed: its tokens and log-probs are the sample
-    assert res.manifest["counts"]["completions"]["quarantined_by_reason"] == {"secret:aws_access_key": 1}
+    assert res.manifest.stored()["counts"]["completions"]["quarantined_by_reason"] == {"secret:aws_access_key": 1}
 
 
 def test_quarantine_policy_and_scrub_without_a_tokenizer_both_quarantine(tmp_path):
@@ -55,6 +55,6 @@ def test_quarantine_policy_and_scrub_without_a_tokenizer_both_quarantine(tmp_pat
     for cfg, encoder in ((CollectSettings(), byte_encoder), (CollectSettings(pii_policy="scrub"), None)):
         res = collect_once(LocalStore(tmp_path), FixedVersions([1], 1), "tab", cfg, T0 + 2 * HOUR, encoder=encoder)
         assert res.samples["request_id"].to_pylist() == [clean["request_id"]]
-        assert res.manifest["counts"]["completions"]["quarantined_by_reason"] == {
-            "pii:email": 1, "secret:aws_access_key": 2} and res.manifest["scrubbed"] == {}
+        assert res.manifest.stored()["counts"]["completions"]["quarantined_by_reason"] == {
+            "pii:email": 1, "secret:aws_access_key": 2} and res.manifest.stored()["scrubbed"] == {}
         store.root.joinpath("state/watermarks/model=tab.json").unlink()  # run the same logs again

@@ -11,6 +11,7 @@ from data_contracts.dataset import write_dataset, write_watermark
 from data_contracts.rewards import RewardRule
 from data_contracts.samples import RewardSample, samples_table
 from data_contracts.scope import Watermark
+from tests.manifest_helpers import collect_record
 from tidal.store import LocalStore
 from training.job_spec import run_key
 from training.reward_data import (
@@ -37,20 +38,20 @@ def store(tmp_path) -> LocalStore:
 
 
 def test_a_written_dataset_loads_with_its_digest(store) -> None:
-    manifest = write_dataset(store, "tab", "ds-1", samples_table([row(i) for i in range(5)]), {"model": "tab"})
+    manifest = write_dataset(store, "tab", "ds-1", samples_table([row(i) for i in range(5)]), collect_record())
     data = load_dataset(store, "tab", "ds-1")
-    assert data.digest == manifest["digest"] and len(data.samples) == 5 and data.reward_rule == "cursor-tab@1"
+    assert data.digest == manifest.digest and len(data.samples) == 5 and data.reward_rule == "cursor-tab@1"
     assert data.samples[0].behaviour_logprobs == [-0.5]
 
 
 def test_missing_dataset_names_the_ones_that_exist(store) -> None:
-    write_dataset(store, "tab", "ds-1", samples_table([row(0)]), {})
+    write_dataset(store, "tab", "ds-1", samples_table([row(0)]), collect_record())
     with pytest.raises(DatasetError, match=r"ds-2 of tab not found .*\['ds-1'\]"):
         load_dataset(store, "tab", "ds-2")
 
 
 def test_empty_dataset_is_refused(store) -> None:
-    write_dataset(store, "tab", "ds-e", samples_table([]), {})
+    write_dataset(store, "tab", "ds-e", samples_table([]), collect_record())
     with pytest.raises(DatasetError, match="has no rows: collect more traffic"):
         load_dataset(store, "tab", "ds-e")
 
@@ -58,35 +59,35 @@ def test_empty_dataset_is_refused(store) -> None:
 def test_wrong_schema_names_the_columns(store) -> None:
     table = samples_table([row(0)]).drop_columns(["behaviour_logprobs"])
     table = table.append_column("behaviour_logprobs", pa.array([["-0.5"]], pa.list_(pa.string())))
-    write_dataset(store, "tab", "ds-s", table, {})
+    write_dataset(store, "tab", "ds-s", table, collect_record())
     with pytest.raises(DatasetError, match=r"\(behaviour_logprobs: expected list<float>, got list<string>\)$"):
         load_dataset(store, "tab", "ds-s")
 
 
 def test_a_dataset_from_before_sampling_temperatures_says_so(store) -> None:
-    write_dataset(store, "tab", "ds-old", samples_table([row(0)]).drop_columns(["temperature", "top_p"]), {})
+    write_dataset(store, "tab", "ds-old", samples_table([row(0)]).drop_columns(["temperature", "top_p"]), collect_record())
     with pytest.raises(DatasetError, match=r"temperature: expected double, got absent.*predates rows carrying their "
                                            r"sampling temperature.*train on a dataset collected since"):
         load_dataset(store, "tab", "ds-old")
 
 
 def test_changed_data_file_fails_the_digest_check(store, tmp_path) -> None:
-    manifest = write_dataset(store, "tab", "ds-d", samples_table([row(0), row(1)]), {})
+    manifest = write_dataset(store, "tab", "ds-d", samples_table([row(0), row(1)]), collect_record())
     other = tmp_path / "other.parquet"
     import pyarrow.parquet as pq
 
     pq.write_table(samples_table([row(0)]), other)
-    store.put_file(other, manifest["data_key"])
+    store.put_file(other, manifest.data_key)
     with pytest.raises(DatasetError, match="does not match the manifest"):
         load_dataset(store, "tab", "ds-d")
 
 
 def test_truncated_data_file_is_refused(store, tmp_path) -> None:
-    manifest = write_dataset(store, "tab", "ds-t", samples_table([row(0)]), {})
-    path = store.root / manifest["data_key"]
+    manifest = write_dataset(store, "tab", "ds-t", samples_table([row(0)]), collect_record())
+    path = store.root / manifest.data_key
     cut = tmp_path / "cut"
     cut.write_bytes(path.read_bytes()[:40])
-    store.put_file(cut, manifest["data_key"])
+    store.put_file(cut, manifest.data_key)
     # the manifest still names the old digest; fix it to reach the Parquet reader itself
     m = json.loads((store.root / "datasets/model=tab/ds-t/manifest.json").read_text())
     import hashlib
@@ -98,7 +99,7 @@ def test_truncated_data_file_is_refused(store, tmp_path) -> None:
 
 
 def test_rows_of_another_model_are_refused(store) -> None:
-    write_dataset(store, "tab", "ds-m", samples_table([row(0), row(1, model="other")]), {})
+    write_dataset(store, "tab", "ds-m", samples_table([row(0), row(1, model="other")]), collect_record())
     with pytest.raises(DatasetError, match=r"other models \['other'\]"):
         load_dataset(store, "tab", "ds-m")
 
@@ -139,12 +140,25 @@ def test_run_key_changes_with_what_determines_the_result() -> None:
 
 def test_the_manifests_reward_rule_comes_with_the_dataset(store) -> None:
     rule = RewardRule(accept_scale_by_chars=True)
-    write_dataset(store, "tab", "ds-r", samples_table([row(0)]), {"reward_rule": {"id": rule.id, "rule": rule.model_dump(mode="json")}})
+    write_dataset(store, "tab", "ds-r", samples_table([row(0)]), collect_record(reward_rule={"id": rule.id, "rule": rule.model_dump(mode="json")}))
     assert load_dataset(store, "tab", "ds-r").rule == rule
     other = RewardRule(version=2)
-    write_dataset(store, "tab", "ds-m", samples_table([row(0)]), {"reward_rule": {"id": other.id, "rule": other.model_dump(mode="json")}})
+    write_dataset(store, "tab", "ds-m", samples_table([row(0)]), collect_record(reward_rule={"id": other.id, "rule": other.model_dump(mode="json")}))
     with pytest.raises(DatasetError, match=r"rewarded by \['cursor-tab@1'\], the manifest names cursor-tab@2"):
         load_dataset(store, "tab", "ds-m")
-    write_dataset(store, "tab", "ds-b", samples_table([row(0)]), {"reward_rule": {"id": "x", "rule": {"accepted": "lots"}}})
+    write_dataset(store, "tab", "ds-b", samples_table([row(0)]), collect_record(reward_rule={"id": "x", "rule": {"accepted": "lots"}}))
     with pytest.raises(DatasetError, match=r"reward_rule.rule is not a RewardRule: .* at \('accepted',\)"):
         load_dataset(store, "tab", "ds-b")
+
+
+def test_the_manifest_is_read_back_as_itself_and_a_damaged_one_is_named(store) -> None:
+    from data_contracts.dataset import read_manifest
+
+    written = write_dataset(store, "tab", "ds-typed", samples_table([row(0), row(1)]), collect_record())
+    key = "datasets/model=tab/ds-typed/manifest.json"
+    stored = json.loads((store.root / key).read_text())
+    assert stored["counts"]["total"]["in"] == 0 and "schema" in stored and "schema_" not in stored  # the stored keys
+    assert read_manifest(store, "tab", "ds-typed") == written and written.rows == 2
+    (store.root / key).write_text(json.dumps({**stored, "digest": None}))
+    with pytest.raises(DatasetError, match=r"ds-typed: .*manifest.json is not a dataset manifest .* at digest"):
+        load_dataset(store, "tab", "ds-typed")

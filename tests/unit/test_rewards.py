@@ -85,7 +85,7 @@ def test_no_feedback_policies_and_the_rule_recorded_with_the_dataset(tmp_path, p
     if policy == "ignored":
         expected |= {cs[2]["request_id"]: ("none", 0.0), cs[3]["request_id"]: ("none", 0.0)}
     assert got == expected
-    m = res.manifest
+    m = res.manifest.stored()
     assert m["reward_rule"]["id"] == "tab-test@7" and RewardRule.model_validate(m["reward_rule"]["rule"]) == rule
     assert set(res.samples["reward_rule"].to_pylist()) == {"tab-test@7"}
     dropped = m["counts"]["completions"]["filtered_by_reason"].get("no_feedback", 0)
