@@ -24,6 +24,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tidal import lineage  # noqa: E402
 from tidal.registry import CheckpointCache, Registry, publish  # noqa: E402
 from tidal.sandbox import sandbox_platform  # noqa: E402
 from tidal.store import open_store  # noqa: E402
@@ -64,7 +65,7 @@ def main() -> None:
             rss.append(tree_rss_mb(replica["pid"]))
 
             adapter = random_adapter(base_dir, settings.data_path / f"bench-adapter{i}", seed=i)
-            version = publish(registry, store, "tab", adapter, "lora", 1, {"tidal.origin": "bench"})
+            version = publish(registry, store, "tab", adapter, "lora", 1, {lineage.ORIGIN: "bench"})
             t0 = time.perf_counter()
             client.deploy("tab", version.version)
             lora.append(time.perf_counter() - t0)

@@ -50,8 +50,8 @@ def train(model: str = "tab", dataset_id: str | None = None, driver: Driver = "s
         publish_train_report(plan, info, result, gate)
     else:
         get_run_logger().info("%s: run %s already registered v%d", model, plan.spec.run_key, info.version)
-    if info.tags.get("tidal.gate.passed") != "true":
-        raise GateFailed(f"{model} v{info.version} failed the offline gate: {info.tags.get('tidal.gate.reason', 'unknown')}")
+    if info.gate_passed is not True:
+        raise GateFailed(f"{model} v{info.version} failed the offline gate: {info.gate_reason or 'unknown'}")
     promote_to_candidate(registry, info)
     events.candidate_registered(model, info.version, manifest.dataset_id, driver)
     print(f"{model} v{info.version} trained from v{champion.version} on {manifest.dataset_id}: gate passed, alias 'candidate'")

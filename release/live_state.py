@@ -21,6 +21,7 @@ import time
 from pydantic import BaseModel, ConfigDict, Field
 
 from serving.client import AdminError, FleetClient, RoutesClient
+from tidal import lineage
 from tidal.registry import Registry
 
 
@@ -67,7 +68,7 @@ def reconcile(model: str, registry: Registry, routes: RoutesClient, fleet: Fleet
             if champion is not None:
                 registry.set_alias(model, "previous", champion.version)
             registry.set_alias(model, "champion", serving)
-            registry.set_tags(model, serving, {"tidal.release.reconciled": json.dumps(
+            registry.set_tags(model, serving, {lineage.release_tag("reconciled"): json.dumps(
                 {"at_ms": int(time.time() * 1000), "by": by, "champion_was": champion and champion.version})})
             fixed.append(f"champion alias: v{champion and champion.version} → v{serving} (the routes' control arm)")
     if fleet_serving != serving:

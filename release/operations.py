@@ -17,6 +17,7 @@ from release.live_state import reconcile
 from release.outcomes import LogReader, read_outcomes
 from release.policy import ArmHealth, CanaryConfig, History, histories
 from serving.client import AdminError, FleetClient, RoutesClient
+from tidal import lineage
 from tidal.registry import Registry, VersionInfo
 from tidal.store import ObjectStore
 
@@ -40,7 +41,7 @@ def now_ms() -> int:
 
 def audit(registry: Registry, info: VersionInfo, event: str, **details) -> None:
     """One transition as a version tag `tidal.release.<event>`: JSON with the time and the details."""
-    registry.set_tags(info.model, info.version, {f"tidal.release.{event}": json.dumps({"at_ms": now_ms(), **details})})
+    registry.set_tags(info.model, info.version, {lineage.release_tag(event): json.dumps({"at_ms": now_ms(), **details})})
 
 
 _SAMPLE = re.compile(r'^(gateway_completion(?:s|_errors)_total)\{(.*)\}\s+([0-9.eE+-]+)$')

@@ -10,6 +10,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from tidal import lineage
 from tidal.registry import Registry, VersionInfo, code_revision, publish
 from tidal.section import PROJECT_ROOT
 from training.train_settings import BootstrapSettings
@@ -62,9 +63,9 @@ def publish_base_version(registry: Registry, store: ObjectStore, model_name: str
     with tempfile.TemporaryDirectory() as tmp:
         out = save_policy(model, tokenizer, Path(tmp) / "checkpoint")
         save_probe(probe, out)
-        tags = {"tidal.parent_version": "none", "tidal.origin": "bootstrap", "tidal.code_revision": code_revision(PROJECT_ROOT),
-                "tidal.heldout_bits_per_byte": f"{result.heldout_bits_per_byte:.4f}",
-                "tidal.params": str(sum(p.numel() for p in model.parameters()))}
+        tags = {lineage.PARENT_VERSION: "none", lineage.ORIGIN: "bootstrap", lineage.CODE_REVISION: code_revision(PROJECT_ROOT),
+                lineage.HELDOUT_BITS_PER_BYTE: f"{result.heldout_bits_per_byte:.4f}",
+                lineage.PARAMS: str(sum(p.numel() for p in model.parameters()))}
         info = publish(registry, store, model_name, out, "full", None, tags, run_id)
     registry.set_alias(model_name, "champion", info.version)
     return info

@@ -25,6 +25,7 @@ from data_contracts.report import quarantine_rows, report_markdown
 from data_contracts.rewards import RewardRule
 from data_contracts.scope import Watermark, advance
 from data_contracts.suites import CONTRACT_VERSION, ContractParams
+from tidal import lineage
 from tidal.registry import CheckpointCache, Registry
 from tidal.store import ObjectStore, upload_dir
 
@@ -129,8 +130,8 @@ def log_to_mlflow(tracking_uri: str, manifest: DatasetManifest, samples: pa.Tabl
     mlflow.set_tracking_uri(tracking_uri)
     mlflow.set_experiment(f"{model}/collect")
     with mlflow.start_run(run_name=manifest.dataset_id) as run:
-        mlflow.set_tags({"tidal.dataset_id": manifest.dataset_id, "tidal.dataset_digest": manifest.digest,
-                         "tidal.reward_rule": manifest.reward_rule.id, "tidal.contract_version": CONTRACT_VERSION})
+        mlflow.set_tags({lineage.DATASET_ID: manifest.dataset_id, lineage.DATASET_DIGEST: manifest.digest,
+                         lineage.REWARD_RULE: manifest.reward_rule.id, lineage.CONTRACT_VERSION: CONTRACT_VERSION})
         mlflow.log_params({"model": model, "reward_rule": manifest.reward_rule.id, "contract_version": CONTRACT_VERSION,
                            "source_partitions": len(manifest.source_partitions),
                            "watermark_after": manifest.watermark_after.hour or "none"})

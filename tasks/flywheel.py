@@ -3,7 +3,6 @@ fared under each version, read back from the platform's own records (dataset, re
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 
 from prefect import task
@@ -11,6 +10,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from release.report import CanaryRecord, canary_key
+from tidal import lineage
 from tidal.registry import Registry
 from tidal.store import ObjectStore, get_json, put_json
 from training.reward_data import load_dataset
@@ -67,8 +67,8 @@ def open_cycle(registry: Registry, store: ObjectStore, model: str, cycle: int, d
     ds = load_dataset(store, model, dataset_id)
     report = CycleReport(model, cycle, champion.version, dataset_id, len(ds.samples), served=served_metrics(ds.samples),
                          champion_after=champion.version)
-    trained = registry.find_by_tag(model, "tidal.dataset_id", dataset_id)
-    if trained is not None and trained.tags.get("tidal.parent_version") == str(champion.version):
+    trained = registry.find_by_tag(model, lineage.DATASET_ID, dataset_id)
+    if trained is not None and trained.parent_version == champion.version:
         report.decision, report.candidate = "no_new_data", trained.version
         report.reason = f"v{champion.version} already trained on {dataset_id} (v{trained.version}); waiting for new logs"
     return report
@@ -83,8 +83,8 @@ def close_cycle(registry: Registry, report: CycleReport, decision: str, reason: 
     if store is not None and report.candidate is not None and store.exists(key := canary_key(report.model, report.candidate)):
         report.canary = CanaryRecord.model_validate(get_json(store, key)).model_dump(mode="json")
     if not reason and report.candidate is not None:
-        audit = registry.get(report.model, report.candidate).tags.get(f"tidal.release.{decision}")
-        reason = json.loads(audit).get("reason", "") if audit else ""
+        audit = registry.get(report.model, report.candidate).release_event(decision)
+        reason = audit.get("reason", "") if audit else ""
     report.reason = reason
     report.champion_after = registry.by_alias(report.model, "champion").version
     return report
@@ -94,10 +94,10 @@ def close_cycle(registry: Registry, report: CycleReport, decision: str, reason: 
 def close_failed_training(registry: Registry, report: CycleReport, message: str) -> CycleReport:
     """A train subflow that did not complete: `gate_failed` (the candidate is registered with the failing
     checks) or `train_failed` (no candidate; the message says why)."""
-    registered = registry.find_by_tag(report.model, "tidal.dataset_id", report.dataset_id)
-    if registered is not None and registered.tags.get("tidal.parent_version") == str(report.champion_before):
+    registered = registry.find_by_tag(report.model, lineage.DATASET_ID, report.dataset_id)
+    if registered is not None and registered.parent_version == report.champion_before:
         report.candidate = registered.version
-    gate_failed = report.candidate is not None and registered.tags.get("tidal.gate.passed") == "false"
+    gate_failed = report.candidate is not None and registered.gate_passed is False
     return close_cycle.fn(registry, report, "gate_failed" if gate_failed else "train_failed", message or "no message")
 
 

@@ -23,6 +23,7 @@ from release.policy import CanaryConfig, Look, Ramp
 from release.report import canary_key, canary_record
 from serving.client import FleetClient, RoutesClient, fleet_client, routes_client
 from serving.settings import ServingSettings
+from tidal import lineage
 from tidal.model_settings import Margins
 from tidal.registry import Registry
 from tidal.store import ObjectStore, put_json
@@ -54,7 +55,7 @@ def resolve_release(registry: Registry, model: str, candidate: str, require_gate
     cand = registry.resolve(model, candidate)
     if cand.version == champion.version:
         raise ReleaseError(f"{model} v{cand.version} is already the champion; nothing to release")
-    if require_gate and cand.tags.get("tidal.gate.passed") != "true":
+    if require_gate and cand.gate_passed is not True:
         raise ReleaseError(f"{model} v{cand.version} has not passed the offline gate "
                            f"({cand.tags.get('tidal.gate.reason', 'no gate result')}); train it with `tidal train`")
     return Release(model, champion, cand, strategy)
@@ -173,7 +174,7 @@ def roll_back_candidate(release: Release, look: Look, routes: RoutesClient, flee
     model, cand = release.model, release.candidate
     roll_back_canary(routes, model, by="promote", reason=look.reason)
     audit(registry, cand, "rolled_back", by="promote", reason=look.reason, figures=look.row())
-    registry.set_tags(model, cand.version, {"tidal.release.failed_check": look.reason})
+    registry.set_tags(model, cand.version, {lineage.RELEASE_FAILED_CHECK: look.reason})
     try:
         fleet.undeploy(model, cand.version)
     except Exception as e:  # noqa: BLE001  traffic is already off it; an unload failure is reported, not fatal

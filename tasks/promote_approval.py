@@ -13,6 +13,8 @@ from typing import Literal
 from prefect.input import RunInput
 from pydantic import Field
 
+from tidal import lineage
+
 
 class Approval(RunInput):
     decision: Literal["promote", "rollback"] = Field(description="Promote the candidate, or roll it back.")
@@ -20,7 +22,7 @@ class Approval(RunInput):
     reason: str = Field(min_length=3, max_length=500, description="Why (recorded on the version).")
 
     def audit_tags(self) -> dict[str, str]:
-        return {"tidal.release.approved": json.dumps({"decision": self.decision, "approver": self.approver,
+        return {lineage.release_tag("approved"): json.dumps({"decision": self.decision, "approver": self.approver,
                                                       "reason": self.reason})}
 
     def summary(self) -> str:

@@ -20,6 +20,7 @@ from prefect.cache_policies import NO_CACHE
 
 from data_contracts.dataset import read_manifest, read_parquet
 from data_contracts.manifest import DatasetManifest
+from tidal import lineage
 from tidal.procs import tail
 from tidal.registry import Registry, VersionInfo, code_revision, publish
 from tidal.section import PROJECT_ROOT, SettingsError
@@ -95,9 +96,9 @@ def plan_run(settings: TidalSettings, store: ObjectStore, model: str, champion: 
     else:
         with mlflow.start_run(run_name=key) as run:
             run_id = run.info.run_id
-            mlflow.set_tags({"tidal.train_run": key, "tidal.parent_version": str(champion.version),
-                             "tidal.dataset_id": manifest.dataset_id, "tidal.dataset_digest": manifest.digest,
-                             "tidal.code_revision": code_revision(PROJECT_ROOT)})
+            mlflow.set_tags({lineage.TRAIN_RUN: key, lineage.PARENT_VERSION: str(champion.version),
+                             lineage.DATASET_ID: manifest.dataset_id, lineage.DATASET_DIGEST: manifest.digest,
+                             lineage.CODE_REVISION: code_revision(PROJECT_ROOT)})
             mlflow.log_params(hyper_parameters(settings))
             data = mlflow.data.from_pandas(read_parquet(store, manifest.data_key).to_pandas(), source=manifest.data_uri,
                                            name=manifest.dataset_id, digest=manifest.digest.removeprefix("sha256:")[:16])
@@ -133,7 +134,7 @@ def hyper_parameters(settings: TidalSettings) -> dict[str, str]:
 @task(cache_policy=NO_CACHE)
 def find_registered(registry: Registry, model: str, key: str) -> VersionInfo | None:
     """The version an earlier attempt of this run already registered, if any (registration happens once)."""
-    return registry.find_by_tag(model, "tidal.train_run", key)
+    return registry.find_by_tag(model, lineage.TRAIN_RUN, key)
 
 
 def _job(plan: TrainPlan, command: str, store: ObjectStore) -> None:
@@ -180,11 +181,11 @@ def register_candidate(registry: Registry, store: ObjectStore, cache_dir: Path, 
     """Publish the run's checkpoint as the model's next version with its lineage and gate results."""
     spec, champion = plan.spec, plan.champion
     local = download_dir(store, f"{spec.prefix}/candidate", cache_dir / spec.prefix / "candidate")
-    tags = {"tidal.origin": "ppo", "tidal.parent_version": str(champion.version), "tidal.train_run": spec.run_key,
-            "tidal.dataset_id": spec.dataset_id, "tidal.dataset_digest": spec.dataset_digest,
-            "tidal.reward_rule": plan.manifest.reward_rule.id, "tidal.code_revision": code_revision(PROJECT_ROOT),
-            "tidal.hparams": spec.train.ppo.model_dump_json(), "tidal.mlflow_run": spec.mlflow_run_id,
-            "tidal.train_rows": str(result.train_rows), **gate.tags()}
+    tags = {lineage.ORIGIN: "ppo", lineage.PARENT_VERSION: str(champion.version), lineage.TRAIN_RUN: spec.run_key,
+            lineage.DATASET_ID: spec.dataset_id, lineage.DATASET_DIGEST: spec.dataset_digest,
+            lineage.REWARD_RULE: plan.manifest.reward_rule.id, lineage.CODE_REVISION: code_revision(PROJECT_ROOT),
+            lineage.HPARAMS: spec.train.ppo.model_dump_json(), lineage.MLFLOW_RUN: spec.mlflow_run_id,
+            lineage.TRAIN_ROWS: str(result.train_rows), **gate.tags()}
     base = champion.base_version if result.kind == "lora" else None
     return publish(registry, store, spec.model, local, result.kind, base, tags, spec.mlflow_run_id)
 

@@ -338,7 +338,7 @@ def train_seconds(settings: TidalSettings, model: str, reports: list[dict]) -> f
     registry, store, total = Registry(settings.mlflow.tracking_uri), open_store(settings), 0.0
     for r in reports:
         if r["candidate"]:
-            run = registry.get(model, r["candidate"]).tags.get("tidal.train_run")
+            run = registry.get(model, r["candidate"]).train_run
             if run and store.exists(key := f"training/model={model}/{run}/result.json"):
                 total += TrainResult.model_validate(get_json(store, key)).train_s
     return total

@@ -16,6 +16,7 @@ from typing import Literal
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from tidal import lineage
 from tidal.store import LocalStore, ObjectStore, download_dir
 
 Kind = Literal["full", "lora"]
@@ -72,7 +73,7 @@ class CheckpointCorrupt(ValueError):
     """A checkpoint's files differ from the digest registered with its version (truncated, edited, swapped)."""
 
 
-DIGEST_TAG = "tidal.checkpoint.digest"
+DIGEST_TAG = lineage.CHECKPOINT_DIGEST
 
 
 def checkpoint_files(path: Path) -> dict[str, str]:
@@ -132,6 +133,34 @@ class VersionInfo:
     def served_name(self) -> str:
         return f"{self.model}@v{self.version}"
 
+    # Lineage, typed (tidal/lineage.py names the tags).
+    @property
+    def parent_version(self) -> int | None:
+        """The champion it was trained from; None for version 1 (or a version published without lineage)."""
+        parent = self.tags.get(lineage.PARENT_VERSION)
+        return int(parent) if parent not in (None, "none") else None
+
+    @property
+    def gate_passed(self) -> bool | None:
+        """The offline gate's verdict; None when no gate ran."""
+        return lineage.read_flag(self.tags.get(lineage.GATE_PASSED))
+
+    @property
+    def gate_reason(self) -> str | None:
+        return self.tags.get(lineage.GATE_REASON)
+
+    @property
+    def train_run(self) -> str | None:
+        return self.tags.get(lineage.TRAIN_RUN)
+
+    @property
+    def dataset_id(self) -> str | None:
+        return self.tags.get(lineage.DATASET_ID)
+
+    def release_event(self, event: str) -> dict | None:
+        """The audit record of one release event, or None."""
+        return lineage.read_json(self.tags.get(lineage.release_tag(event)))
+
     @property
     def key(self) -> str:
         return checkpoint_key(self.model, self.version)
@@ -145,7 +174,7 @@ class Registry:
         try:
             self.client.get_registered_model(model)
         except MlflowException:
-            self.client.create_registered_model(model, tags={"tidal.managed": "true"})
+            self.client.create_registered_model(model, tags={lineage.MANAGED: "true"})
 
     def versions(self, model: str) -> list[int]:
         return sorted(int(v.version) for v in self.client.search_model_versions(f"name='{model}'"))
@@ -156,7 +185,7 @@ class Registry:
     def register(self, model: str, version: int, kind: Kind, base_version: int, source: str, tags: dict[str, str], run_id: str | None = None) -> VersionInfo:
         """Register the checkpoint uploaded for `version` (from next_version); fails if another writer took it."""
         self._ensure_model(model)
-        all_tags = {**tags, "tidal.kind": kind, "tidal.base_version": str(base_version)}
+        all_tags = {**tags, lineage.KIND: kind, lineage.BASE_VERSION: str(base_version)}
         mv = self.client.create_model_version(model, source=source, run_id=run_id, tags=all_tags)
         if int(mv.version) != version:
             self.client.delete_model_version(model, mv.version)
@@ -169,8 +198,8 @@ class Registry:
         except MlflowException:
             known = self.versions(model)
             raise RegistryError(f"{model} has no version {version}; registered versions: {known or 'none'}") from None
-        kind = mv.tags.get("tidal.kind", "full")
-        return VersionInfo(model, int(mv.version), kind, int(mv.tags.get("tidal.base_version", mv.version)), mv.source, dict(mv.tags))
+        kind = mv.tags.get(lineage.KIND, "full")
+        return VersionInfo(model, int(mv.version), kind, int(mv.tags.get(lineage.BASE_VERSION, mv.version)), mv.source, dict(mv.tags))
 
     def by_alias(self, model: str, alias: str) -> VersionInfo | None:
         version = self.aliases(model).get(alias)

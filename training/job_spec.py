@@ -19,6 +19,7 @@ import json
 
 from pydantic import BaseModel, Field
 
+from tidal import lineage
 from training.train_settings import TrainSettings
 
 EXIT_BAD_INPUT = 2  # dataset or configuration unusable: retrying cannot help
@@ -92,10 +93,10 @@ class GateReport(BaseModel):
 
     def tags(self) -> dict[str, str]:
         """MLflow version tags: one per check plus the verdict and, when failed, the reason."""
-        tags = {"tidal.gate.passed": str(self.passed).lower()}
+        tags = {lineage.GATE_PASSED: lineage.flag(self.passed)}
         for c in self.checks:
-            tags[f"tidal.gate.{c.name}"] = ("pass" if c.passed else "FAIL") + f": {c.detail}"
-        tags.update({f"tidal.gate.figure.{k}": f"{v:.6g}" for k, v in self.figures.items()})
+            tags[lineage.GATE_PREFIX + c.name] = ("pass" if c.passed else "FAIL") + f": {c.detail}"
+        tags.update({lineage.GATE_FIGURE_PREFIX + k: f"{v:.6g}" for k, v in self.figures.items()})
         if not self.passed:
-            tags["tidal.gate.reason"] = self.reason
+            tags[lineage.GATE_REASON] = self.reason
         return tags

@@ -1,0 +1,50 @@
+"""Lineage tags of a registered version (MLflow model-version tags, and the run tags that mirror them): every
+name in one place. `tidal.registry.VersionInfo` reads them typed; writers use these names, never a literal.
+"""
+
+from __future__ import annotations
+
+import json
+
+KIND = "tidal.kind"  # 'full' or 'lora'
+BASE_VERSION = "tidal.base_version"  # the full checkpoint a LoRA applies to; the version itself for `full`
+CHECKPOINT_DIGEST = "tidal.checkpoint.digest"  # sha256 over the checkpoint's files (tidal/registry.py)
+ORIGIN = "tidal.origin"  # 'bootstrap', 'ppo', or who else published it
+PARENT_VERSION = "tidal.parent_version"  # the champion it was trained from; 'none' for version 1
+TRAIN_RUN = "tidal.train_run"  # the training run's key (training/job_spec.py run_key)
+MLFLOW_RUN = "tidal.mlflow_run"  # the MLflow run of that training
+DATASET_ID = "tidal.dataset_id"
+DATASET_DIGEST = "tidal.dataset_digest"
+REWARD_RULE = "tidal.reward_rule"  # the dataset's reward rule id
+CONTRACT_VERSION = "tidal.contract_version"  # of the data contracts that built the dataset
+CODE_REVISION = "tidal.code_revision"
+HPARAMS = "tidal.hparams"  # the PPO configuration, as JSON
+TRAIN_ROWS = "tidal.train_rows"
+PARAMS = "tidal.params"  # parameter count (version 1)
+HELDOUT_BITS_PER_BYTE = "tidal.heldout_bits_per_byte"  # version 1's pretraining result
+GATE_PREFIX = "tidal.gate."  # one tag per offline-gate check, 'pass: ...' or 'FAIL: ...'
+GATE_PASSED = "tidal.gate.passed"  # 'true' or 'false'
+GATE_REASON = "tidal.gate.reason"  # the failing checks, when it failed
+GATE_FIGURE_PREFIX = "tidal.gate.figure."
+RELEASE_PREFIX = "tidal.release."  # an audit record per release event, JSON (release/operations.py audit)
+RELEASE_FAILED_CHECK = "tidal.release.failed_check"  # the guardrail or test that rolled a canary back
+MANAGED = "tidal.managed"  # on a registered model this platform created
+
+
+def release_tag(event: str) -> str:
+    """The audit tag of one release event ('promoted', 'rolled_back', 'reconciled', 'approved', ...)."""
+    return RELEASE_PREFIX + event
+
+
+def flag(value: bool) -> str:
+    """A boolean as tags store it."""
+    return str(value).lower()
+
+
+def read_flag(value: str | None) -> bool | None:
+    """'true' / 'false' as a bool; None when the tag is absent."""
+    return None if value is None else value == "true"
+
+
+def read_json(value: str | None) -> dict | None:
+    return None if value is None else json.loads(value)
