@@ -223,7 +223,7 @@ def main() -> None:
     stages_s["cycle_other"] = round(total - sum(stages_s.values()), 2)
     print(json.dumps({
         "stages_s": stages_s, "total_s": round(total, 2), "overhead_share": round(parts["union"] / total, 4),
-        "overhead_s": parts, "decision": report["decision"], "reason": report.get("reason", ""),
+        "overhead_s": parts, "decision": report.decision, "reason": report.reason,
         "task_s": {name: round(sum(b - a for a, b in runs), 2) for name, runs in sorted(tasks.items())},
         "prefect_calls": len(calls["prefect"]), "mlflow_calls": len(calls["mlflow"]),
         "requests_before_cycle": requests_needed, "quick": args.quick,

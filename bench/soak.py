@@ -100,7 +100,7 @@ def main() -> None:
 
             try:
                 [report] = flywheel(model="tab", cycles=1, include_open_hour=True)
-                cycle.update(decision=report["decision"], reason=report.get("reason", ""))
+                cycle.update(decision=report.decision, reason=report.reason)
             except Exception as e:  # noqa: BLE001  a failed cycle is a finding of the soak, reported
                 cycle.update(decision="failed", reason=repr(e)[:300])
             cycle["seconds"] = round(time.monotonic() - started, 1)

@@ -14,16 +14,16 @@ from prefect import flow
 from flows.collect import collect
 from flows.promote import promote
 from flows.train import train
-from tasks.flywheel import (as_dicts, close_cycle, close_failed_training, load_cycles, open_cycle, publish_cycles,
-                            record_cycle)
+from tasks.cycle_report import CycleReport
+from tasks.flywheel import close_cycle, close_failed_training, load_cycles, open_cycle, publish_cycles, record_cycle
 from tidal.registry import Registry
 from tidal.settings import load_settings
 from tidal.store import open_store
 
 
 @flow(name="flywheel", log_prints=True)
-def flywheel(model: str = "tab", cycles: int = 1, include_open_hour: bool = False) -> list[dict]:
-    """Returns one report per cycle (tasks.flywheel.CycleReport as dicts); each is also recorded in the
+def flywheel(model: str = "tab", cycles: int = 1, include_open_hour: bool = False) -> list[CycleReport]:
+    """Returns one report per cycle (tasks/cycle_report.py); each is also recorded in the
     object store (`state/flywheel/model=M/cycle-N.json`), numbered after the cycles already there."""
     settings = load_settings()
     settings.model(model)  # unknown model → clear error
@@ -46,5 +46,5 @@ def flywheel(model: str = "tab", cycles: int = 1, include_open_hour: bool = Fals
         print(f"{model} cycle {n}: {report.decision}" + (f" v{report.candidate}" if report.candidate else "")
               + (f" ({report.reason})" if report.reason else "") + f"; champion v{report.champion_after}")
     publish_cycles(model, reports)
-    return as_dicts(reports)
+    return reports
 

@@ -3,43 +3,16 @@ fared under each version, read back from the platform's own records (dataset, re
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-
 from prefect import task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from release.report import CanaryRecord, canary_key
+from tasks.cycle_report import CycleReport, Decision
 from tidal import lineage
 from tidal.registry import Registry
 from tidal.store import ObjectStore, get_json, put_json
 from training.reward_data import load_dataset
-
-METRICS = ("requests", "suggestion_rate", "accept_rate", "reward_per_request", "accepted_chars_per_request")
-
-
-@dataclass
-class CycleReport:
-    """One flywheel cycle: the data it learned from, the candidate, and what the release plane decided."""
-
-    model: str
-    cycle: int
-    champion_before: int
-    dataset_id: str
-    rows: int
-    candidate: int | None = None
-    decision: str = ""  # promoted | rolled_back | gate_failed | train_failed | release_failed | no_new_data
-    reason: str = ""
-    champion_after: int = 0
-    served: dict[int, dict[str, float]] = field(default_factory=dict)  # version → METRICS over the dataset's rows
-    canary: dict | None = None  # the candidate's CanaryRecord (release/report.py), if it had a canary
-
-    def row(self) -> dict:
-        champ = self.served.get(self.champion_before, {})
-        return {"cycle": self.cycle, "champion": f"v{self.champion_before}",
-                "candidate": f"v{self.candidate}" if self.candidate else "-", "dataset": self.dataset_id, "rows": self.rows,
-                **{k: round(champ.get(k, float("nan")), 4) for k in METRICS[1:]},
-                "decision": self.decision, "reason": self.reason[:200], "champion_after": f"v{self.champion_after}"}
 
 
 def served_metrics(samples) -> dict[int, dict[str, float]]:
@@ -75,13 +48,13 @@ def open_cycle(registry: Registry, store: ObjectStore, model: str, cycle: int, d
 
 
 @task(cache_policy=NO_CACHE)
-def close_cycle(registry: Registry, report: CycleReport, decision: str, reason: str = "",
+def close_cycle(registry: Registry, report: CycleReport, decision: Decision, reason: str = "",
                 store: ObjectStore | None = None) -> CycleReport:
     """Records the decision and the champion after it; a release's reason comes from the candidate's audit tags,
     its canary's step table from the store."""
     report.decision = decision
     if store is not None and report.candidate is not None and store.exists(key := canary_key(report.model, report.candidate)):
-        report.canary = CanaryRecord.model_validate(get_json(store, key)).model_dump(mode="json")
+        report.canary = CanaryRecord.model_validate(get_json(store, key))
     if not reason and report.candidate is not None:
         audit = registry.get(report.model, report.candidate).release_event(decision)
         reason = audit.get("reason", "") if audit else ""
@@ -107,10 +80,6 @@ def publish_cycles(model: str, reports: list[CycleReport]) -> None:
                           description=f"{model}: flywheel cycles (metrics: the champion's served traffic in each cycle's dataset)")
 
 
-def as_dicts(reports: list[CycleReport]) -> list[dict]:
-    return [asdict(r) for r in reports]
-
-
 def cycle_key(model: str, cycle: int) -> str:
     return f"state/flywheel/model={model}/cycle-{cycle:05d}.json"
 
@@ -118,14 +87,10 @@ def cycle_key(model: str, cycle: int) -> str:
 @task(cache_policy=NO_CACHE)
 def record_cycle(store: ObjectStore, report: CycleReport) -> None:
     """The cycle's report, kept in the object store: the loop's history, whoever ran the cycle."""
-    put_json(store, cycle_key(report.model, report.cycle), asdict(report))
+    put_json(store, cycle_key(report.model, report.cycle), report.model_dump(mode="json"))
 
 
-def load_cycles(store: ObjectStore, model: str) -> list[dict]:
-    """Every recorded cycle of the model, in order (version keys back to ints)."""
-    out = []
-    for key in store.list(f"state/flywheel/model={model}/"):
-        r = get_json(store, key)
-        r["served"] = {int(v): m for v, m in r["served"].items()}
-        out.append(r)
-    return sorted(out, key=lambda r: r["cycle"])
+def load_cycles(store: ObjectStore, model: str) -> list[CycleReport]:
+    """Every recorded cycle of the model, in order."""
+    reports = [CycleReport.model_validate(get_json(store, key)) for key in store.list(f"state/flywheel/model={model}/")]
+    return sorted(reports, key=lambda r: r.cycle)

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from release.operations import roll_back_canary
-from release.report import CanaryRecord, step_table
+from tasks.cycle_report import CycleReport, cycle_table
 from tidal.loop_settings import FlywheelSettings
 from tidal.section import SettingsError
 from tidal.settings import TidalSettings
@@ -185,21 +185,6 @@ def wait_for_traffic(traffic, since: int, n: int, desc: str) -> None:
         bar.update(n - bar.n)
 
 
-def cycle_table(reports: list[dict]) -> str:
-    head = f"{'cycle':>5} {'served':>7} {'rows':>6} {'sugg.rate':>9} {'accept':>7} {'reward/req':>10} {'chars/req':>9}  decision"
-    lines = [head]
-    for r in reports:
-        m = r["served"].get(r["champion_before"], {})
-        cand = f" v{r['candidate']}" if r["candidate"] else ""
-        lines.append(f"{r['cycle']:>5} {'v' + str(r['champion_before']):>7} {r['rows']:>6} {m.get('suggestion_rate', float('nan')):>9.3f} "
-                     f"{m.get('accept_rate', float('nan')):>7.3f} {m.get('reward_per_request', float('nan')):>10.3f} "
-                     f"{m.get('accepted_chars_per_request', float('nan')):>9.3f}  {r['decision']}{cand} → champion v{r['champion_after']}"
-                     + (f"\n{'':>24}why: {r['reason'][:160]}" if r["reason"] else ""))
-        if r.get("canary"):
-            lines.append(step_table(CanaryRecord.model_validate(r["canary"]), indent=" " * 24))
-    return "\n".join(lines)
-
-
 def leave_consistent(platform, model: str) -> None:
     """After an interrupt: a canary left by the interrupted cycle goes back to 0 at once."""
     if roll_back_canary(platform.routes_client(), model, by="demo", reason="demo interrupted during a canary"):
@@ -322,14 +307,14 @@ def cmd_demo(settings: TidalSettings, args) -> None:
     reports = load_cycles(store, model)[first - 1 :]
     final = registry.aliases(model)["champion"]
     # Version 1, the final champion, and the last candidate (what training did, promoted or not).
-    last = [r["candidate"] for r in reports if r["candidate"] and r["decision"] != "train_failed"][-1:]
+    last = [r.candidate for r in reports if r.candidate and r.decision != "train_failed"][-1:]
     versions = sorted({1, final, *last})
     result = evaluate_versions(settings, platform, model, versions, demo.eval_requests, demo.users.seed + 1)
     print_eval(model, result, demo.eval_requests)
     report_demo(settings, model, reports, result, versions, final, time.monotonic() - started, traffic)
 
 
-def train_seconds(settings: TidalSettings, model: str, reports: list[dict]) -> float:
+def train_seconds(settings: TidalSettings, model: str, reports: list[CycleReport]) -> float:
     """The trainer's wall seconds over the cycles' candidates (each run's result.json)."""
     from tidal.registry import Registry
     from tidal.store import get_json, open_store
@@ -337,14 +322,14 @@ def train_seconds(settings: TidalSettings, model: str, reports: list[dict]) -> f
 
     registry, store, total = Registry(settings.mlflow.tracking_uri), open_store(settings), 0.0
     for r in reports:
-        if r["candidate"]:
-            run = registry.get(model, r["candidate"]).train_run
+        if r.candidate:
+            run = registry.get(model, r.candidate).train_run
             if run and store.exists(key := f"training/model={model}/{run}/result.json"):
                 total += TrainResult.model_validate(get_json(store, key)).train_s
     return total
 
 
-def report_demo(settings: TidalSettings, model: str, reports: list[dict], result: dict, versions: list[int], final: int,
+def report_demo(settings: TidalSettings, model: str, reports: list[CycleReport], result: dict, versions: list[int], final: int,
                 elapsed_s: float, traffic) -> None:
     import mlflow
     from prefect.artifacts import create_link_artifact, create_markdown_artifact
@@ -358,12 +343,13 @@ def report_demo(settings: TidalSettings, model: str, reports: list[dict], result
     for v in versions:
         rows.append({"label": f"v{v} cut@{result[v]['baseline_k']}", "kind": "baseline", **result[v]["baseline"]})
     png = plot_versions(rows, settings.data_path / "demo" / f"{model}-flywheel.png")
-    (settings.data_path / "demo" / f"{model}-cycles.json").write_text(json.dumps(reports, indent=2, default=str))
+    stored = [r.model_dump(mode="json") for r in reports]
+    (settings.data_path / "demo" / f"{model}-cycles.json").write_text(json.dumps(stored, indent=2))
     first, last = result[1]["metrics"], result[final]["metrics"]
     vs_v1, vs_cut = compare(result[1]["outcomes"], result[final]["outcomes"]), compare(
         result[1]["baseline_outcomes"], result[final]["outcomes"])
     report = learning_report(vs_v1, vs_cut, final, settings.demo.eval_requests,
-                             sum(r["decision"] == "promoted" for r in reports), elapsed_s, train_seconds(settings, model, reports))
+                             sum(r.decision == "promoted" for r in reports), elapsed_s, train_seconds(settings, model, reports))
     (settings.data_path / "demo" / "report.json").write_text(report.model_dump_json(indent=2))
     mlflow.set_tracking_uri(settings.mlflow.tracking_uri)
     mlflow.set_experiment(f"{model}/demo")
@@ -372,14 +358,14 @@ def report_demo(settings: TidalSettings, model: str, reports: list[dict], result
                            "users": settings.demo.users.users, "eval_requests": settings.demo.eval_requests,
                            "versions": ",".join(f"v{v}" for v in versions)})
         for r in reports:
-            for m, x in r["served"].get(r["champion_before"], {}).items():
-                mlflow.log_metric(f"cycle/{m}", x, step=r["cycle"])
+            for m, x in r.champion_metrics().items():
+                mlflow.log_metric(f"cycle/{m}", x, step=r.cycle)
         for v in versions:
             mlflow.log_metrics({f"eval/v{v}/{m}": e.mean for m, e in result[v]["metrics"].items()})
         ratios = {k: getattr(report, k) for k in ("accept_ratio", "suggestion_ratio", "chars_ratio", "reward_delta")}
         mlflow.log_metrics({f"eval/{k}": x for k, x in ratios.items() if x is not None} | {"demo/minutes": elapsed_s / 60})
         mlflow.log_artifact(str(png))
-        mlflow.log_dict(reports, "cycles.json")
+        mlflow.log_dict(stored, "cycles.json")
         mlflow.log_dict(report.model_dump(), "report.json")
     run_url = f"{settings.mlflow.tracking_uri}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
     create_link_artifact(key=f"{model}-demo-plot", link=run_url, link_text=f"{model}: flywheel metrics by version (PNG in MLflow)")

@@ -18,7 +18,6 @@ from datetime import datetime, timezone
 import httpx
 import pytest
 
-from release.report import CanaryRecord
 from sim.learning_report import LearningReport
 from tasks.flywheel import load_cycles
 from tidal.store import get_json, open_store
@@ -114,14 +113,15 @@ def test_tidal_demo_runs_one_cycle_and_reports(settings, platform, registry, gat
 
     # The cycle's record: one new cycle, from the champion, on a dataset holding its traffic; the canary ran.
     [report] = load_cycles(store, "tab")[cycles_before:]
-    assert report["cycle"] == cycles_before + 1 and report["champion_before"] == champion_before, report
-    assert report["rows"] > 0 and report["served"][champion_before]["requests"] > 0, report
-    assert report["decision"] in {"promoted", "rolled_back"}, report
-    cand = registry.get("tab", report["candidate"])
-    assert cand.tags["tidal.dataset_id"] == report["dataset_id"] and cand.tags["tidal.parent_version"] == str(champion_before)
+    assert report.cycle == cycles_before + 1 and report.champion_before == champion_before, report
+    assert report.rows > 0 and report.served[champion_before]["requests"] > 0, report
+    assert report.decision in {"promoted", "rolled_back"}, report
+    cand = registry.get("tab", report.candidate)
+    assert cand.tags["tidal.dataset_id"] == report.dataset_id and cand.tags["tidal.parent_version"] == str(champion_before)
     assert "tidal.release.verified" in cand.tags and json.loads(cand.tags["tidal.release.step_1"])["weight"] == 0.5
     # ... and its step table: per step the outcomes per arm, each metric's interval and margin, the reason
-    record = CanaryRecord.model_validate(report["canary"])
+    record = report.canary
+    assert record is not None, report
     assert (record.control, record.canary) == (champion_before, cand.version), record
     assert record.steps[-1].action in {"promote", "rollback", "inconclusive"} and record.steps[-1].n_canary > 0, record
     assert {m.metric for m in record.steps[-1].metrics} >= {"reward", "accepted_chars", "error_rate", "slow_share"}
@@ -132,7 +132,7 @@ def test_tidal_demo_runs_one_cycle_and_reports(settings, platform, registry, gat
     # the stop credit.
     result = TrainResult.model_validate(get_json(store, f"training/model=tab/{cand.tags['tidal.train_run']}/result.json"))
     assert result.iterations == 2, result
-    data = load_dataset(store, "tab", report["dataset_id"])
+    data = load_dataset(store, "tab", report.dataset_id)
     train_rows, _ = split(data.samples, settings.demo.train.heldout_fraction)
     kept = select_samples(train_rows, champion_before, settings.demo.train.ppo.max_stale_versions).kept
     partials = sum(s.event == "partial" for s in kept)
@@ -146,12 +146,12 @@ def test_tidal_demo_runs_one_cycle_and_reports(settings, platform, registry, gat
     # Registry and routes agree with the decision; no canary is left behind.
     aliases, arms = registry.aliases("tab"), platform.routes_client().show()["routes"]["tab"]["arms"]
     assert [(a["name"], a["weight"]) for a in arms] == [("control", 1.0)]
-    if report["decision"] == "promoted":
-        assert aliases["champion"] == cand.version == report["champion_after"] == arms[0]["version"]
+    if report.decision == "promoted":
+        assert aliases["champion"] == cand.version == report.champion_after == arms[0]["version"]
         assert "tidal.release.promoted" in cand.tags
     else:
-        assert aliases["champion"] == champion_before == report["champion_after"] == arms[0]["version"]
-        assert json.loads(cand.tags["tidal.release.rolled_back"])["reason"] == report["reason"]
+        assert aliases["champion"] == champion_before == report.champion_after == arms[0]["version"]
+        assert json.loads(cand.tags["tidal.release.rolled_back"])["reason"] == report.reason
 
     # The cycle ran as one flywheel flow run of the deployment, through the runner; its stages announced themselves
     # as the flywheel's, so no chained train or promote run started.
@@ -159,7 +159,7 @@ def test_tidal_demo_runs_one_cycle_and_reports(settings, platform, registry, gat
     assert [r["state"]["type"] for r in runs] == ["COMPLETED"], runs
     assert flow_runs(api, {"flow_runs": {"start_time": {"after_": since}},
                            "deployments": {"name": {"any_": ["train-tab", "promote-tab"]}}}) == []
-    ready = [e for e in events_named(api, "tidal.dataset.ready") if e["payload"]["dataset_id"] == report["dataset_id"]]
+    ready = [e for e in events_named(api, "tidal.dataset.ready") if e["payload"]["dataset_id"] == report.dataset_id]
     assert [e["resource"]["tidal.driver"] for e in ready] == ["flywheel"]
     registered = [e for e in events_named(api, "tidal.candidate.registered") if e["payload"]["version"] == cand.version]
     assert [e["resource"]["tidal.driver"] for e in registered] == ["flywheel"]
@@ -167,7 +167,7 @@ def test_tidal_demo_runs_one_cycle_and_reports(settings, platform, registry, gat
     # Prefect artifacts: the cycle table, the demo's summary and the link to its MLflow run.
     arts = {a["key"]: a for a in httpx.post(f"{api}/artifacts/filter", timeout=30, json={
         "artifacts": {"key": {"any_": ["tab-flywheel", "tab-demo", "tab-demo-plot"]}}, "sort": "CREATED_DESC"}).json()[::-1]}
-    assert arts["tab-flywheel"]["type"] == "table" and report["dataset_id"] in json.dumps(arts["tab-flywheel"]["data"])
+    assert arts["tab-flywheel"]["type"] == "table" and report.dataset_id in json.dumps(arts["tab-flywheel"]["data"])
     assert arts["tab-demo"]["type"] == "markdown" and "demo, 1 cycles" in arts["tab-demo"]["data"]
     assert arts["tab-demo-plot"]["type"] == "markdown"  # Prefect keeps a link artifact as its markdown link
 
@@ -177,7 +177,7 @@ def test_tidal_demo_runs_one_cycle_and_reports(settings, platform, registry, gat
     client = mlflow.MlflowClient(settings.mlflow.tracking_uri)
     [run] = client.search_runs([client.get_experiment_by_name("tab/demo").experiment_id], order_by=["start_time DESC"],
                                max_results=1)
-    versions = sorted({1, report["champion_after"], cand.version})
+    versions = sorted({1, report.champion_after, cand.version})
     assert run.data.params["versions"] == ",".join(f"v{v}" for v in versions)
     assert run.info.run_id in arts["tab-demo-plot"]["data"]
     for v in versions:
@@ -188,16 +188,16 @@ def test_tidal_demo_runs_one_cycle_and_reports(settings, platform, registry, gat
     # The files and the printed report.
     png = settings.data_path / "demo" / "tab-flywheel.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert json.loads((settings.data_path / "demo" / "tab-cycles.json").read_text())[-1]["dataset_id"] == report["dataset_id"]
-    assert "held-out users (20 requests" in out.stdout and f"{report['decision']} v{cand.version}" in out.stdout
+    assert json.loads((settings.data_path / "demo" / "tab-cycles.json").read_text())[-1]["dataset_id"] == report.dataset_id
+    assert "held-out users (20 requests" in out.stdout and f"{report.decision} v{cand.version}" in out.stdout
     assert "learning claim" in out.stdout and f"plot: {png}" in out.stdout
     assert "the users were quiet for" in out.stdout  # while the cycle trained, on every core
     for v in versions[1:]:
         assert f"v{v} − v1, paired on the same 20 requests" in out.stdout
     # The final report: the final champion against v1 on the same 20 requests, and the cycle's trainer seconds.
     learned = LearningReport.model_validate_json((settings.data_path / "demo" / "report.json").read_text())
-    assert (learned.final_version, learned.requests_per_version) == (report["champion_after"], 20), learned
-    assert learned.promoted == (report["decision"] == "promoted") and learned.train_s == result.train_s > 0, learned
+    assert (learned.final_version, learned.requests_per_version) == (report.champion_after, 20), learned
+    assert learned.promoted == (report.decision == "promoted") and learned.train_s == result.train_s > 0, learned
     assert 0 < learned.train_s < learned.total_s and learned.suggestion_ratio is not None, learned
     for v in versions:
         assert f"\nv{v} " in out.stdout and f"v{v} cut to" in out.stdout

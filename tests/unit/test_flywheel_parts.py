@@ -9,8 +9,9 @@ import time
 import pytest
 
 from data_contracts.samples import RewardSample
-from tasks.flywheel import CycleReport, served_metrics
-from tidal.demo import cycle_table, demo_profile, wait_for_traffic
+from tasks.cycle_report import CycleReport, cycle_table
+from tasks.flywheel import served_metrics
+from tidal.demo import demo_profile, wait_for_traffic
 from tidal.settings import load_settings
 
 
@@ -30,12 +31,11 @@ def test_served_metrics_per_version():
 
 
 def test_cycle_table_says_what_was_decided_and_why():
-    r = CycleReport("tab", 2, 3, "ds-1", 800, candidate=4, decision="rolled_back", reason="reward fell", champion_after=3,
+    r = CycleReport(model="tab", cycle=2, champion_before=3, dataset_id="ds-1", rows=800, candidate=4, decision="rolled_back",
+                    reason="reward fell", champion_after=3,
                     served={3: {"requests": 800, "suggestion_rate": 0.9, "accept_rate": 0.1, "reward_per_request": -0.1,
                                 "accepted_chars_per_request": 0.5}})
-    from dataclasses import asdict
-
-    table = cycle_table([asdict(r)])
+    table = cycle_table([r])
     assert "rolled_back v4 → champion v3" in table and "why: reward fell" in table and "0.900" in table
     assert r.row()["decision"] == "rolled_back" and r.row()["suggestion_rate"] == 0.9
 
@@ -143,3 +143,14 @@ def test_demo_stops_on_sigterm_and_an_inherited_ignored_sigint_as_on_ctrl_c():
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
+
+
+def test_a_cycle_report_is_read_back_as_itself_and_refuses_an_unknown_decision():
+    from pydantic import ValidationError
+
+    r = CycleReport(model="tab", cycle=1, champion_before=1, dataset_id="ds-1", rows=10, served={1: {"requests": 10.0}})
+    stored = r.model_dump(mode="json")
+    assert list(stored["served"]) == ["1"] and CycleReport.model_validate(stored) == r  # version keys back to ints
+    with pytest.raises(ValidationError, match="decision"):
+        r.decision = "promotd"
+
