@@ -42,7 +42,7 @@ class LiveState(BaseModel):
 
 def reconcile(model: str, registry: Registry, routes: RoutesClient, fleet: FleetClient, by: str) -> LiveState:
     """Make the champion alias and the fleet's serving version follow the route table (see the module's doc)."""
-    table = routes.show()["routes"].get(model)
+    table = routes.show().get(model)
     champion = registry.by_alias(model, "champion")
     fleet_serving = fleet.status()["models"].get(model, {}).get("serving_version")
     fixed: list[str] = []
@@ -62,8 +62,7 @@ def reconcile(model: str, registry: Registry, routes: RoutesClient, fleet: Fleet
             fixed.append(f"routes: none → control v{serving} (the champion alias)")
         canary = None
     else:
-        arms = {a["name"]: a for a in table["arms"]}
-        serving, canary = arms["control"]["version"], arms.get("canary", {}).get("version")
+        serving, canary = table.control.version, table.canary.version if table.canary else None
         if champion is None or champion.version != serving:
             if champion is not None:
                 registry.set_alias(model, "previous", champion.version)

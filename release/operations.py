@@ -17,6 +17,7 @@ from release.live_state import reconcile
 from release.outcomes import LogReader, read_outcomes
 from release.policy import ArmHealth, CanaryConfig, History, histories
 from serving.client import AdminError, FleetClient, RoutesClient
+from serving.routes import ArmSpec
 from tidal import lineage
 from tidal.registry import Registry, VersionInfo
 from tidal.store import ObjectStore
@@ -114,24 +115,24 @@ def check_in(routes: RoutesClient, model: str, version: int, watch_s: float) -> 
     except AdminError as e:
         if e.status != 409:
             raise
-    last = routes.show()["routes"].get(model) or {}
-    by, why = last.get("updated_by", "?"), last.get("reason", "")
+    last = routes.show().get(model)
+    by, why = (last.updated_by, last.reason) if last else ("?", "")
     if by == "watchdog":
         return f"canary removed from the routes by the gateway's release watchdog ({why})"
     return f"canary removed from the routes by an operator ({by}: {why})"
 
 
-def canary_arm(routes: RoutesClient, model: str) -> dict | None:
+def canary_arm(routes: RoutesClient, model: str) -> ArmSpec | None:
     """The canary arm routed for model, or None."""
-    arms = routes.show()["routes"].get(model, {}).get("arms", [])
-    return next((a for a in arms if a["name"] == "canary"), None)
+    table = routes.show().get(model)
+    return table.canary if table else None
 
 
 def roll_back_canary(routes: RoutesClient, model: str, by: str, reason: str, version: int | None = None) -> bool:
     """Route all of model's traffic back to its control arm if a canary (of `version`, when given) is routed;
     True if one was. The one way every release path (a failed or orphaned run, a rollback decision) ends a canary."""
     arm = canary_arm(routes, model)
-    if arm is None or (version is not None and arm["version"] != version):
+    if arm is None or (version is not None and arm.version != version):
         return False
     routes.rollback(model, by=by, reason=reason)
     return True
@@ -170,10 +171,10 @@ def rollback_now(registry: Registry, routes: RoutesClient, fleet: FleetClient, m
     a promotion replaced). A target no replica serves any more is deployed (and verified) first.
     """
     t0 = time.monotonic()
-    current = routes.show()["routes"].get(model) or {}
-    arms = {a["name"]: a for a in current.get("arms", [])}
+    current = routes.show().get(model)
+    arms = {a.name: a.version for a in current.arms} if current else {}
     aliases = registry.aliases(model)
-    control = arms["control"]["version"] if "control" in arms else aliases.get("champion")
+    control = arms.get("control", aliases.get("champion"))
     if to is not None:
         target = registry.resolve(model, to).version
     elif "canary" in arms:
@@ -195,7 +196,7 @@ def rollback_now(registry: Registry, routes: RoutesClient, fleet: FleetClient, m
             fleet.deploy(model, target)  # not loaded any more: load and verify it (nothing to do if it is), then switch
             when_served(lambda: routes.set(model, arm, by=by, reason=why))
     seconds = time.monotonic() - t0
-    left = sorted({v for v in (arms.get("canary", {}).get("version"), control) if v is not None and v != target})
+    left = sorted({v for v in (arms.get("canary"), control) if v is not None and v != target})
     for version in left:
         audit(registry, registry.get(model, version), "manual_rollback", by=by, reason=why, to=target)
     champion = aliases.get("champion")

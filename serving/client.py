@@ -6,6 +6,7 @@ import time
 
 import httpx
 
+from serving.routes import ModelRoutes, RouteTableReply
 from serving.settings import ServingSettings
 from tidal.tokens import admin_token
 
@@ -87,24 +88,28 @@ class RoutesClient(_AdminClient):
     def __init__(self, url: str, token: str, timeout_s: float = 30.0, retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S):
         super().__init__(url, token, timeout_s, retry_delays_s)
 
-    def show(self) -> dict:
-        return self._call("GET", "/admin/routes")
+    def show(self) -> RouteTableReply:
+        return RouteTableReply.model_validate(self._call("GET", "/admin/routes"))
 
     def canary(self, model: str, version: int, weight: float, by: str = "cli", reason: str = "",
-               watch_s: float | None = None) -> dict:
+               watch_s: float | None = None) -> ModelRoutes:
         """watch_s: the caller will check in (`watch`) within this many seconds, or the gateway rolls the canary back."""
-        return self._call("POST", f"/admin/routes/{model}/canary",
-                          json={"version": version, "weight": weight, "by": by, "reason": reason, "watch_s": watch_s})
+        return ModelRoutes.model_validate(self._call(
+            "POST", f"/admin/routes/{model}/canary",
+            json={"version": version, "weight": weight, "by": by, "reason": reason, "watch_s": watch_s}))
 
-    def watch(self, model: str, version: int, watch_s: float) -> dict:
+    def watch(self, model: str, version: int, watch_s: float) -> ModelRoutes:
         """Check in as the release watching the canary `version`; AdminError 409 once it is no longer routed."""
-        return self._call("POST", f"/admin/routes/{model}/canary/watch", json={"version": version, "watch_s": watch_s})
+        return ModelRoutes.model_validate(self._call("POST", f"/admin/routes/{model}/canary/watch",
+                                                     json={"version": version, "watch_s": watch_s}))
 
-    def set(self, model: str, arms: list[dict], by: str = "cli", reason: str = "") -> dict:
-        return self._call("PUT", f"/admin/routes/{model}", json={"arms": arms, "by": by, "reason": reason})
+    def set(self, model: str, arms: list[dict], by: str = "cli", reason: str = "") -> ModelRoutes:
+        return ModelRoutes.model_validate(self._call("PUT", f"/admin/routes/{model}",
+                                                     json={"arms": arms, "by": by, "reason": reason}))
 
-    def rollback(self, model: str, by: str = "cli", reason: str = "") -> dict:
-        return self._call("POST", f"/admin/routes/{model}/rollback", json={"by": by, "reason": reason})
+    def rollback(self, model: str, by: str = "cli", reason: str = "") -> ModelRoutes:
+        return ModelRoutes.model_validate(self._call("POST", f"/admin/routes/{model}/rollback",
+                                                     json={"by": by, "reason": reason}))
 
 
 def fleet_client(settings: ServingSettings, timeout_s: float = 1800.0) -> FleetClient:

@@ -24,7 +24,7 @@ from serving.gateway import Gateway, GatewayError, Limits
 from serving.gateway_metrics import GatewayMetrics, RateLimiter
 from serving.logsink import LogSink
 from serving.request_ids import RequestIdSigner
-from serving.routes import CanaryGone, ModelRoutes, RouteError, RouteTable
+from serving.routes import CanaryGone, ModelRoutes, RouteError, RouteTable, RouteTableReply
 from serving.settings import ServingSettings, client_keys, load_serving_settings
 from serving.upstream import ReplicaPool
 from tidal.store import open_store
@@ -188,9 +188,8 @@ def build_app(gw: Gateway, clients: dict[str, str], admin: str, limiter: RateLim
         return PlainTextResponse(gw.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/admin/routes", dependencies=[Depends(admin_only)])
-    async def get_routes() -> dict:
-        return {"routes": {m: r.model_dump() for m, r in gw.routes.all().items()},
-                "history": [h.model_dump() for h in gw.routes.history[-50:]]}
+    async def get_routes() -> RouteTableReply:
+        return RouteTableReply(routes=gw.routes.all(), history=gw.routes.history[-50:])
 
     def require_served(model: str, versions: list[int]) -> None:
         for v in versions:

@@ -34,8 +34,8 @@ class RouteGuard:
     def routed_versions(self, model: str, serving_version: int | None) -> set[int]:
         """Versions named by the model's arms, or {serving_version} when it has none."""
         try:
-            routes = self._client.show()["routes"].get(model)
-            arms = routes["arms"] if routes else None
+            routes = self._client.show().get(model)
+            arms = routes.arms if routes else None
         except (AdminError, httpx.HTTPError) as gateway_error:
             # No file: no route was ever set on this data directory, so a gateway routes by the serving version.
             try:
@@ -44,10 +44,10 @@ class RouteGuard:
                 raise RoutesUnknown(f"cannot confirm that no traffic goes to it: the gateway at {self.gateway_url} did "
                                     f"not answer ({type(gateway_error).__name__}) and {e}; start the gateway, or unload "
                                     "with force") from None
-            arms = [a.model_dump() for a in found.arms] if found else None
+            arms = found.arms if found else None
         if arms is None:
             return {serving_version} if serving_version else set()
-        return {int(a["version"]) for a in arms}
+        return {a.version for a in arms}
 
     def check_unload(self, model: str, version: int, served_name: str, serving_version: int | None) -> None:
         if version in self.routed_versions(model, serving_version):

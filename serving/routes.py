@@ -154,6 +154,16 @@ class RouteChange(BaseModel):
     previous: list[ArmSpec] | None = Field(description="The arms before the change; None = the model had no routes.")
 
 
+class RouteTableReply(BaseModel):
+    """GET /admin/routes: every model's routes and the last route changes (oldest first)."""
+
+    routes: dict[str, ModelRoutes] = Field(default_factory=dict, description="Model -> its routes; absent = no routes.")
+    history: list[RouteChange] = Field(default_factory=list, description="The last changes, oldest first.")
+
+    def get(self, model: str) -> ModelRoutes | None:
+        return self.routes.get(model)
+
+
 class _TableFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -111,7 +111,7 @@ def cmd_route(settings: TidalSettings, args) -> None:
         out = client.canary(args.model, args.version, args.weight, by=args.by, reason=args.reason)
     else:
         out = client.rollback(args.model, by=args.by, reason=args.reason)
-    print(json.dumps(out, indent=2))
+    print(json.dumps(out.model_dump(mode="json"), indent=2))
 
 
 def cmd_demo(settings: TidalSettings, args) -> None:

@@ -105,13 +105,13 @@ def test_gateway_kill9_under_load_loses_no_acknowledged_record(settings, gateway
     traffic.start()
     try:
         wait_for("20 completions before the kill", lambda: len(traffic.tally.acked) >= 20, 120)
-        routes_before = platform.routes_client().show()["routes"]
+        routes_before = platform.routes_client().show().routes
         os.kill(platform.running("gateway").pid, signal.SIGKILL)
         killed = time.monotonic()
         time.sleep(1)
         platform.up_gateway()  # the WAL left behind is recovered and uploaded
         restart_s = time.monotonic() - killed
-        assert platform.routes_client().show()["routes"] == routes_before  # the split survives a restart
+        assert platform.routes_client().show().routes == routes_before  # the split survives a restart
         n = len(traffic.tally.acked)
         wait_for("10 more completions after the restart", lambda: len(traffic.tally.acked) >= n + 10, 120)
     finally:

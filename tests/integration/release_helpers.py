@@ -184,4 +184,4 @@ def wait_for_tag(registry, promote: Promote, version: int, tag: str, timeout: fl
 
 
 def tab_arms(platform) -> list[tuple]:
-    return [(a["name"], a["version"], a["weight"]) for a in platform.routes_client().show()["routes"]["tab"]["arms"]]
+    return [(a.name, a.version, a.weight) for a in platform.routes_client().show().routes["tab"].arms]

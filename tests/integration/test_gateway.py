@@ -65,10 +65,7 @@ def test_openai_sdk_completions_streaming_and_chat(gateway, keys, canary, checkp
 
 
 def test_canary_split_is_sticky_and_every_record_names_its_version(gateway, keys, canary, checkpoints, settings):
-    version, routes_dump = canary
-    from serving.routes import ModelRoutes
-
-    routes = ModelRoutes.model_validate(routes_dump)
+    version, routes = canary  # the ModelRoutes the gateway answered the canary change with
     # The split itself is the gateway's own hash over 2000 users (cheap); 250 of them go through
     # the real gateway and engines, which must serve each one exactly that arm.
     key = arm_key(secret(settings.data_path, "request_id", settings.gateway.secret).encode())  # the gateway's own key
@@ -165,7 +162,7 @@ def test_the_supervisor_refuses_to_unload_a_version_the_routes_send_traffic_to(g
         fleet.undeploy("tab", version)
     assert refused.value.status == 409 and f"tab@v{version} still gets traffic" in refused.value.detail
     assert fleet.replicas("tab") == before  # nothing was unloaded
-    assert platform.routes_client().show()["routes"]["tab"]["arms"][1]["version"] == version
+    assert platform.routes_client().show().routes["tab"].arms[1].version == version
     # the canary's users are still served by it
     served = {complete(gateway, keys["alice"], f"user-{i}")["tidal"]["version"] for i in range(40)}
     assert version in served

@@ -156,8 +156,8 @@ def test_inconclusive_ramp_asks_a_human_and_a_typed_answer_promotes(settings, re
     assert (approved["decision"], approved["approver"]) == ("promote", "alice") and "tidal.release.promoted" in t
     aliases = registry.aliases("tab")
     assert (aliases["champion"], aliases["previous"]) == (info.version, 1)
-    arms = platform.routes_client().show()["routes"]["tab"]["arms"]
-    assert [(a["name"], a["version"], a["weight"]) for a in arms] == [("control", info.version, 1.0)]
+    arms = platform.routes_client().show().routes["tab"].arms
+    assert [(a.name, a.version, a.weight) for a in arms] == [("control", info.version, 1.0)]
 
     # instant rollback after a promotion: back to the previous champion, which is still loaded
     rb = subprocess.run([sys.executable, "-m", "tidal.cli", "rollback", "tab", "--reason", "undo"], capture_output=True,
@@ -166,7 +166,7 @@ def test_inconclusive_ramp_asks_a_human_and_a_typed_answer_promotes(settings, re
     result = json.loads(rb.stdout)
     assert result["serving"] == 1 and result["route_change_s"] < 5
     assert registry.aliases("tab")["champion"] == 1
-    assert [(a["version"], a["weight"]) for a in platform.routes_client().show()["routes"]["tab"]["arms"]] == [(1, 1.0)]
+    assert [(a.version, a.weight) for a in platform.routes_client().show().routes["tab"].arms] == [(1, 1.0)]
     assert users.errors == []
 
 
@@ -188,8 +188,8 @@ def test_better_candidate_is_promoted_through_every_step(settings, registry, che
     assert "rose" in promoted["reason"]
     aliases = registry.aliases("tab")
     assert (aliases["champion"], aliases["previous"]) == (info.version, 1)
-    arms = platform.routes_client().show()["routes"]["tab"]["arms"]
-    assert [(a["name"], a["version"], a["weight"]) for a in arms] == [("control", info.version, 1.0)]
+    arms = platform.routes_client().show().routes["tab"].arms
+    assert [(a.name, a.version, a.weight) for a in arms] == [("control", info.version, 1.0)]
     # A LoRA promotion left the fleet's serving version on the base: a gateway with no routes served the old model.
     assert platform.fleet_client().status()["models"]["tab"]["serving_version"] == info.version
     assert users.errors == []
@@ -220,7 +220,7 @@ def test_restart_strategy_canary_runs_on_a_surge_replica_and_promotes(settings, 
         promote = Promote(info.version, tmp_path / "promote.log", env=env, model="tabfull")
         start_when_verified(users, registry, promote, info.version, model="tabfull")
         routes, deadline = platform.routes_client(), time.monotonic() + 1200
-        while [(a["version"], a["weight"]) for a in routes.show()["routes"].get("tabfull", {}).get("arms", [])] \
+        while [(a.version, a.weight) for a in getattr(routes.show().get("tabfull"), "arms", [])] \
                 != [(info.version, 1.0)]:  # the promotion's route change
             assert promote.running() and time.monotonic() < deadline, promote.log.read_text()[-3000:]
             time.sleep(0.2)
@@ -256,5 +256,5 @@ def test_restart_strategy_canary_runs_on_a_surge_replica_and_promotes(settings, 
     fleet.undeploy("tabfull", 1)
     assert [r["served"] for r in fleet.replicas("tabfull")] == [{f"tabfull@v{info.version}": info.version}]
     assert fleet.status()["models"]["tabfull"]["serving_version"] == info.version
-    arms = platform.routes_client().show()["routes"]["tabfull"]["arms"]
-    assert [(a["name"], a["version"], a["weight"]) for a in arms] == [("control", info.version, 1.0)]
+    arms = platform.routes_client().show().routes["tabfull"].arms
+    assert [(a.name, a.version, a.weight) for a in arms] == [("control", info.version, 1.0)]

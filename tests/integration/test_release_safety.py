@@ -38,8 +38,8 @@ def test_a_promote_run_killed_mid_ramp_leaves_no_canary_behind(settings, registr
         assert time.monotonic() - killed < watchdog_s + 10, "the canary outlived its release"
         time.sleep(0.2)
     back_s = time.monotonic() - killed
-    last = platform.routes_client().show()["routes"]["tab"]
-    assert tab_arms(platform) == [("control", 1, 1.0)] and last["updated_by"] == "watchdog", last
+    last = platform.routes_client().show().routes["tab"]
+    assert tab_arms(platform) == [("control", 1, 1.0)] and last.updated_by == "watchdog", last
     time.sleep(3)  # users keep being served by the control arm
     users.stop.set()
     users.join(timeout=120)

@@ -86,8 +86,8 @@ def flow_runs(api: str, body: dict) -> list[dict]:
 
 def arm_weights(platform) -> list[tuple[str, float]]:
     """(name, weight) of each arm of tab's route, control first; none before a release has written the route."""
-    route = platform.routes_client().show()["routes"].get("tab")
-    return [(a["name"], a["weight"]) for a in route["arms"]] if route else []
+    route = platform.routes_client().show().routes.get("tab")
+    return [(a.name, a.weight) for a in route.arms] if route else []
 
 
 @pytest.fixture
@@ -144,13 +144,13 @@ def test_tidal_demo_runs_one_cycle_and_reports(settings, platform, registry, gat
     assert "ppo/stop_credit_loss" in result.final and result.final["ppo/sharpen_loss"] > 0, result.final
 
     # Registry and routes agree with the decision; no canary is left behind.
-    aliases, arms = registry.aliases("tab"), platform.routes_client().show()["routes"]["tab"]["arms"]
-    assert [(a["name"], a["weight"]) for a in arms] == [("control", 1.0)]
+    aliases, arms = registry.aliases("tab"), platform.routes_client().show().routes["tab"].arms
+    assert [(a.name, a.weight) for a in arms] == [("control", 1.0)]
     if report.decision == "promoted":
-        assert aliases["champion"] == cand.version == report.champion_after == arms[0]["version"]
+        assert aliases["champion"] == cand.version == report.champion_after == arms[0].version
         assert "tidal.release.promoted" in cand.tags
     else:
-        assert aliases["champion"] == champion_before == report.champion_after == arms[0]["version"]
+        assert aliases["champion"] == champion_before == report.champion_after == arms[0].version
         assert json.loads(cand.tags["tidal.release.rolled_back"])["reason"] == report.reason
 
     # The cycle ran as one flywheel flow run of the deployment, through the runner; its stages announced themselves
@@ -225,9 +225,9 @@ def test_interrupting_the_demo_during_its_canary_leaves_the_champion_serving_eve
     print(output[-3000:])
     assert proc.returncode == 130, output[-3000:]
     # The cancelled release rolls its canary back itself (flows/promote.py); if it could not, the demo does.
-    last = platform.routes_client().show()["routes"]["tab"]
+    last = platform.routes_client().show().routes["tab"]
     assert "interrupted" in output, output[-3000:]
-    assert "the interrupted canary was rolled back" in output or last["updated_by"] == "promote", (last, output[-3000:])
+    assert "the interrupted canary was rolled back" in output or last.updated_by == "promote", (last, output[-3000:])
     assert arm_weights(platform) == [("control", 1.0)]
     assert registry.aliases("tab")["champion"] == champion
     # The cancelled cycle's flow run stops in the runner, and nothing puts the canary back.
@@ -237,4 +237,4 @@ def test_interrupting_the_demo_during_its_canary_leaves_the_champion_serving_eve
         assert time.monotonic() < deadline, state
         time.sleep(1)
     assert arm_weights(platform) == [("control", 1.0)]
-    assert platform.routes_client().show()["routes"]["tab"]["arms"][0]["version"] == champion
+    assert platform.routes_client().show().routes["tab"].arms[0].version == champion

@@ -52,7 +52,7 @@ def server(request):
 
 @pytest.mark.parametrize("server", [2], indirect=True)
 def test_a_dropped_connection_under_a_read_is_retried(server) -> None:
-    assert RoutesClient(f"http://127.0.0.1:{server.port}", "t", timeout_s=5).show() == {"routes": {}}
+    assert RoutesClient(f"http://127.0.0.1:{server.port}", "t", timeout_s=5).show().routes == {}
     assert server.connections == 3
 
 
