@@ -75,7 +75,7 @@ class Gateway:
             self.feedback_seen.claim(rec["request_id"], rec["time_ms"])
         try:
             await self.pool.refresh(self.session)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        except (TimeoutError, aiohttp.ClientError) as e:
             self.pool.last_error = f"fleet supervisor unreachable at start: {describe_failure(e)}"
         self._tasks.append(asyncio.create_task(self.pool.run(self.session)))
         self._tasks.append(asyncio.create_task(self.watch_canaries()))
@@ -155,7 +155,7 @@ class Gateway:
                 self.pool.release(ep.replica, token)
                 last = describe_failure(e)
                 continue
-            except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as e:
+            except (TimeoutError, aiohttp.ClientConnectionError) as e:
                 self.pool.release(ep.replica, token)
                 self.pool.penalize(ep.replica)
                 self.metrics.failovers.labels(served_name.split("@")[0]).inc()
@@ -181,7 +181,7 @@ class Gateway:
         task.add_done_callback(self._append_done)
         try:
             await asyncio.wait_for(asyncio.shield(task), self.limits.wal_append_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.wal_stuck_since = self.wal_stuck_since or time.time()
             raise GatewayError(503, f"the request log did not make this {kind} record durable within "
                                     f"{self.limits.wal_append_timeout_s:g} s (see /health); it is written once the "

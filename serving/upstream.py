@@ -84,7 +84,7 @@ class ReplicaPool:
         while True:
             try:
                 await self.refresh(session)
-            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            except (TimeoutError, aiohttp.ClientError) as e:
                 # Keep serving from the last snapshot: the supervisor being away must not stop traffic.
                 self.last_error = f"fleet supervisor unreachable: {describe_failure(e)}"
                 log.warning(self.last_error)

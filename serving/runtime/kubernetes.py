@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -295,7 +295,7 @@ class KubernetesRuntime(EngineRuntime):
             with self._lock:
                 taken = {b.pod for b in self._bound.values()}
                 free = sorted((p for p in pods if engine_ready(p) and p.metadata.name not in taken),
-                              key=lambda p: (p.metadata.creation_timestamp or datetime.min.replace(tzinfo=timezone.utc), p.metadata.name))
+                              key=lambda p: (p.metadata.creation_timestamp or datetime.min.replace(tzinfo=UTC), p.metadata.name))
                 if free:
                     pod = free[0]
                     self._bound[replica.name] = Binding(pod.metadata.name, pod.metadata.uid, engine_restarts(pod), self._epoch)
@@ -318,7 +318,7 @@ class KubernetesRuntime(EngineRuntime):
         """The pod's readiness gate; failures are logged, not raised (the next publish() tries again)."""
         if self._gates.get(pod) == value:
             return
-        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {"status": {"conditions": [{"type": GATE, "status": str(value), "reason": reason, "message": message[:500],
                                            "lastTransitionTime": now}]}}
         try:

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 
 import httpx
 import pytest
@@ -105,7 +105,7 @@ def test_tidal_demo_runs_one_cycle_and_reports(settings, platform, registry, gat
     api, store = settings.prefect.api_url, open_store(settings)
     champion_before = registry.aliases("tab")["champion"]
     cycles_before = len(load_cycles(store, "tab"))
-    since = datetime.now(timezone.utc).isoformat()
+    since = datetime.now(UTC).isoformat()
     out = subprocess.run([sys.executable, "-m", "tidal.cli", "demo", "--cycles", "1"], env=demo_env(),
                          capture_output=True, text=True, timeout=1200)
     print(out.stdout[-4000:], out.stderr[-3000:], sep="\n")

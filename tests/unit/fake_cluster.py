@@ -14,7 +14,7 @@ import functools
 import itertools
 import threading
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 from kubernetes import client as k8s
 
@@ -25,7 +25,7 @@ from data_contracts.probe import ProbeItem, ProbeSet
 
 PROBE = ProbeSet(max_new_tokens=3, items=[ProbeItem(prompt_token_ids=[1, 2, 3], completion_token_ids=[4, 5, 6], logprobs=[-0.1, -0.2, -0.3]),
                                           ProbeItem(prompt_token_ids=[7, 8], completion_token_ids=[9, 9, 9], logprobs=[-1.0, -0.5, -0.25])])
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def matches(labels: dict | None, selector: str) -> bool:
@@ -149,7 +149,10 @@ class FakeCluster:
         d = self.deployments[dep]
         mine = [p for p, owner in self.owner.items() if owner == dep]
         while len(mine) > d.spec.replicas:  # the ReplicaSet's choice: lowest deletion cost first, then newest
-            cost = lambda p: (int((self.pods[p].metadata.annotations or {}).get(DELETION_COST, 0)), -self.pods[p].metadata.creation_timestamp.timestamp())
+            def cost(p):
+                meta = self.pods[p].metadata
+                return int((meta.annotations or {}).get(DELETION_COST, 0)), -meta.creation_timestamp.timestamp()
+
             victim = min(mine, key=cost)
             mine.remove(victim)
             self._remove(victim)

@@ -1,10 +1,12 @@
 """The layering the processes rely on: the serving processes (supervisor, gateway) start without the trainer's
-libraries, so a fleet that only reads probe files and checkpoints' metadata does not carry torch."""
+libraries, so a fleet that only reads probe files and checkpoints' metadata does not carry torch. And the code's
+own rules, run as the README's test command runs everything: the import contracts, ruff's lint, deptry."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 HEAVY = ("torch", "transformers", "peft")
 
@@ -29,13 +31,27 @@ def test_the_release_plane_starts_without_torch_or_transformers():
                                      "release.live_state") == []
 
 
-def test_the_import_contracts_hold():
-    # pyproject.toml [tool.importlinter]: serving never imports training, release, sim, tasks or flows; the serving
-    # processes, the release plane and the data contracts never load torch; the data contracts import no component.
-    from pathlib import Path
-
+def run_tool(*cmd: str) -> subprocess.CompletedProcess:
+    """A console script of this environment, run at the repository root (where pyproject.toml configures it)."""
     root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([str(Path(sys.executable).parent / "lint-imports"), "--no-cache"], capture_output=True,
-                         text=True, timeout=300, cwd=root)
+    return subprocess.run([str(Path(sys.executable).parent / cmd[0]), *cmd[1:]], capture_output=True, text=True,
+                          timeout=300, cwd=root)
+
+
+def test_the_import_contracts_hold():
+    # pyproject.toml [tool.importlinter]: the layers of the README's "How the code is laid out"
+    out = run_tool("lint-imports", "--no-cache")
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     assert "0 broken" in out.stdout
+
+
+def test_ruff_finds_nothing():
+    out = run_tool("ruff", "check", "--no-cache", ".")
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+
+
+def test_the_declared_dependencies_are_the_imported_ones():
+    # deptry: every package the code imports is declared in pyproject.toml (not only pulled in by another), and
+    # every declared one is used
+    out = run_tool("deptry", ".")
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
