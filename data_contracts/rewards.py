@@ -23,6 +23,19 @@ NoFeedback = Literal["drop", "ignored"]
 EVENTS = ("accepted", "rejected", "partial", "none")
 
 
+def kept_chars(event: np.ndarray, accepted_chars: np.ndarray, completion_chars: np.ndarray) -> np.ndarray:
+    """(N,) characters each user kept: an 'accepted' without a count kept the whole completion, a 'partial' its
+    count, any other verdict nothing; never more than was shown. event: (N,) EVENTS; accepted_chars: (N,) float,
+    NaN when the feedback gave none; completion_chars: (N,) len(completion_text). The one reading of a verdict's
+    characters: rewards, the canary's accepted-characters guardrail and the flywheel's figures all use it."""
+    event = np.asarray(event, dtype=object)
+    n_chars = np.asarray(completion_chars, dtype=np.float64)
+    chars = np.asarray(accepted_chars, dtype=np.float64)
+    kept = np.where(event == "accepted", np.where(np.isnan(chars), n_chars, chars),
+                    np.where(event == "partial", np.nan_to_num(chars), 0.0))
+    return np.clip(kept, 0.0, n_chars)
+
+
 class RewardRule(Section):
     name: str = Field("cursor-tab", pattern=r"^[a-z][a-z0-9_-]{0,62}$", description="Rule family name.")
     version: int = Field(1, ge=1, description="Bumped on any change; datasets record name@version and the rule's JSON.")
@@ -67,10 +80,7 @@ class RewardRule(Section):
             unknown = sorted({str(e) for e in event[~known]})
             raise ValueError(f"reward rule {self.id}: unknown events {unknown}; expected one of {EVENTS}")
         n_chars = np.asarray(completion_chars, dtype=np.float64)
-        kept = np.asarray(accepted_chars, dtype=np.float64)
-        # Characters kept: an 'accepted' without a count kept the whole completion; never more than was shown.
-        kept = np.where(accepted & np.isnan(kept), n_chars, kept)
-        kept = np.clip(np.nan_to_num(kept, nan=0.0), 0.0, n_chars)
+        kept = kept_chars(event, accepted_chars, n_chars)
         if self.accept_scale_by_chars:
             scale = np.minimum(kept, self.accept_chars_cap) / self.accept_chars_cap
             accept_reward = self.accepted * scale

@@ -11,7 +11,6 @@ runs take an hour once it ended and its verdicts had time to arrive.
 from __future__ import annotations
 
 import tempfile
-import time
 from pathlib import Path
 
 from prefect import flow, get_run_logger
@@ -39,6 +38,7 @@ from tasks.collect import (
     write_dataset_version,
 )
 from tasks.events import Driver
+from tidal.clock import now_ms
 from tidal.registry import Registry
 from tidal.settings import load_settings
 from tidal.store import open_store
@@ -51,7 +51,7 @@ def collect(model: str = "tab", include_open_hour: bool = False, driver: Driver 
     settings = load_settings()
     settings.model(model)  # unknown model → clear error
     cfg, store, registry = settings.collect, open_store(settings), Registry(settings.mlflow.tracking_uri)
-    rule, as_of_ms = cfg.rule_for(model), int(time.time() * 1000)
+    rule, as_of_ms = cfg.rule_for(model), now_ms()
 
     plan = find_new_partitions(store, model, cfg, as_of_ms, include_open_hour)
     batch = load_logs(store, plan)

@@ -16,12 +16,12 @@ after a manual rollback, and when the flow runner starts.
 from __future__ import annotations
 
 import json
-import time
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from serving.client import AdminError, FleetClient, RoutesClient
 from tidal import lineage
+from tidal.clock import now_ms
 from tidal.registry import Registry
 
 
@@ -68,7 +68,7 @@ def reconcile(model: str, registry: Registry, routes: RoutesClient, fleet: Fleet
                 registry.set_alias(model, "previous", champion.version)
             registry.set_alias(model, "champion", serving)
             registry.set_tags(model, serving, {lineage.release_tag("reconciled"): json.dumps(
-                {"at_ms": int(time.time() * 1000), "by": by, "champion_was": champion and champion.version})})
+                {"at_ms": now_ms(), "by": by, "champion_was": champion and champion.version})})
             fixed.append(f"champion alias: v{champion and champion.version} → v{serving} (the routes' control arm)")
     if fleet_serving != serving:
         fleet.set_serving(model, serving)

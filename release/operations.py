@@ -19,6 +19,7 @@ from release.policy import ArmHealth, CanaryConfig, History, histories
 from serving.client import AdminError, FleetClient, RoutesClient
 from serving.routes import ArmSpec
 from tidal import lineage
+from tidal.clock import now_ms
 from tidal.registry import Registry, VersionInfo
 from tidal.store import ObjectStore
 
@@ -34,10 +35,6 @@ class Release:
     champion: VersionInfo
     candidate: VersionInfo
     strategy: str  # the model's update strategy: how the candidate is served beside the champion
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def audit(registry: Registry, info: VersionInfo, event: str, **details) -> None:

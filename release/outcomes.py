@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from data_contracts.log_layout import key_segment_id, segment_opened_ms
-from data_contracts.rewards import RewardRule
+from data_contracts.rewards import RewardRule, kept_chars
 from data_contracts.scope import floor_hour, parse_key
 from release.policy import History, Outcome
 from tidal.store import ObjectStore
@@ -96,9 +96,7 @@ def read_outcomes(logs: LogReader, versions: dict[str, int], rule: RewardRule, f
     chars = np.array([np.nan if v[1] is None else v[1] for _, v in picked], dtype=np.float64)
     lengths = np.array([len(r["completion_text"]) for r, _ in picked])
     rewards = rule.rewards(events, chars, lengths)
-    kept = np.where(events == "accepted", np.where(np.isnan(chars), lengths, chars),
-                    np.where(events == "partial", np.nan_to_num(chars), 0.0))
-    kept = np.clip(kept, 0, lengths)
+    kept = kept_chars(events, chars, lengths)
     history = history or {}
     return [Outcome(arm=r["arm"], reward=float(rw), accepted=float(ev == "accepted"), accepted_chars=float(k),
                     latency_ms=float(r["latency_ms"]), time_ms=int(r["time_ms"]), kind=request_kind(r["prompt_text"]),

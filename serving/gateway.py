@@ -18,6 +18,7 @@ from serving.feedback_ledger import FeedbackLedger
 from serving.request_ids import InvalidRequestId, RequestIdSigner
 from serving.routes import ArmSpec, ModelRoutes, RouteTable, arm_key, assign, assignment_key, user_hash, user_hash_key
 from serving.upstream import Endpoint, NoReplica, ReplicaPool, Saturated, describe_failure
+from tidal.clock import now_ms
 
 log = logging.getLogger("tidal.gateway")
 WATCHDOG_PERIOD_S = 1.0  # how often the canary watchdog looks: a missed deadline costs at most this much more
@@ -121,7 +122,7 @@ class Gateway:
         sampling = arm.apply(SamplingParams(temperature=1.0 if req.temperature is None else req.temperature,
                                             top_p=1.0 if req.top_p is None else req.top_p, max_tokens=max_tokens,
                                             stop=req.stops(), seed=req.seed))
-        return Routed(arm, f"{req.model}@v{arm.version}", sampling, t0, int(time.time() * 1000))
+        return Routed(arm, f"{req.model}@v{arm.version}", sampling, t0, now_ms())
 
     def engine_body(self, req, routed: Routed, extra: dict) -> dict:
         s = routed.sampling
@@ -296,7 +297,7 @@ class Gateway:
         if claims.client_id != client_id:
             self.metrics.feedback.labels("rejected_client").inc()
             raise GatewayError(403, "this request id belongs to another client; feedback must come from the client that made the request")
-        now = int(time.time() * 1000)
+        now = now_ms()
         if now - claims.time_ms > self.limits.feedback_window_ms:
             self.metrics.feedback.labels("rejected_late").inc()
             raise GatewayError(410, f"feedback window closed: the completion is {(now - claims.time_ms) / 1000:.0f} s old, "

@@ -27,8 +27,9 @@ from serving.request_ids import RequestIdSigner
 from serving.routes import CanaryGone, ModelRoutes, RouteError, RouteTable, RouteTableReply
 from serving.settings import ServingSettings, client_keys, load_serving_settings
 from serving.upstream import ReplicaPool
+from tidal.clock import now_ms
 from tidal.store import open_store
-from tidal.tokens import admin_token, secret
+from tidal.tokens import admin_authorized, admin_token, bearer, secret
 
 log = logging.getLogger("tidal.gateway")
 
@@ -129,7 +130,7 @@ def build_app(gw: Gateway, clients: dict[str, str], admin: str, limiter: RateLim
 
     # async dependencies: FastAPI runs plain `def` ones in a thread pool, a hand-off per request.
     async def client(authorization: str = Header("", description="Bearer <client API key>")) -> str:
-        client_id = clients.get(_digest(authorization.removeprefix("Bearer ").strip()))
+        client_id = clients.get(_digest(bearer(authorization)))
         if client_id is None:
             raise GatewayError(401, "missing or unknown API key (Authorization: Bearer <key>)")
         wait = limiter.take(client_id)
@@ -139,10 +140,8 @@ def build_app(gw: Gateway, clients: dict[str, str], admin: str, limiter: RateLim
                                {"Retry-After": str(max(1, math.ceil(wait)))})
         return client_id
 
-    admin_digest = _digest(admin)
-
     async def admin_only(authorization: str = Header("", description="Bearer <admin token>")) -> None:
-        if _digest(authorization.removeprefix("Bearer ").strip()) != admin_digest:
+        if not admin_authorized(authorization, admin):
             raise GatewayError(401, "missing or wrong admin token")
 
     def answer(result, endpoint: str):
@@ -199,7 +198,7 @@ def build_app(gw: Gateway, clients: dict[str, str], admin: str, limiter: RateLim
     @app.put("/admin/routes/{model}", dependencies=[Depends(admin_only)])
     async def put_routes(model: str, body: RoutesUpdate) -> dict:
         require_served(model, [a.version for a in body.arms])
-        routes = ModelRoutes(model=model, arms=body.arms, updated_ms=int(time.time() * 1000), updated_by=body.by, reason=body.reason)
+        routes = ModelRoutes(model=model, arms=body.arms, updated_ms=now_ms(), updated_by=body.by, reason=body.reason)
         return gw.routes.set(routes).model_dump()
 
     @app.post("/admin/routes/{model}/canary", dependencies=[Depends(admin_only)])

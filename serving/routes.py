@@ -16,13 +16,13 @@ import logging
 import os
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from data_contracts.records import Arm, SamplingParams
+from tidal.clock import now_ms
 
 log = logging.getLogger("tidal.routes")
 
@@ -179,10 +179,6 @@ class _Snapshot:
 
     def __init__(self, routes: dict[str, ModelRoutes], history: tuple[RouteChange, ...]):
         self.routes, self.history = routes, history
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class RouteTable:

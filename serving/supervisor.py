@@ -5,7 +5,6 @@ Operations block until done (a scale-up waits for verified replicas); GET /fleet
 
 from __future__ import annotations
 
-import hmac
 import logging
 import threading
 from contextlib import asynccontextmanager
@@ -26,7 +25,7 @@ from tidal.procs import NotReady, PortInUse
 from tidal.registry import CheckpointCache, CheckpointCorrupt, Registry, RegistryError
 from tidal.section import SettingsError
 from tidal.store import open_store
-from tidal.tokens import admin_token
+from tidal.tokens import admin_authorized, admin_token
 
 log = logging.getLogger("tidal.supervisor")
 
@@ -75,8 +74,7 @@ def build_app(state: FleetState, token: str) -> FastAPI:
     app = FastAPI(title="Tidal fleet supervisor", lifespan=lifespan)
 
     def admin(authorization: str = Header("")) -> None:
-        given = authorization.removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(given.encode(), token.encode()):
+        if not admin_authorized(authorization, token):
             raise HTTPException(401, "missing or wrong admin token (Authorization: Bearer <token>)")
 
     async def known_error(request: Request, exc: Exception):

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from tidal.clock import now_ms
+
 log = logging.getLogger("tidal.gateway.upstream")
 
 
@@ -72,7 +74,7 @@ class ReplicaPool:
                 if r["state"] == "ready":
                     for name in r["served"]:
                         by_name.setdefault(name, []).append(Endpoint(r["name"], r["url"]))
-        self.snapshot = PoolSnapshot(by_name, serving, int(time.time() * 1000))
+        self.snapshot = PoolSnapshot(by_name, serving, now_ms())
 
     async def refresh(self, session: aiohttp.ClientSession) -> None:
         async with session.get(f"{self.fleet_url}/fleet", headers=self._headers, timeout=aiohttp.ClientTimeout(total=5)) as r:

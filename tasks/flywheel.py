@@ -3,10 +3,12 @@ fared under each version, read back from the platform's own records (dataset, re
 
 from __future__ import annotations
 
+import numpy as np
 from prefect import task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from data_contracts.rewards import kept_chars
 from release.report import CanaryRecord, canary_key
 from tasks.cycle_report import CycleReport, Decision
 from tidal import lineage
@@ -23,12 +25,13 @@ def served_metrics(samples) -> dict[int, dict[str, float]]:
     for v in sorted({s.version for s in samples}):
         rows = [s for s in samples if s.version == v]
         shown = [s for s in rows if s.completion_text]
-        kept = [min(len(s.completion_text), s.accepted_chars if s.accepted_chars is not None else len(s.completion_text))
-                if s.event in ("accepted", "partial") else 0 for s in rows]
+        kept = kept_chars(np.array([s.event for s in rows], dtype=object),
+                          np.array([np.nan if s.accepted_chars is None else s.accepted_chars for s in rows], dtype=float),
+                          np.array([len(s.completion_text) for s in rows]))
         out[v] = {"requests": float(len(rows)), "suggestion_rate": len(shown) / len(rows),
                   "accept_rate": sum(s.event == "accepted" for s in shown) / max(1, len(shown)),
                   "reward_per_request": sum(s.reward for s in rows) / len(rows),
-                  "accepted_chars_per_request": sum(kept) / len(rows)}
+                  "accepted_chars_per_request": float(kept.sum()) / len(rows)}
     return out
 
 

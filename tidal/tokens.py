@@ -7,6 +7,7 @@ than MIN_SECRET_CHARS, given or read, is refused: an empty token would equal a m
 
 from __future__ import annotations
 
+import hmac
 import os
 import secrets as _secrets
 from pathlib import Path
@@ -63,3 +64,13 @@ def _create(path: Path, value: str) -> None:
 
 def admin_token(settings: SettingsRoot) -> str:
     return secret(settings.data_path, "admin_token", settings.admin_token)
+
+
+def bearer(authorization: str) -> str:
+    """The credential of an `Authorization: Bearer <credential>` header ('' when there is none)."""
+    return authorization.removeprefix("Bearer ").strip()
+
+
+def admin_authorized(authorization: str, token: str) -> bool:
+    """Whether the header carries the admin token: one constant-time comparison, for every admin API."""
+    return hmac.compare_digest(bearer(authorization).encode(), token.encode())

@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from data_contracts.samples import RewardSample
+from tidal.clock import now_ms
 from tidal.core_settings import SettingsRoot, load_root
 from tidal.registry import Registry
 from tidal.store import ObjectStore, get_json, open_store, put_json, upload_dir
@@ -238,7 +239,7 @@ class Progress:
         saved = self.built.state() if due else None  # every rank joins (Megatron gathers), rank 0 alone writes
         if self.mlflow is None:
             return
-        now, t = int(time.time() * 1000), time.perf_counter()
+        now, t = now_ms(), time.perf_counter()
         self.mlflow.log_batch(self.spec.mlflow_run_id, metrics=[Metric(k, v, now, it) for k, v in metrics.items()])
         self.mlflow_s += time.perf_counter() - t
         if saved is not None:
@@ -308,7 +309,7 @@ def gate(spec: TrainJob) -> None:
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
-    now = int(time.time() * 1000)
+    now = now_ms()
     MlflowClient(spec.tracking_uri).log_batch(
         spec.mlflow_run_id, metrics=[Metric(f"gate/{k}", v, now, 0) for k, v in report.figures.items()])
     put_json(store, f"{spec.prefix}/gate.json", report.model_dump())

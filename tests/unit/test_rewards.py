@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from data_contracts.collect_settings import CollectSettings
 from data_contracts.pipeline import collect_once
-from data_contracts.rewards import RewardRule
+from data_contracts.rewards import RewardRule, kept_chars
 from tests.unit.test_contracts_data import HOUR, T0, FixedVersions, completion, feedback, put_logs
 from tidal.store import LocalStore
 
@@ -28,6 +28,15 @@ def test_partial_scales_with_the_share_of_characters_kept():
     assert rule.reward("partial", 4, TEXT) == pytest.approx(0.75 * 4 / 16)
     assert rule.reward("partial", 0, TEXT) == 0.0
     assert rule.reward("partial", 99, TEXT) == 0.75  # never more than was shown
+
+
+def test_characters_kept_are_read_from_a_verdict_one_way():
+    events = np.array(["accepted", "accepted", "partial", "partial", "rejected", "none"], dtype=object)
+    chars = np.array([np.nan, 3, 4, np.nan, 5, np.nan])
+    shown = np.array([10, 10, 10, 10, 10, 10])
+    # an accept without a count kept everything; a partial its count; a reject or silence nothing; never past shown
+    assert kept_chars(events, chars, shown).tolist() == [10, 3, 4, 0, 0, 0]
+    assert kept_chars(np.array(["partial"], dtype=object), np.array([15.0]), np.array([10])).tolist() == [10]
 
 
 def test_empty_completion_earns_the_empty_reward_whatever_the_feedback():

@@ -391,3 +391,12 @@ def test_only_the_whole_root_refuses_keys_of_no_section(clean_env: Path) -> None
     with pytest.raises(SettingsError, match="trian"):
         load_settings()  # `tidal up` reads every section first, so the typo stops the platform before it starts
 
+
+def test_an_admin_header_is_authorized_only_with_the_exact_token() -> None:
+    from tidal.tokens import admin_authorized, bearer
+
+    token = "a" * 32
+    assert bearer("Bearer  key ") == "key" and bearer("") == ""
+    assert admin_authorized(f"Bearer {token}", token)
+    assert not any(admin_authorized(h, token) for h in ("", "Bearer ", f"Bearer {token[:-1]}", f"Bearer {token}x", token[:-1]))
+
