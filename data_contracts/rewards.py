@@ -12,15 +12,16 @@ grow with the characters kept (up to a cap), so the rule values what the user ge
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 from pydantic import Field
 
+from data_contracts.records import FeedbackKind
 from tidal.section import Section
 
 NoFeedback = Literal["drop", "ignored"]
-EVENTS = ("accepted", "rejected", "partial", "none")
+EVENTS = (*get_args(FeedbackKind), "none")  # a feedback event, or none arrived
 
 
 def kept_chars(event: np.ndarray, accepted_chars: np.ndarray, completion_chars: np.ndarray) -> np.ndarray:

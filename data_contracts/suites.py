@@ -9,16 +9,19 @@ of data_contracts/derive.py. Bump CONTRACT_VERSION on any change: it is part of 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import get_args
 
 import great_expectations as gx
 import great_expectations.expectations as gxe
 
+from data_contracts.records import Arm, FeedbackKind, FinishReason
 from data_contracts.rewards import EVENTS, RewardRule
 
 CONTRACT_VERSION = "1"
-ARMS = ["control", "canary"]
-FINISH_REASONS = ["stop", "length", "abort", "error"]
-FEEDBACK_EVENTS = ["accepted", "rejected", "partial"]
+# The value sets are the records' own types (data_contracts/records.py), so the suites cannot drift from them.
+ARMS = list(get_args(Arm))
+FINISH_REASONS = list(get_args(FinishReason))
+FEEDBACK_EVENTS = list(get_args(FeedbackKind))
 
 
 @dataclass(frozen=True)
