@@ -41,8 +41,8 @@ def open_cycle(registry: Registry, store: ObjectStore, model: str, cycle: int, d
     `no_new_data` when the champion already learned from this dataset."""
     champion = registry.by_alias(model, "champion")
     ds = load_dataset(store, model, dataset_id)
-    report = CycleReport(model, cycle, champion.version, dataset_id, len(ds.samples), served=served_metrics(ds.samples),
-                         champion_after=champion.version)
+    report = CycleReport(model=model, cycle=cycle, champion_before=champion.version, dataset_id=dataset_id,
+                         rows=len(ds.samples), served=served_metrics(ds.samples), champion_after=champion.version)
     trained = registry.find_by_tag(model, lineage.DATASET_ID, dataset_id)
     if trained is not None and trained.parent_version == champion.version:
         report.decision, report.candidate = "no_new_data", trained.version
