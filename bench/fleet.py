@@ -40,7 +40,7 @@ def wait_restarted(client, model: str, name: str, old_pid: int, timeout: float =
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for r in client.replicas(model):
-            if r["name"] == name and r["state"] == "ready" and r["pid"] != old_pid:
+            if r.name == name and r.state == "ready" and r.pid != old_pid:
                 return
         time.sleep(0.2)
     raise TimeoutError(f"replica {name} not back after {timeout} s")
@@ -62,7 +62,7 @@ def main() -> None:
             client.scale("tab", 1)
             cold.append(time.perf_counter() - t0)
             (replica,) = client.replicas("tab")
-            rss.append(tree_rss_mb(replica["pid"]))
+            rss.append(tree_rss_mb(replica.pid))
 
             adapter = random_adapter(base_dir, settings.data_path / f"bench-adapter{i}", seed=i)
             version = publish(registry, store, "tab", adapter, "lora", 1, {lineage.ORIGIN: "bench"})
@@ -71,14 +71,14 @@ def main() -> None:
             lora.append(time.perf_counter() - t0)
             client.undeploy("tab", version.version)
             t0 = time.perf_counter()  # the engine's own load call, without the probe
-            httpx.post(f"{replica['url']}/v1/load_lora_adapter", json={"lora_name": "bench", "lora_path": str(adapter)},
+            httpx.post(f"{replica.url}/v1/load_lora_adapter", json={"lora_name": "bench", "lora_path": str(adapter)},
                        timeout=60).raise_for_status()
             lora_raw.append(time.perf_counter() - t0)
-            httpx.post(f"{replica['url']}/v1/unload_lora_adapter", json={"lora_name": "bench"}, timeout=60).raise_for_status()
+            httpx.post(f"{replica.url}/v1/unload_lora_adapter", json={"lora_name": "bench"}, timeout=60).raise_for_status()
 
             t0 = time.perf_counter()
-            os.kill(replica["pid"], signal.SIGKILL)
-            wait_restarted(client, "tab", replica["name"], replica["pid"])
+            os.kill(replica.pid, signal.SIGKILL)
+            wait_restarted(client, "tab", replica.name, replica.pid)
             restart.append(time.perf_counter() - t0)
             client.scale("tab", 0)
 

@@ -111,7 +111,7 @@ def main() -> None:
     with sandbox_platform([{"name": "tab", "replicas": 1}], pretrain_seconds=20, gateway=True,
                           gateway_settings={"logsink": logsink}) as (settings, platform):
         (replica,) = platform.fleet_client().replicas("tab")
-        served = next(iter(replica["served"]))
+        served = next(iter(replica.served))
         key = settings.gateway.clients[0].key
         gw = f"http://{settings.gateway.host}:{settings.gateway.port}/v1/completions"
         time.sleep(2 * settings.gateway.fleet_poll_s)
@@ -124,8 +124,8 @@ def main() -> None:
             for name in ("gateway", "fleet", "prefect", "mlflow"):
                 pin(platform.running(name).pid, others)
             pin(os.getpid(), others)
-            pin(replica["pid"], {0})
-        by_c = asyncio.run(measure(replica["url"] + "/v1/completions", gw, key, served, levels, args.requests, args.rounds,
+            pin(replica.pid, {0})
+        by_c = asyncio.run(measure(replica.url + "/v1/completions", gw, key, served, levels, args.requests, args.rounds,
                                    args.max_tokens, platform.running("gateway").pid))
     top = by_c[str(max(levels))]
     print(json.dumps({"added_p50_ms": top["added_p50_ms"], "added_p99_ms": top["added_p99_ms"],

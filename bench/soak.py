@@ -49,8 +49,8 @@ def processes(platform) -> dict[str, int]:
     """name → pid of every platform process: the servers, the gateway, the fleet and each replica."""
     out = {name: info.pid for name in ("prefect", "mlflow", "fleet", "gateway") if (info := platform.running(name))}
     for r in platform.fleet_client().replicas("tab"):
-        if r.get("pid"):
-            out[f"replica:{r['name']}"] = r["pid"]
+        if r.pid:
+            out[f"replica:{r.name}"] = r.pid
     return out
 
 

@@ -44,7 +44,8 @@ def reconcile(model: str, registry: Registry, routes: RoutesClient, fleet: Fleet
     """Make the champion alias and the fleet's serving version follow the route table (see the module's doc)."""
     table = routes.show().get(model)
     champion = registry.by_alias(model, "champion")
-    fleet_serving = fleet.status()["models"].get(model, {}).get("serving_version")
+    group = fleet.status().models.get(model)
+    fleet_serving = group.serving_version if group else None
     fixed: list[str] = []
     if table is None:
         if champion is None:  # not bootstrapped: nothing is live yet

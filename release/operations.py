@@ -78,8 +78,8 @@ def candidate_verified(fleet: FleetClient, model: str, cand: VersionInfo, strate
     """The candidate is served by verified weights (a replica lists a version only after its probe passed):
     `lora` loads it on every ready replica; `restart` runs it on surge replicas beside the champion's, `reload`
     and `nccl` on replicas moved to it in place."""
-    ready = [r for r in fleet.replicas(model) if r["state"] == "ready"]
-    serving = [r for r in ready if cand.served_name in r["served"]]
+    ready = [r for r in fleet.replicas(model) if r.state == "ready"]
+    serving = [r for r in ready if cand.served_name in r.served]
     return bool(serving) and (strategy != "lora" or len(serving) == len(ready))
 
 

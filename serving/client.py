@@ -6,6 +6,7 @@ import time
 
 import httpx
 
+from serving.fleet_replies import DeployReply, FleetStatus, ReplicaStatus, ScaleReply, ServingReply, UndeployReply
 from serving.routes import ModelRoutes, RouteTableReply
 from serving.settings import ServingSettings
 from tidal.tokens import admin_token
@@ -61,25 +62,26 @@ class FleetClient(_AdminClient):
         # Long timeout: a scale-up or rolling restart returns only once replicas are verified.
         super().__init__(url, token, timeout_s)
 
-    def status(self) -> dict:
-        return self._call("GET", "/fleet")
+    def status(self) -> FleetStatus:
+        return FleetStatus.model_validate(self._call("GET", "/fleet"))
 
-    def scale(self, model: str, replicas: int) -> dict:
-        return self._call("POST", f"/fleet/{model}/scale", json={"replicas": replicas})
+    def scale(self, model: str, replicas: int) -> ScaleReply:
+        return ScaleReply.model_validate(self._call("POST", f"/fleet/{model}/scale", json={"replicas": replicas}))
 
-    def deploy(self, model: str, version: str | int) -> dict:
-        return self._call("POST", f"/fleet/{model}/deploy", json={"version": str(version)})
+    def deploy(self, model: str, version: str | int) -> DeployReply:
+        return DeployReply.model_validate(self._call("POST", f"/fleet/{model}/deploy", json={"version": str(version)}))
 
-    def undeploy(self, model: str, version: str | int, force: bool = False) -> dict:
+    def undeploy(self, model: str, version: str | int, force: bool = False) -> UndeployReply:
         """Stop serving a version; refused (409) while the gateway's route table sends it traffic, unless force."""
-        return self._call("POST", f"/fleet/{model}/undeploy", json={"version": str(version), "force": force})
+        return UndeployReply.model_validate(self._call("POST", f"/fleet/{model}/undeploy",
+                                                       json={"version": str(version), "force": force}))
 
-    def set_serving(self, model: str, version: int) -> dict:
+    def set_serving(self, model: str, version: int) -> ServingReply:
         """The version the gateway serves a model on while it has no routes for it (must be served already)."""
-        return self._call("PUT", f"/fleet/{model}/serving", json={"version": str(version)})
+        return ServingReply.model_validate(self._call("PUT", f"/fleet/{model}/serving", json={"version": str(version)}))
 
-    def replicas(self, model: str) -> list[dict]:
-        return self.status()["models"][model]["replicas"]
+    def replicas(self, model: str) -> list[ReplicaStatus]:
+        return self.status().models[model].replicas
 
 
 class RoutesClient(_AdminClient):

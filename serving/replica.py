@@ -8,9 +8,9 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Literal
 
 from data_contracts.probe import load_probe
+from serving.fleet_replies import ReplicaState
 from serving.engine import EngineClient
 from serving.probe import ProbeReport, verify
 from serving.runtime.base import EngineRuntime
@@ -19,7 +19,7 @@ from tidal.procs import ProcInfo
 from tidal.registry import CheckpointCache, VersionInfo
 from serving.settings import ServingSettings
 
-State = Literal["starting", "ready", "unhealthy", "crashed", "draining", "stopped", "failed"]
+State = ReplicaState  # serving/fleet_replies.py: the states the admin API reports
 
 
 @dataclass

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from serving.engine import EngineEnvironmentMissing, EngineError
 from serving.fleet import Fleet
+from serving.fleet_replies import DeployReply, FleetStatus, ScaleReply, ServingReply, UndeployReply
 from serving.probe import ProbeFailed
 from serving.route_guard import RouteGuard, RoutedVersion, RoutesUnknown
 from serving.runtime.base import ClusterError
@@ -91,25 +92,25 @@ def build_app(state: FleetState, token: str) -> FastAPI:
         return {"ok": True}
 
     @app.get("/fleet", dependencies=[Depends(admin)])
-    def fleet_status() -> dict:
-        return {"ready": state.ready, "error": state.error, **state.fleet.status()}
+    def fleet_status() -> FleetStatus:
+        return FleetStatus.model_validate({"ready": state.ready, "error": state.error, **state.fleet.status()})
 
     @app.post("/fleet/{model}/scale", dependencies=[Depends(admin)])
-    def scale(model: str, body: ScaleRequest) -> dict:
+    def scale(model: str, body: ScaleRequest) -> ScaleReply:
         replicas = state.fleet.scale(model, body.replicas)
-        return {"model": model, "replicas": [r.status() for r in replicas]}
+        return ScaleReply.model_validate({"model": model, "replicas": [r.status() for r in replicas]})
 
     @app.post("/fleet/{model}/deploy", dependencies=[Depends(admin)])
-    def deploy(model: str, body: VersionRequest) -> dict:
+    def deploy(model: str, body: VersionRequest) -> DeployReply:
         reports = state.fleet.deploy(model, body.version)
-        return {"model": model, "version": body.version, "probes": [r.summary() for r in reports]}
+        return DeployReply(model=model, version=body.version, probes=[r.summary() for r in reports])
 
     @app.put("/fleet/{model}/serving", dependencies=[Depends(admin)])
-    def set_serving(model: str, body: VersionRequest) -> dict:
-        return {"model": model, "serving_version": state.fleet.set_serving(model, body.version)}
+    def set_serving(model: str, body: VersionRequest) -> ServingReply:
+        return ServingReply(model=model, serving_version=state.fleet.set_serving(model, body.version))
 
     @app.post("/fleet/{model}/undeploy", dependencies=[Depends(admin)])
-    def undeploy(model: str, body: UndeployRequest) -> dict:
+    def undeploy(model: str, body: UndeployRequest) -> UndeployReply:
         group = state.fleet.group(model)
         info = state.fleet.registry.resolve(model, body.version)
         # The version the replicas run is refused by the fleet itself, with its own reason, unless a surge version
@@ -117,7 +118,7 @@ def build_app(state: FleetState, token: str) -> FastAPI:
         if state.guard is not None and not body.force and (info.version != group.base.version or group.surge):
             state.guard.check_unload(model, info.version, info.served_name, group.serving)
         state.fleet.undeploy(model, body.version)
-        return {"model": model, "version": body.version, "undeployed": True}
+        return UndeployReply(model=model, version=body.version, undeployed=True)
 
     return app
 

@@ -22,6 +22,7 @@ from release.outcomes import LogReader, read_outcomes
 from release.policy import CanaryConfig, Look, Ramp
 from release.report import canary_key, canary_record
 from serving.client import FleetClient, RoutesClient, fleet_client, routes_client
+from serving.fleet_replies import DeployReply
 from serving.settings import ServingSettings
 from tidal import lineage
 from tidal.model_settings import Margins
@@ -62,7 +63,7 @@ def resolve_release(registry: Registry, model: str, candidate: str, require_gate
 
 
 @task(cache_policy=NO_CACHE)
-def deploy_and_verify(fleet: FleetClient, registry: Registry, release: Release) -> dict:
+def deploy_and_verify(fleet: FleetClient, registry: Registry, release: Release) -> DeployReply:
     """Load the candidate with the model's update strategy; the fleet runs the served-weight probe on every
     replica and refuses (unloading it again) on a mismatch, so no traffic reaches unverified weights."""
     cand = release.candidate
@@ -72,7 +73,7 @@ def deploy_and_verify(fleet: FleetClient, registry: Registry, release: Release) 
     except Exception as e:
         audit(registry, cand, "rolled_back", by="promote", reason=f"deploy or served-weight verification failed: {e}")
         raise ReleaseError(f"{cand.served_name} could not be deployed and verified: {e}") from e
-    audit(registry, cand, "verified", probes=len(out.get("probes", [])) if isinstance(out, dict) else None)
+    audit(registry, cand, "verified", probes=len(out.probes))
     return out
 
 

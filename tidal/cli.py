@@ -100,7 +100,7 @@ def cmd_fleet(settings: TidalSettings, args) -> None:
         out = client.deploy(args.model, args.version)
     else:
         out = client.undeploy(args.model, args.version, force=args.force)
-    print(json.dumps(out, indent=2))
+    print(json.dumps(out.model_dump(), indent=2))
 
 
 def cmd_route(settings: TidalSettings, args) -> None:

@@ -45,7 +45,7 @@ def fleet_strategies(platform) -> dict[str, str] | None:
     """{model: update strategy} of the running fleet supervisor; None when it is not running."""
     if platform.running("fleet") is None:
         return None
-    return {name: g["strategy"] for name, g in platform.fleet_client(timeout_s=30.0).status()["models"].items()}
+    return {name: g.strategy for name, g in platform.fleet_client(timeout_s=30.0).status().models.items()}
 
 
 def use_settings_file(platform) -> None:
@@ -59,8 +59,8 @@ def use_settings_file(platform) -> None:
 # ---- eval ------------------------------------------------------------------------------------------
 def replica_serving(fleet, model: str, version: int) -> str | None:
     for r in fleet.replicas(model):
-        if r["state"] == "ready" and version in r["served"].values():
-            return r["url"]
+        if r.state == "ready" and version in r.served.values():
+            return r.url
     return None
 
 

@@ -140,10 +140,10 @@ class Platform:
         deadline = time.monotonic() + (timeout_s or self.settings.fleet.ready_timeout_s * 3)
         while time.monotonic() < deadline:
             status = self.fleet_client().status()
-            if status["error"]:
+            if status.error:
                 self.stop("fleet")
-                raise NotReady(f"fleet failed to start: {status['error']}; see {info.log}{tail(info.log)}")
-            if status["ready"]:
+                raise NotReady(f"fleet failed to start: {status.error}; see {info.log}{tail(info.log)}")
+            if status.ready:
                 return status
             time.sleep(1.0)
         raise NotReady(f"fleet not ready after {timeout_s} s; see {info.log}{tail(info.log)}")
@@ -210,7 +210,7 @@ class Platform:
             out[name] = {"running": info is not None, "pid": info.pid if info else None, "url": svc.url,
                          "healthy": healthy, "log": str(self.log_dir / f"{name}.log")}
         if out["fleet"]["healthy"]:
-            out["fleet"]["fleet"] = self.fleet_client().status()
+            out["fleet"]["fleet"] = self.fleet_client().status().model_dump()
         return out
 
 

@@ -108,7 +108,7 @@ def test_broken_candidate_is_refused_before_any_traffic(kind, settings, registry
     routes_after = platform.routes_client().show()
     assert routes_after.get("tab") == routes_before.get("tab")
     assert not any(a.version == info.version for h in routes_after.history if h.model == "tab" for a in h.arms)
-    served = {name for r in platform.fleet_client().replicas("tab") for name in r["served"]}
+    served = {name for r in platform.fleet_client().replicas("tab") for name in r.served}
     assert info.served_name not in served  # nothing of it stays loaded anywhere
     # and serving recovers: an engine a bad adapter broke is restarted by the fleet, on the champion only
     restarts = serving_recovers(platform.fleet_client(), before=fleet_before)
@@ -117,18 +117,18 @@ def test_broken_candidate_is_refused_before_any_traffic(kind, settings, registry
                         canary_requests=canary_requests, replica_restarts=restarts, reason=reason[:160])
 
 
-def serving_recovers(fleet, before: list[dict], timeout_s: float = 300.0) -> int:
+def serving_recovers(fleet, before: list, timeout_s: float = 300.0) -> int:
     """Wait until every tab replica is ready again, serves exactly v1 and answers; returns the restarts since."""
     deadline = time.monotonic() + timeout_s
     while True:
         now = fleet.replicas("tab")
-        if len(now) == len(before) and all(r["state"] == "ready" and r["served"] == {"tab@v1": 1} for r in now):
+        if len(now) == len(before) and all(r.state == "ready" and r.served == {"tab@v1": 1} for r in now):
             break
         assert time.monotonic() < deadline, f"tab replicas not back after {timeout_s} s: {now}"
         time.sleep(2)
     for r in now:
-        answer = httpx.post(r["url"] + "/v1/completions", timeout=60, json={
+        answer = httpx.post(r.url + "/v1/completions", timeout=60, json={
             "model": "tab@v1", "prompt": "def f(x):\n    return", "max_tokens": 4, "logprobs": 1}).json()
         lp = answer["choices"][0]["logprobs"]["token_logprobs"]  # (T,) one per generated token, T <= 4
         assert 1 <= len(lp) <= 4 and all(math.isfinite(x) and x <= 0 for x in lp), answer  # real log-probs, no NaN
-    return sum(r["restarts"] for r in now) - sum(r["restarts"] for r in before)
+    return sum(r.restarts for r in now) - sum(r.restarts for r in before)

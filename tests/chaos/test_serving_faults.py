@@ -63,17 +63,17 @@ def since(rows: list[dict], t0_ms: int, client_id: str) -> list[dict]:
 
 def test_replica_kill9_under_load_is_invisible_to_users(settings, gateway, keys, fleet, checkpoints, chaos_report):
     fleet.scale("tab", 2)
-    wait_for("two ready tab replicas", lambda: [r["state"] for r in fleet.replicas("tab")] == ["ready"] * 2, 300)
+    wait_for("two ready tab replicas", lambda: [r.state for r in fleet.replicas("tab")] == ["ready"] * 2, 300)
     t0_ms = int(time.time() * 1000)
     traffic = users(settings, gateway, keys["alice"], seed=101)
     traffic.start()
     try:
         wait_for("20 completions before the kill", lambda: len(traffic.tally.acked) >= 20, 120)
         victim = fleet.replicas("tab")[0]
-        os.kill(victim["pid"], signal.SIGKILL)
+        os.kill(victim.pid, signal.SIGKILL)
         killed = time.monotonic()
         back = wait_for("the killed replica restarted and ready", lambda: [
-            r for r in fleet.replicas("tab") if r["name"] == victim["name"] and r["pid"] != victim["pid"] and r["state"] == "ready"], 300)
+            r for r in fleet.replicas("tab") if r.name == victim.name and r.pid != victim.pid and r.state == "ready"], 300)
         restart_s = time.monotonic() - killed
         n = len(traffic.tally.acked)
         wait_for("10 more completions with both replicas", lambda: len(traffic.tally.acked) >= n + 10, 120)
@@ -81,9 +81,9 @@ def test_replica_kill9_under_load_is_invisible_to_users(settings, gateway, keys,
         finish(traffic)
     tally = traffic.tally
     assert tally.errors == []  # non-streaming requests: the kill never reached a user
-    assert back[0]["restarts"] == victim["restarts"] + 1 and back[0]["url"] == victim["url"]
-    assert group_members(victim["pid"]) == []  # the killed engine's EngineCore and workers are gone too
-    answer = httpx.post(back[0]["url"] + "/v1/completions", timeout=60, json={
+    assert back[0].restarts == victim.restarts + 1 and back[0].url == victim.url
+    assert group_members(victim.pid) == []  # the killed engine's EngineCore and workers are gone too
+    answer = httpx.post(back[0].url + "/v1/completions", timeout=60, json={
         "model": "tab@v1", "prompt": "def add(a, b):\n    return", "max_tokens": 8, "temperature": 0}).json()
     assert answer["choices"][0]["text"]  # the restarted engine itself answers
     completions = since(wait_stored(checkpoints.store, "completions", set(tally.acked), 90), t0_ms, "alice")

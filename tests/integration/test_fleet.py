@@ -63,10 +63,10 @@ def test_bootstrap_registers_v1_as_champion(registry, champion, settings):
 
 def test_fleet_serves_champion_on_two_replicas(fleet):
     replicas = fleet.replicas("tab")
-    assert [r["state"] for r in replicas] == ["ready", "ready"]
+    assert [r.state for r in replicas] == ["ready", "ready"]
     for r in replicas:
-        assert r["served"] == {"tab@v1": 1}
-        choice = complete(r["url"], "tab@v1")
+        assert r.served == {"tab@v1": 1}
+        choice = complete(r.url, "tab@v1")
         assert choice["text"] and len(choice["token_ids"]) == 8
         lp = choice["logprobs"]["token_logprobs"]
         assert len(lp) == 8 and all(x <= 0 for x in lp)
@@ -86,27 +86,27 @@ def test_seeded_requests_whose_prompts_fill_a_step_do_not_crash_a_replica(fleet)
     def one(i: int) -> int:
         start = (i * 997) % (len(source) - 1000)
         body = {"model": "tab@v1", "prompt": source[start:start + 450], "max_tokens": 16, "temperature": 1.0, "seed": i}
-        return httpx.post(f"{replica['url']}/v1/completions", json=body, timeout=120).status_code
+        return httpx.post(f"{replica.url}/v1/completions", json=body, timeout=120).status_code
 
     with concurrent.futures.ThreadPoolExecutor(32) as pool:
         codes = Counter(pool.map(one, range(64)))
     assert codes == {200: 64}, codes
-    after = next(r for r in fleet.replicas("tab") if r["url"] == replica["url"])
-    assert (after["state"], after["pid"], after["restarts"]) == ("ready", replica["pid"], replica["restarts"]), after
+    after = next(r for r in fleet.replicas("tab") if r.url == replica.url)
+    assert (after.state, after.pid, after.restarts) == ("ready", replica.pid, replica.restarts), after
 
 
 def test_scale_one_two_one(fleet):
     fleet.scale("tab", 1)
     replicas = fleet.replicas("tab")
-    assert len(replicas) == 1 and replicas[0]["state"] == "ready"
+    assert len(replicas) == 1 and replicas[0].state == "ready"
     fleet.scale("tab", 2)
     replicas = fleet.replicas("tab")
-    assert [r["state"] for r in replicas] == ["ready", "ready"]
-    assert all(complete(r["url"], "tab@v1")["text"] for r in replicas)
+    assert [r.state for r in replicas] == ["ready", "ready"]
+    assert all(complete(r.url, "tab@v1")["text"] for r in replicas)
     gone = replicas[-1]
     fleet.scale("tab", 1)
     assert len(fleet.replicas("tab")) == 1
-    assert wait_for(lambda: not psutil.pid_exists(gone["pid"]), 30, "the scaled-down engine to exit")
+    assert wait_for(lambda: not psutil.pid_exists(gone.pid), 30, "the scaled-down engine to exit")
 
 
 def test_lora_version_loads_verifies_and_unloads(fleet, registry, settings, checkpoints, champion, tmp_path):
@@ -114,14 +114,14 @@ def test_lora_version_loads_verifies_and_unloads(fleet, registry, settings, chec
     adapter = random_adapter(base_dir, tmp_path / "adapter", seed=1)
     v = publish(registry, checkpoints.store, "tab", adapter, "lora", 1, {"tidal.parent_version": "1"})
     out = fleet.deploy("tab", v.version)
-    assert len(out["probes"]) == 1 and "probe pass" in out["probes"][0]
+    assert len(out.probes) == 1 and "probe pass" in out.probes[0]
     (replica,) = fleet.replicas("tab")
-    assert replica["served"] == {"tab@v1": 1, f"tab@v{v.version}": v.version}
-    assert f"tab@v{v.version}" in served_models(replica["url"])
-    assert complete(replica["url"], f"tab@v{v.version}")["token_ids"] != complete(replica["url"], "tab@v1")["token_ids"]
+    assert replica.served == {"tab@v1": 1, f"tab@v{v.version}": v.version}
+    assert f"tab@v{v.version}" in served_models(replica.url)
+    assert complete(replica.url, f"tab@v{v.version}")["token_ids"] != complete(replica.url, "tab@v1")["token_ids"]
     fleet.undeploy("tab", v.version)
-    assert f"tab@v{v.version}" not in served_models(replica["url"])
-    assert fleet.replicas("tab")[0]["served"] == {"tab@v1": 1}
+    assert f"tab@v{v.version}" not in served_models(replica.url)
+    assert fleet.replicas("tab")[0].served == {"tab@v1": 1}
 
 
 def test_probe_rejects_wrong_weights(fleet, registry, checkpoints, champion, tmp_path):
@@ -134,8 +134,8 @@ def test_probe_rejects_wrong_weights(fleet, registry, checkpoints, champion, tmp
         fleet.deploy("tab", v.version)
     assert e.value.status == 409 and "probe FAIL" in e.value.detail
     (replica,) = fleet.replicas("tab")
-    assert f"tab@v{v.version}" not in served_models(replica["url"])  # unverified weights never stay loaded
-    assert replica["served"] == {"tab@v1": 1}
+    assert f"tab@v{v.version}" not in served_models(replica.url)  # unverified weights never stay loaded
+    assert replica.served == {"tab@v1": 1}
 
 
 def test_restart_strategy_serves_a_canary_on_a_surge_replica_and_a_rollback_stops_it(fleet, registry, checkpoints,
@@ -143,7 +143,7 @@ def test_restart_strategy_serves_a_canary_on_a_surge_replica_and_a_rollback_stop
     def by_version() -> dict[int, list[dict]]:
         out: dict[int, list[dict]] = {}
         for r in fleet.replicas("tabfull"):
-            (version,) = r["served"].values()
+            (version,) = r.served.values()
             out.setdefault(version, []).append(r)
         return out
 
@@ -155,17 +155,17 @@ def test_restart_strategy_serves_a_canary_on_a_surge_replica_and_a_rollback_stop
 
     # deploy: a surge replica on the candidate beside the champion's, which keeps serving
     out = fleet.deploy("tabfull", v.version)
-    assert any("probe pass" in p for p in out["probes"])
+    assert any("probe pass" in p for p in out.probes)
     now = by_version()
-    assert [r["name"] for r in now[1]] == [old["name"]] and len(now[v.version]) == 1
+    assert [r.name for r in now[1]] == [old.name] and len(now[v.version]) == 1
     (surge,) = now[v.version]
-    assert served_models(surge["url"]) == {name} and complete(surge["url"], name)["text"]
-    assert fleet.status()["models"]["tabfull"]["surge_versions"] == [v.version]
+    assert served_models(surge.url) == {name} and complete(surge.url, name)["text"]
+    assert fleet.status().models["tabfull"].surge_versions == [v.version]
 
     # undeploy the candidate (a rollback): its replica stops, the champion's is untouched
     fleet.undeploy("tabfull", v.version)
-    assert [r["name"] for r in fleet.replicas("tabfull")] == [old["name"]]
-    assert wait_for(lambda: not psutil.pid_exists(surge["pid"]), 30, "the surge engine to exit")
+    assert [r.name for r in fleet.replicas("tabfull")] == [old.name]
+    assert wait_for(lambda: not psutil.pid_exists(surge.pid), 30, "the surge engine to exit")
 
     # The promotion half (retire the champion, the surge replica takes over) is
     # test_promote.py::test_restart_strategy_canary_runs_on_a_surge_replica_and_promotes, through the gate.
@@ -183,7 +183,7 @@ def test_bad_deploys_are_refused_clearly(fleet, model, version, status, words):
 
 
 def test_running_version_cannot_be_undeployed(fleet):
-    base = fleet.status()["models"]["tabfull"]["base_version"]
+    base = fleet.status().models["tabfull"].base_version
     with pytest.raises(FleetError) as e:
         fleet.undeploy("tabfull", base)
     assert e.value.status == 400 and "what the replicas run" in e.value.detail

@@ -175,10 +175,10 @@ def test_a_hung_replica_fails_over_within_the_first_byte_timeout_without_a_clien
     import os
     import signal
 
-    ready = [r for r in fleet.replicas("tab") if r["state"] == "ready"]
+    ready = [r for r in fleet.replicas("tab") if r.state == "ready"]
     assert len(ready) == 2, ready
     hung = ready[0]
-    os.kill(hung["pid"], signal.SIGSTOP)
+    os.kill(hung.pid, signal.SIGSTOP)
     codes, seconds = [], []
     try:
         for i in range(8):
@@ -189,17 +189,17 @@ def test_a_hung_replica_fails_over_within_the_first_byte_timeout_without_a_clien
             seconds.append(time.monotonic() - t0)
     finally:
         try:
-            os.kill(hung["pid"], signal.SIGCONT)
+            os.kill(hung.pid, signal.SIGCONT)
         except ProcessLookupError:  # the supervisor already replaced it
             pass
     limit = settings.gateway.first_byte_timeout_s
     assert codes == [200] * 8, codes
     assert max(seconds) < limit + 10, seconds  # not the 120 s total timeout
     deadline = time.monotonic() + 240  # the fleet heals: two verified replicas again
-    while len([r for r in fleet.replicas("tab") if r["state"] == "ready"]) < 2 and time.monotonic() < deadline:
+    while len([r for r in fleet.replicas("tab") if r.state == "ready"]) < 2 and time.monotonic() < deadline:
         time.sleep(2)
-    healed = [r for r in fleet.replicas("tab") if r["state"] == "ready"]
-    assert len(healed) == 2 and hung["pid"] not in [r["pid"] for r in healed], healed
+    healed = [r for r in fleet.replicas("tab") if r.state == "ready"]
+    assert len(healed) == 2 and hung.pid not in [r.pid for r in healed], healed
     chaos_report.record("9. a replica that hangs (SIGSTOP) rather than dies", requests=len(codes), client_errors=0,
                         first_byte_timeout_s=limit, slowest_request_s=round(max(seconds), 1),
                         median_request_s=round(sorted(seconds)[len(seconds) // 2], 2),
@@ -209,12 +209,12 @@ def test_a_hung_replica_fails_over_within_the_first_byte_timeout_without_a_clien
 def test_64_concurrent_seeded_completions_from_one_client_crash_no_engine(gateway, keys, canary, fleet):
     """vLLM CPU's worker died on seeded requests whose prefill was split across steps (chunked prefill, now off):
     64 at once through the gateway, with one key, took the model down."""
-    before = {r["name"]: r["pid"] for r in fleet.replicas("tab") if r["state"] == "ready"}
+    before = {r.name: r.pid for r in fleet.replicas("tab") if r.state == "ready"}
     prompt = "import os\n" + "x = os.path.join('a', 'b')\n" * 20
     with ThreadPoolExecutor(64) as pool:
         codes = list(pool.map(lambda i: post(gateway, keys["alice"], "/v1/completions", {
             "model": "tab", "prompt": prompt, "max_tokens": 8, "seed": i, "user": f"seed-{i}"}, timeout=300).status_code,
             range(64)))
     assert codes == [200] * 64, sorted(set(codes))
-    after = {r["name"]: r["pid"] for r in fleet.replicas("tab") if r["state"] == "ready"}
+    after = {r.name: r.pid for r in fleet.replicas("tab") if r.state == "ready"}
     assert after == before  # no engine restarted

@@ -191,13 +191,13 @@ def test_better_candidate_is_promoted_through_every_step(settings, registry, che
     arms = platform.routes_client().show().routes["tab"].arms
     assert [(a.name, a.version, a.weight) for a in arms] == [("control", info.version, 1.0)]
     # A LoRA promotion left the fleet's serving version on the base: a gateway with no routes served the old model.
-    assert platform.fleet_client().status()["models"]["tab"]["serving_version"] == info.version
+    assert platform.fleet_client().status().models["tab"].serving_version == info.version
     assert users.errors == []
     # back to version 1 for the tests that follow
     rb = subprocess.run([sys.executable, "-m", "tidal.cli", "rollback", "tab", "--to", "1", "--reason", "test cleanup"],
                         capture_output=True, text=True, env=dict(os.environ), check=False)
     assert rb.returncode == 0 and registry.aliases("tab")["champion"] == 1, rb.stdout + rb.stderr
-    assert platform.fleet_client().status()["models"]["tab"]["serving_version"] == 1
+    assert platform.fleet_client().status().models["tab"].serving_version == 1
 
 
 @pytest.mark.timeout(1500)
@@ -246,15 +246,15 @@ def test_restart_strategy_canary_runs_on_a_surge_replica_and_promotes(settings, 
     assert users.by_arm.get("canary", 0) > 0 and users.errors == []
     assert registry.aliases("tabfull")["champion"] == 1
     fleet = platform.fleet_client()
-    assert fleet.status()["models"]["tabfull"]["serving_version"] == 1  # the fleet follows the routes too
-    assert {v for r in fleet.replicas("tabfull") for v in r["served"].values()} == {1, info.version}
+    assert fleet.status().models["tabfull"].serving_version == 1  # the fleet follows the routes too
+    assert {v for r in fleet.replicas("tabfull") for v in r.served.values()} == {1, info.version}
 
     # forward again, then unload v1: the rolling replacement boots the candidate before the old replica goes
     fwd = subprocess.run([sys.executable, "-m", "tidal.cli", "rollback", "tabfull", "--to", str(info.version), "--reason",
                           "forward"], capture_output=True, text=True, env=dict(os.environ), check=False)
     assert fwd.returncode == 0, fwd.stdout + fwd.stderr
     fleet.undeploy("tabfull", 1)
-    assert [r["served"] for r in fleet.replicas("tabfull")] == [{f"tabfull@v{info.version}": info.version}]
-    assert fleet.status()["models"]["tabfull"]["serving_version"] == info.version
+    assert [r.served for r in fleet.replicas("tabfull")] == [{f"tabfull@v{info.version}": info.version}]
+    assert fleet.status().models["tabfull"].serving_version == info.version
     arms = platform.routes_client().show().routes["tabfull"].arms
     assert [(a.name, a.version, a.weight) for a in arms] == [("control", info.version, 1.0)]

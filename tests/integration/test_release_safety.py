@@ -70,7 +70,7 @@ def test_a_release_that_fails_mid_ramp_takes_its_canary_off_at_once(settings, re
     ended = json.loads(t["tidal.release.rolled_back"])
     assert ended["by"] == "promote" and ended["reason"].startswith("the release failed:"), ended
     assert tab_arms(platform) == [("control", 1, 1.0)]
-    assert all(f"tab@v{info.version}" not in r["served"] for r in platform.fleet_client().replicas("tab"))
+    assert all(f"tab@v{info.version}" not in r.served for r in platform.fleet_client().replicas("tab"))
 
 
 def test_a_release_after_a_crash_between_the_route_and_alias_writes_finds_the_routes_authoritative(
@@ -95,7 +95,7 @@ def test_a_release_after_a_crash_between_the_route_and_alias_writes_finds_the_ro
     assert "reconciled champion alias: v1 → v" in out, out[-3000:]
     aliases = registry.aliases("tab")
     assert (aliases["champion"], aliases["previous"]) == (info.version, 1)
-    assert fleet.status()["models"]["tab"]["serving_version"] == info.version
+    assert fleet.status().models["tab"].serving_version == info.version
     assert tab_arms(platform) == [("control", info.version, 1.0)]  # no canary of vN against vN
     rb = subprocess.run([sys.executable, "-m", "tidal.cli", "rollback", "tab", "--to", "1", "--reason", "test cleanup"],
                         capture_output=True, text=True, env=dict(os.environ), check=False)

@@ -91,9 +91,9 @@ def test_tidal_down_leaves_nothing_running(platform, fleet, settings):
     running = {n: platform.running(n) for n in services}
     assert all(running.values()), {n: bool(i) for n, i in running.items()}
     assert [n for n, port in ports.items() if port_free("127.0.0.1", port)] == []
-    replicas = [r for m in fleet.status()["models"].values() for r in m["replicas"] if r["state"] == "ready"]
-    replica_ports = [int(r["url"].rsplit(":", 1)[1]) for r in replicas]
-    pids = [i.pid for i in running.values()] + [r["pid"] for r in replicas]
+    replicas = [r for m in fleet.status().models.values() for r in m.replicas if r.state == "ready"]
+    replica_ports = [int(r.url.rsplit(":", 1)[1]) for r in replicas]
+    pids = [i.pid for i in running.values()] + [r.pid for r in replicas]
     assert len(replicas) >= 3 and all(group_members(p) for p in pids), replicas
     assert not any(port_free("127.0.0.1", p) for p in replica_ports)
 

@@ -3,6 +3,7 @@ closed just as it was re-used), and never re-send one that is not idempotent."""
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
 import threading
@@ -100,3 +101,25 @@ def test_route_guard_reads_the_table_file_when_the_gateway_does_not_answer(tmp_p
     (tmp_path / "routes.json").write_text("{torn")
     with pytest.raises(RoutesUnknown, match="did not answer.*force"):
         guard.routed_versions("tab", serving_version=1)
+
+
+def test_the_fleet_status_is_read_typed_and_an_answer_of_another_shape_is_refused() -> None:
+    from pydantic import ValidationError
+
+    from serving.client import FleetClient
+
+    replica = {"name": "tab-0", "state": "ready", "url": "http://127.0.0.1:8100", "pid": 42, "base_version": 1,
+               "served": {"tab@v1": 1, "tab@v3": 3}, "restarts": 0, "last_error": ""}
+    group = {"strategy": "lora", "base_version": 1, "serving_version": 1, "adapters": [3], "surge_versions": [],
+             "desired_replicas": 1, "replicas": [replica]}
+    status = {"ready": True, "error": None, "engine_flavor": "cpu", "runtime": "local", "models": {"tab": group}}
+    server = DropFirst(0, body=json.dumps(status).encode())
+    server.start()
+    try:
+        [r] = FleetClient(f"http://127.0.0.1:{server.port}", "t", timeout_s=5).replicas("tab")
+        assert (r.state, r.served["tab@v3"], r.pid, r.pod) == ("ready", 3, 42, None)
+        server.body = json.dumps({**status, "models": {"tab": {**group, "replicas": [{**replica, "state": "asleep"}]}}}).encode()
+        with pytest.raises(ValidationError, match="state"):  # a state the fleet does not have: refused, not passed on
+            FleetClient(f"http://127.0.0.1:{server.port}", "t", timeout_s=5).status()
+    finally:
+        server.close()
