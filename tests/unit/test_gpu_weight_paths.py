@@ -279,9 +279,14 @@ def test_deploy_and_retire_map_onto_canary_promotion_and_rollback(monkeypatch):
 
 def test_the_canary_check_of_a_release_accepts_in_place_canaries():
     from release.operations import candidate_verified
+    from serving.fleet_replies import ReplicaStatus
 
-    fleet = SimpleNamespace(replicas=lambda model: [{"state": "ready", "served": {"tab@v1": 1}},
-                                                    {"state": "ready", "served": {"tab@v2": 2}}])
+    def replica(i: int, served: dict[str, int]) -> ReplicaStatus:
+        return ReplicaStatus(name=f"tab-{i}", state="ready", url=f"http://127.0.0.1:{8100 + i}", pid=None, base_version=1,
+                             served=served, restarts=0, last_error="")
+
+    # what FleetClient.replicas answers: one replica moved in place to the candidate, one still on the champion
+    fleet = SimpleNamespace(replicas=lambda model: [replica(0, {"tab@v1": 1}), replica(1, {"tab@v2": 2})])
     for strategy in ("restart", "reload", "nccl"):
         assert candidate_verified(fleet, "tab", v(2), strategy)
     assert not candidate_verified(fleet, "tab", v(2), "lora")
