@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -47,6 +48,11 @@ from training.job_spec import EXIT_BAD_INPUT, EXIT_DIVERGED, TrainJob, TrainResu
 from training.launch.base import STORE_REF
 from training.reward_data import DatasetError, RewardDataset, at_most, load_dataset, split
 from training.run_files import Checkouts, latest_state_key, load_state, save_state
+
+if TYPE_CHECKING:  # the trainer's modules load torch models; imported where the run needs them
+    from training.hindsight import HindsightRows
+    from training.partial_credit import CreditedRows
+    from training.ppo_trainer import PPOTrainer
 
 
 def core_settings() -> SettingsRoot:
@@ -115,8 +121,8 @@ class Rows:
     samples: list[RewardSample]  # served rows, then hindsight rows
     heldout: int  # rows kept out for the gate
     dropped: dict[str, int]  # training rows left out, by reason
-    hindsight: object  # training.hindsight's rows and what was skipped
-    credit: object | None  # training.partial_credit's tally, when partials are split along their kept prefix
+    hindsight: HindsightRows  # the hindsight rows added from partial verdicts, and what was skipped
+    credit: CreditedRows | None  # the partials split along their kept prefix (train.ppo.partial_credit)
 
 
 @dataclass
@@ -166,7 +172,7 @@ def shape_rows(spec: TrainJob, picked: Picked, data: RewardDataset, tokenizer, s
 class Built:
     """The PPO trainer and how its state is saved and its candidate written, for one backend."""
 
-    trainer: object  # training.ppo_trainer.PPOTrainer
+    trainer: PPOTrainer
     megatron: bool  # tensor-parallel shards (training/megatron/): state and candidate are collectives
 
     def state(self) -> dict:
