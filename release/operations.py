@@ -164,8 +164,9 @@ def rollback_now(registry: Registry, routes: RoutesClient, fleet: FleetClient, m
                  by: str = "cli", reason: str = "") -> dict:
     """Instant rollback at any time: traffic to the target in one atomic route change, then the aliases.
 
-    Target: `to`; else the control version while a canary runs; else the `previous` alias (the champion
-    a promotion replaced). A target no replica serves any more is deployed (and verified) first.
+    Target: `to`; else the control version while a canary runs; else the champion alias while the routes are ahead
+    of it (a promotion between its route change and its alias moves); else the `previous` alias (the champion a
+    promotion replaced). A target no replica serves any more is deployed (and verified) first.
     """
     t0 = time.monotonic()
     current = routes.show().get(model)
@@ -176,6 +177,10 @@ def rollback_now(registry: Registry, routes: RoutesClient, fleet: FleetClient, m
         target = registry.resolve(model, to).version
     elif "canary" in arms:
         target = control
+    elif aliases.get("champion") not in (None, control):
+        # a promotion's route change has landed and its alias moves have not (tasks/promote.py promote_candidate):
+        # the champion alias still names the version it replaced, while `previous` is missing or an older one
+        target = aliases["champion"]
     elif "previous" in aliases:
         target = aliases["previous"]
     else:
