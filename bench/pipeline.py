@@ -22,10 +22,9 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from data_contracts.assemble import assign_rewards, build_samples, dedupe, drop_stale, join_feedback, settle_feedback
 from data_contracts.collect_settings import CollectSettings
 from data_contracts.derive import completion_frame, feedback_frame
-from data_contracts.pipeline import Versions, contract_params, find_partitions, load_logs, reconcile, validate_logs
+from data_contracts.pipeline import Versions, assemble_samples, contract_params, find_partitions, load_logs, reconcile, validate_logs
 from data_contracts.records import to_table
 from data_contracts.suites import completion_suite, feedback_suite
 from data_contracts.validate import validate_frames
@@ -123,10 +122,8 @@ def main(argv: list[str] | None = None) -> dict:
         work = validate_logs(batch, params)
         t_validate = time.perf_counter() - t
         t = time.perf_counter()
-        work = assign_rewards(join_feedback(work), rule)
-        work = settle_feedback(dedupe(drop_stale(work, versions.known, versions.champion, cfg.max_stale_versions)))
-        samples = build_samples(work, rule)
-        t_join_reward = time.perf_counter() - t
+        work, samples = assemble_samples(work, rule, versions, cfg.max_stale_versions, params)
+        t_assemble = time.perf_counter() - t
         cpu = time.process_time() - cpu
         counts = reconcile(work)
 
@@ -145,12 +142,12 @@ def main(argv: list[str] | None = None) -> dict:
         ge_rows = [set(o.reasons) for o in outcomes.values()]
         pandas_rows = [set(np.concatenate(list(p.values())).tolist()) for p in plain]
 
-    seconds = t_validate + t_join_reward
+    seconds = t_validate + t_assemble
     result = {
         "bench": "pipeline", "completions": batch.completions.table.num_rows, "feedback": n_feedback,
         "records_per_s": round(batch.completions.table.num_rows / seconds),
         "log_rows_per_s": round((batch.completions.table.num_rows + n_feedback) / seconds),
-        "records_per_cpu_s": round(batch.completions.table.num_rows / cpu), "validate_s": round(t_validate, 2), "join_reward_s": round(t_join_reward, 2),
+        "records_per_cpu_s": round(batch.completions.table.num_rows / cpu), "validate_s": round(t_validate, 2), "assemble_s": round(t_assemble, 2),
         "derive_s": round(t_derive, 2), "ge_validate_s": round(t_ge, 2), "pandas_checks_s": round(t_pandas, 3),
         "ge_over_pandas": round(t_ge / t_pandas, 1), "failing_rows": sum(map(len, ge_rows)), "pandas_agrees": ge_rows == pandas_rows,
         "load_s": round(t_load, 2), "generate_s": round(t_generate, 1), "samples": samples.num_rows,

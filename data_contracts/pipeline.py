@@ -1,7 +1,7 @@
-"""The collection steps as plain functions, and `collect_once`, which composes them without Prefect.
+"""The collection steps as plain functions.
 
-flows/collect.py runs the same steps as Prefect tasks (tasks/collect.py); tests and the benchmark call
-them directly. Registry access is one small interface (VersionSource), which tidal.registry.Registry
+flows/collect.py is the one sequence: it runs these steps as Prefect tasks (tasks/collect.py); tests
+and the benchmark call them directly. Registry access is one small interface (VersionSource), which tidal.registry.Registry
 satisfies.
 """
 
@@ -59,15 +59,6 @@ class Plan:
 class Versions:
     known: list[int]
     champion: int
-
-
-@dataclass
-class CollectResult:
-    dataset_id: str  # the new dataset, or the previous one when there was nothing new
-    new: bool
-    manifest: DatasetManifest | None = None
-    samples: pa.Table | None = None
-    work: Work | None = None
 
 
 def find_partitions(store: ObjectStore, model: str, cfg: CollectSettings, as_of_ms: int, include_open_hour: bool) -> Plan:
@@ -170,29 +161,23 @@ def collect_record(plan: Plan, batch: Batch, work: Work, samples: pa.Table, rule
     })
 
 
-def collect_once(store: ObjectStore, registry: VersionSource, model: str, cfg: CollectSettings, as_of_ms: int,
-                 include_open_hour: bool = False, encoder: Encoder | None = None, docs_dir: Path | None = None) -> CollectResult:
-    """One collection run, step by step, as the flow does it (without Prefect, MLflow or reports)."""
-    plan = find_partitions(store, model, cfg, as_of_ms, include_open_hour)
-    batch = load_logs(store, plan)
-    if batch.empty:
-        return CollectResult(plan.watermark.dataset_id or "", new=False)
-    versions = registry_versions(registry, model)
-    rule, params = cfg.rule_for(model), contract_params(model, versions, cfg, as_of_ms)
-    work = validate_logs(batch, params, cfg.pii_policy_for(model), encoder, docs_dir)
-    ds_id = dataset.dataset_id(model, plan.watermark, batch.partitions, rule.id, CONTRACT_VERSION)
-    quarantine = dataset.write_quarantine(store, batch, {"completions": work.completions, "feedback": work.feedback}, ds_id)
-    work = join_feedback(work)
-    work = assign_rewards(work, rule)
-    work = drop_stale(work, versions.known, versions.champion, cfg.max_stale_versions)
-    work = settle_feedback(dedupe(work))
+def assemble_samples(work: Work, rule: RewardRule, versions: Versions, max_stale: int,
+                     params: ContractParams) -> tuple[Work, pa.Table]:
+    """Validated logs → RewardSample rows: join verdicts → reward → drop stale → dedupe and settle →
+    samples, which must meet the RewardSample contract (else nothing is written)."""
+    work = assign_rewards(join_feedback(work), rule)
+    work = settle_feedback(dedupe(drop_stale(work, versions.known, versions.champion, max_stale)))
     samples = build_samples(work, rule)
     check_samples(samples, params, rule)
-    wm_after = advance(plan.watermark, plan.rng, batch.future, ds_id, as_of_ms, plan.listed_from_ms, plan.listed_recent)
-    manifest = dataset.write_dataset(store, model, ds_id, samples, collect_record(
-        plan, batch, work, samples, rule, cfg, versions, wm_after, quarantine, as_of_ms))
-    dataset.write_watermark(store, wm_after)  # only once the dataset is complete
-    return CollectResult(ds_id, True, manifest, samples, work)
+    return work, samples
+
+
+def write_version(store: ObjectStore, plan: Plan, work: Work, samples: pa.Table, rule: RewardRule, cfg: CollectSettings,
+                  versions: Versions, quarantine: dict, ds_id: str, as_of_ms: int) -> tuple[DatasetManifest, Watermark]:
+    """Dataset + manifest; returns the manifest and the watermark to set once everything else succeeded."""
+    wm_after = advance(plan.watermark, plan.rng, work.batch.future, ds_id, as_of_ms, plan.listed_from_ms, plan.listed_recent)
+    record = collect_record(plan, work.batch, work, samples, rule, cfg, versions, wm_after, quarantine, as_of_ms)
+    return dataset.write_dataset(store, plan.model, ds_id, samples, record), wm_after
 
 
 def summarize(samples: pa.Table, rule: RewardRule) -> dict:

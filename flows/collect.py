@@ -21,12 +21,8 @@ from data_contracts.suites import CONTRACT_VERSION
 from tasks import events
 from tasks.collect import (
     advance_watermark,
-    assign_rewards,
-    build_samples,
-    dedupe,
-    drop_stale,
+    assemble_samples,
     find_new_partitions,
-    join_feedback,
     load_encoder,
     load_logs,
     log_to_mlflow,
@@ -67,11 +63,7 @@ def collect(model: str = "tab", include_open_hour: bool = False, driver: Driver 
         work = validate_logs(batch, params, cfg.pii_policy_for(model), encoder, Path(docs))
         quarantine = quarantine_failures(store, work, ds_id)
         docs_uri = publish_data_docs(store, Path(docs), model, ds_id)
-    work = join_feedback(work)
-    work = assign_rewards(work, rule)
-    work = drop_stale(work, versions, cfg.max_stale_versions)
-    work = dedupe(work)
-    samples = build_samples(work, rule, params)
+    work, samples = assemble_samples(work, rule, versions, cfg.max_stale_versions, params)
     manifest, watermark = write_dataset_version(store, plan, work, samples, rule, cfg, versions, quarantine, ds_id, as_of_ms)
     run_id = log_to_mlflow(settings.mlflow.tracking_uri, manifest, samples)
     publish_reports(manifest, docs_uri, run_id, store)

@@ -15,7 +15,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from data_contracts import assemble, dataset, pipeline
+from data_contracts import dataset, pipeline
 from data_contracts.assemble import Work
 from data_contracts.collect_settings import CollectSettings, PiiPolicy
 from data_contracts.logs import Batch
@@ -23,7 +23,7 @@ from data_contracts.manifest import DatasetManifest
 from data_contracts.pipeline import Encoder, Plan, Versions
 from data_contracts.report import quarantine_rows, report_markdown
 from data_contracts.rewards import RewardRule
-from data_contracts.scope import Watermark, advance
+from data_contracts.scope import Watermark
 from data_contracts.suites import CONTRACT_VERSION, ContractParams
 from tidal import lineage
 from tidal.registry import CheckpointCache, Registry
@@ -88,39 +88,15 @@ def publish_data_docs(store: ObjectStore, docs_dir: Path, model: str, ds_id: str
 
 
 @task(cache_policy=NO_CACHE)
-def join_feedback(work: Work) -> Work:
-    return assemble.join_feedback(work)
-
-
-@task(cache_policy=NO_CACHE)
-def assign_rewards(work: Work, rule: RewardRule) -> Work:
-    return assemble.assign_rewards(work, rule)
-
-
-@task(cache_policy=NO_CACHE)
-def drop_stale(work: Work, versions: Versions, max_stale: int) -> Work:
-    return assemble.drop_stale(work, versions.known, versions.champion, max_stale)
-
-
-@task(cache_policy=NO_CACHE)
-def dedupe(work: Work) -> Work:
-    return assemble.settle_feedback(assemble.dedupe(work))
-
-
-@task(cache_policy=NO_CACHE)
-def build_samples(work: Work, rule: RewardRule, params: ContractParams) -> pa.Table:
-    samples = assemble.build_samples(work, rule)
-    pipeline.check_samples(samples, params, rule)
-    return samples
+def assemble_samples(work: Work, rule: RewardRule, versions: Versions, max_stale: int,
+                     params: ContractParams) -> tuple[Work, pa.Table]:
+    return pipeline.assemble_samples(work, rule, versions, max_stale, params)
 
 
 @task(cache_policy=NO_CACHE)
 def write_dataset_version(store: ObjectStore, plan: Plan, work: Work, samples: pa.Table, rule: RewardRule, cfg: CollectSettings,
                           versions: Versions, quarantine: dict, ds_id: str, as_of_ms: int) -> tuple[DatasetManifest, Watermark]:
-    """Dataset + manifest; returns the manifest and the watermark to set once everything else succeeded."""
-    wm_after = advance(plan.watermark, plan.rng, work.batch.future, ds_id, as_of_ms, plan.listed_from_ms, plan.listed_recent)
-    record = pipeline.collect_record(plan, work.batch, work, samples, rule, cfg, versions, wm_after, quarantine, as_of_ms)
-    return dataset.write_dataset(store, plan.model, ds_id, samples, record), wm_after
+    return pipeline.write_version(store, plan, work, samples, rule, cfg, versions, quarantine, ds_id, as_of_ms)
 
 
 @task(cache_policy=NO_CACHE)

@@ -6,7 +6,7 @@ import pyarrow as pa
 
 from data_contracts import secrets
 from data_contracts.collect_settings import CollectSettings
-from data_contracts.pipeline import collect_once
+from tests.collect_harness import collect_once
 from tests.unit.test_contracts_data import HOUR, T0, FixedVersions, completion, feedback, put_logs
 from tidal.store import LocalStore
 

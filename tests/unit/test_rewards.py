@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from data_contracts.collect_settings import CollectSettings
-from data_contracts.pipeline import collect_once
+from tests.collect_harness import collect_once
 from data_contracts.rewards import RewardRule, kept_chars
 from tests.unit.test_contracts_data import HOUR, T0, FixedVersions, completion, feedback, put_logs
 from tidal.store import LocalStore

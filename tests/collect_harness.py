@@ -1,0 +1,43 @@
+"""flows/collect.py's data steps in the flow's order, without Prefect, MLflow, Data Docs upload or events:
+what the unit tests of collection run against a real local store."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+
+from data_contracts import dataset, pipeline
+from data_contracts.assemble import Work
+from data_contracts.collect_settings import CollectSettings
+from data_contracts.manifest import DatasetManifest
+from data_contracts.pipeline import Encoder, VersionSource
+from data_contracts.suites import CONTRACT_VERSION
+from tidal.store import ObjectStore
+
+
+@dataclass
+class CollectResult:
+    dataset_id: str  # the new dataset, or the previous one when there was nothing new
+    new: bool
+    manifest: DatasetManifest | None = None
+    samples: pa.Table | None = None
+    work: Work | None = None
+
+
+def collect_once(store: ObjectStore, registry: VersionSource, model: str, cfg: CollectSettings, as_of_ms: int,
+                 include_open_hour: bool = False, encoder: Encoder | None = None, docs_dir: Path | None = None) -> CollectResult:
+    plan = pipeline.find_partitions(store, model, cfg, as_of_ms, include_open_hour)
+    batch = pipeline.load_logs(store, plan)
+    if batch.empty:
+        return CollectResult(plan.watermark.dataset_id or "", new=False)
+    versions = pipeline.registry_versions(registry, model)
+    rule, params = cfg.rule_for(model), pipeline.contract_params(model, versions, cfg, as_of_ms)
+    ds_id = dataset.dataset_id(model, plan.watermark, batch.partitions, rule.id, CONTRACT_VERSION)
+    work = pipeline.validate_logs(batch, params, cfg.pii_policy_for(model), encoder, docs_dir)
+    quarantine = dataset.write_quarantine(store, batch, {"completions": work.completions, "feedback": work.feedback}, ds_id)
+    work, samples = pipeline.assemble_samples(work, rule, versions, cfg.max_stale_versions, params)
+    manifest, watermark = pipeline.write_version(store, plan, work, samples, rule, cfg, versions, quarantine, ds_id, as_of_ms)
+    dataset.write_watermark(store, watermark)  # only once the dataset is complete
+    return CollectResult(ds_id, True, manifest, samples, work)
