@@ -11,6 +11,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from serving.fleet_replies import FleetState, ModelStatus
 from serving.probe import ProbeReport
 from serving.replica import Replica, boot, drain
 from serving.runtime import EngineRuntime, runtime_for
@@ -47,10 +48,10 @@ class ModelGroup:
         """Replicas running the group's base (what `desired` counts; surge replicas come on top)."""
         return [r for r in self.replicas if r.base.version == self.base.version]
 
-    def status(self) -> dict:
-        return {"strategy": self.strategy.name, "base_version": self.base.version, "serving_version": self.serving,
-                "adapters": sorted(self.adapters), "surge_versions": sorted(self.surge), "desired_replicas": self.desired,
-                "replicas": [r.status() for r in self.replicas]}
+    def status(self) -> ModelStatus:
+        return ModelStatus(strategy=self.strategy.name, base_version=self.base.version, serving_version=self.serving,
+                           adapters=sorted(self.adapters), surge_versions=sorted(self.surge), desired_replicas=self.desired,
+                           replicas=[r.status() for r in self.replicas])
 
 
 class Fleet:
@@ -244,10 +245,11 @@ class Fleet:
             self._save_state()
 
     # ---- state -----------------------------------------------------------------------------------
-    def status(self) -> dict:
-        return {"engine_flavor": self.flavor, "runtime": self.runtime.name, "models": {name: g.status() for name, g in self.groups.items()}}
+    def status(self) -> FleetState:
+        return FleetState(engine_flavor=self.flavor, runtime=self.runtime.name,
+                          models={name: g.status() for name, g in self.groups.items()})
 
     def _save_state(self) -> None:
         # Read by `tidal status`/`tidal down` even when this process is gone.
         with self._state_lock:
-            write_json(self.settings.run_dir / "replicas.json", self.status())
+            write_json(self.settings.run_dir / "replicas.json", self.status().model_dump())

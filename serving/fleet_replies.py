@@ -36,14 +36,20 @@ class ModelStatus(Reply):
     replicas: list[ReplicaStatus]
 
 
-class FleetStatus(Reply):
-    """GET /fleet."""
+class FleetState(Reply):
+    """What the fleet holds (serving/fleet.py); also saved as the run directory's replicas.json, which
+    `tidal status` and `tidal down` read when the supervisor is gone."""
 
-    ready: bool = Field(description="Every configured replica started and verified.")
-    error: str | None = Field(description="Why the fleet failed to start, if it did.")
     engine_flavor: str
     runtime: str = Field(description="'local' or 'kubernetes'.")
     models: dict[str, ModelStatus] = Field(default_factory=dict)
+
+
+class FleetStatus(FleetState):
+    """GET /fleet: the fleet's state and whether its start finished."""
+
+    ready: bool = Field(description="Every configured replica started and verified.")
+    error: str | None = Field(description="Why the fleet failed to start, if it did.")
 
 
 class ScaleReply(Reply):

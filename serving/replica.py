@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from data_contracts.probe import load_probe
-from serving.fleet_replies import ReplicaState
+from serving.fleet_replies import ReplicaState, ReplicaStatus
 from serving.engine import EngineClient
 from serving.probe import ProbeReport, verify
 from serving.runtime.base import EngineRuntime
@@ -81,11 +81,9 @@ class Replica:
             return not self.pod  # a pod replica's engine runs while the replica is bound to its pod
         return self.proc.poll() is not None
 
-    def status(self) -> dict:
-        out = {"name": self.name, "state": self.state, "url": self.url, "pid": self.pid,
-               "base_version": self.base.version, "served": self.served(), "restarts": self.restarts,
-               "last_error": self.last_error}
-        return {**out, "pod": self.pod} if self.pod else out
+    def status(self) -> ReplicaStatus:
+        return ReplicaStatus(name=self.name, state=self.state, url=self.url, pid=self.pid, base_version=self.base.version,
+                             served=self.served(), restarts=self.restarts, last_error=self.last_error, pod=self.pod)
 
 
 def boot(replica: Replica, settings: ServingSettings, checkpoints: CheckpointCache, enable_lora: bool,

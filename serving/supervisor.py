@@ -93,12 +93,12 @@ def build_app(state: FleetState, token: str) -> FastAPI:
 
     @app.get("/fleet", dependencies=[Depends(admin)])
     def fleet_status() -> FleetStatus:
-        return FleetStatus.model_validate({"ready": state.ready, "error": state.error, **state.fleet.status()})
+        return FleetStatus(ready=state.ready, error=state.error, **dict(state.fleet.status()))
 
     @app.post("/fleet/{model}/scale", dependencies=[Depends(admin)])
     def scale(model: str, body: ScaleRequest) -> ScaleReply:
         replicas = state.fleet.scale(model, body.replicas)
-        return ScaleReply.model_validate({"model": model, "replicas": [r.status() for r in replicas]})
+        return ScaleReply(model=model, replicas=[r.status() for r in replicas])
 
     @app.post("/fleet/{model}/deploy", dependencies=[Depends(admin)])
     def deploy(model: str, body: VersionRequest) -> DeployReply:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from serving.fleet_replies import FleetState, FleetStatus
 from tidal.clock import now_ms
 
 log = logging.getLogger("tidal.gateway.upstream")
@@ -64,22 +65,21 @@ class ReplicaPool:
         self._rr = itertools.count()
         self.last_error = ""
 
-    def apply(self, fleet_status: dict) -> None:
+    def apply(self, fleet: FleetState) -> None:
         by_name: dict[str, list[Endpoint]] = {}
         serving: dict[str, int] = {}
-        for model, group in fleet_status.get("models", {}).items():
-            if group.get("serving_version"):
-                serving[model] = group["serving_version"]
-            for r in group["replicas"]:
-                if r["state"] == "ready":
-                    for name in r["served"]:
-                        by_name.setdefault(name, []).append(Endpoint(r["name"], r["url"]))
+        for model, group in fleet.models.items():
+            serving[model] = group.serving_version
+            for r in group.replicas:
+                if r.state == "ready":
+                    for name in r.served:
+                        by_name.setdefault(name, []).append(Endpoint(r.name, r.url))
         self.snapshot = PoolSnapshot(by_name, serving, now_ms())
 
     async def refresh(self, session: aiohttp.ClientSession) -> None:
         async with session.get(f"{self.fleet_url}/fleet", headers=self._headers, timeout=aiohttp.ClientTimeout(total=5)) as r:
             r.raise_for_status()
-            self.apply(await r.json())
+            self.apply(FleetStatus.model_validate(await r.json()))
         self.last_error = ""
 
     async def run(self, session: aiohttp.ClientSession) -> None:

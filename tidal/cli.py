@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from tidal.settings import TidalSettings, load_settings
+
+if TYPE_CHECKING:
+    from tidal.platform import PlatformStatus
 
 
 def _platform(settings: TidalSettings):
@@ -47,7 +51,7 @@ def cmd_down(settings: TidalSettings, args) -> None:
 
 def cmd_status(settings: TidalSettings, args) -> None:
     status = _platform(settings).status()
-    print(json.dumps(status, indent=2)) if args.json else print_status(status)
+    print(status.model_dump_json(indent=2)) if args.json else print_status(status)
 
 
 def cmd_bootstrap(settings: TidalSettings, args) -> None:
@@ -126,21 +130,21 @@ def cmd_eval(settings: TidalSettings, args) -> None:
     run(settings, args)
 
 
-def print_status(status: dict) -> None:
-    for name, svc in status.items():
-        state = "up" if svc["healthy"] else ("starting/unhealthy" if svc["running"] else "down")
-        print(f"{name:8s} {state:18s} {svc['url']:28s} pid={svc['pid']}  log={svc['log']}")
-    fleet = status.get("fleet", {}).get("fleet")
+def print_status(status: PlatformStatus) -> None:
+    for name, svc in status.services.items():
+        state = "up" if svc.healthy else ("starting/unhealthy" if svc.running else "down")
+        print(f"{name:8s} {state:18s} {svc.url:28s} pid={svc.pid}  log={svc.log}")
+    fleet = status.fleet
     if fleet:
-        if fleet.get("error"):
-            print(f"  fleet error: {fleet['error']}")
-        for model, group in fleet["models"].items():
-            print(f"  model {model}: strategy={group['strategy']} base=v{group['base_version']} "
-                  f"adapters={group['adapters']} replicas={len(group['replicas'])}/{group['desired_replicas']}")
-            for r in group["replicas"]:
-                served = ", ".join(sorted(r["served"]))
-                print(f"    {r['name']:10s} {r['state']:9s} {r['url']:24s} pid={r['pid']} serves [{served}] restarts={r['restarts']}"
-                      + (f"  last error: {r['last_error']}" if r["last_error"] else ""))
+        if fleet.error:
+            print(f"  fleet error: {fleet.error}")
+        for model, group in fleet.models.items():
+            print(f"  model {model}: strategy={group.strategy} base=v{group.base_version} "
+                  f"adapters={group.adapters} replicas={len(group.replicas)}/{group.desired_replicas}")
+            for r in group.replicas:
+                served = ", ".join(sorted(r.served))
+                print(f"    {r.name:10s} {r.state:9s} {r.url:24s} pid={r.pid} serves [{served}] restarts={r.restarts}"
+                      + (f"  last error: {r.last_error}" if r.last_error else ""))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import httpx
 import yaml
+from pydantic import BaseModel, Field
 
+from serving.fleet_replies import FleetState, FleetStatus
 from tidal.procs import (NotReady, ProcInfo, alive, group_members, read_procinfo, require_port, save_procinfo, spawn,
                          stop_group, tail, wait_http, wait_port_free)
 from tidal.section import SettingsError
@@ -25,6 +27,23 @@ from tidal.client_env import TELEMETRY_OFF
 from tidal.settings import TidalSettings
 
 log = logging.getLogger("tidal.platform")
+
+
+class ServiceStatus(BaseModel):
+    """One process `tidal up` runs, as `tidal status` shows it."""
+
+    running: bool = Field(description="Its process is alive.")
+    pid: int | None
+    url: str
+    healthy: bool = Field(description="Its readiness URL answered 2xx.")
+    log: str = Field(description="Its log file.")
+
+
+class PlatformStatus(BaseModel):
+    """`tidal status`: the platform's processes, and the fleet's state when its supervisor is healthy."""
+
+    services: dict[str, ServiceStatus]
+    fleet: FleetStatus | None = None
 
 @dataclass
 class Service:
@@ -188,17 +207,20 @@ class Platform:
         return stopped
 
     def replica_pids(self) -> list[int]:
-        import json
-
+        """The engines the last fleet started (its replicas.json), to stop any the supervisor left behind."""
+        path = self.run_dir / "replicas.json"
         try:
-            fleet = json.loads((self.run_dir / "replicas.json").read_text())
-        except (OSError, ValueError):
+            fleet = FleetState.model_validate_json(path.read_text())
+        except FileNotFoundError:
             return []
-        return [r["pid"] for m in fleet.get("models", {}).values() for r in m["replicas"] if r.get("pid")]
+        except (OSError, ValueError) as e:  # ValidationError is a ValueError
+            log.warning("cannot read %s (%s): engines the fleet started may still be running", path, type(e).__name__)
+            return []
+        return [r.pid for m in fleet.models.values() for r in m.replicas if r.pid]
 
     # ---- status ---------------------------------------------------------------------------------
-    def status(self) -> dict:
-        out = {}
+    def status(self) -> PlatformStatus:
+        services = {}
         for name, svc in self.services().items():
             info = self.running(name)
             healthy = False
@@ -207,11 +229,10 @@ class Platform:
                     healthy = httpx.get(svc.ready_url, timeout=2.0).is_success
                 except httpx.HTTPError:
                     pass
-            out[name] = {"running": info is not None, "pid": info.pid if info else None, "url": svc.url,
-                         "healthy": healthy, "log": str(self.log_dir / f"{name}.log")}
-        if out["fleet"]["healthy"]:
-            out["fleet"]["fleet"] = self.fleet_client().status().model_dump()
-        return out
+            services[name] = ServiceStatus(running=info is not None, pid=info.pid if info else None, url=svc.url,
+                                           healthy=healthy, log=str(self.log_dir / f"{name}.log"))
+        fleet = self.fleet_client().status() if services["fleet"].healthy else None
+        return PlatformStatus(services=services, fleet=fleet)
 
 
 class ServerUnavailable(RuntimeError):

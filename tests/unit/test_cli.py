@@ -98,8 +98,8 @@ def test_status_with_nothing_running_reports_every_service_down(idle_platform: d
 def test_status_json_with_nothing_running(idle_platform: dict[str, int], capsys: pytest.CaptureFixture) -> None:
     assert main(["status", "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
-    assert set(status) == {"prefect", "mlflow", "fleet", "gateway", "flows"}
-    for name, svc in status.items():
+    assert set(status["services"]) == {"prefect", "mlflow", "fleet", "gateway", "flows"} and status["fleet"] is None
+    for name, svc in status["services"].items():
         assert svc["running"] is False and svc["healthy"] is False and svc["pid"] is None
         assert svc["url"].endswith(f":{idle_platform[name]}")
 
@@ -114,7 +114,29 @@ def test_status_ignores_a_stale_pid_file(idle_platform: dict[str, int], tmp_path
     run.mkdir(parents=True)
     (run / "mlflow.json").write_text(json.dumps({"name": "mlflow", "pid": dead.pid, "cmd": [], "log": "x"}))
     assert main(["status", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["mlflow"]["running"] is False
+    assert json.loads(capsys.readouterr().out)["services"]["mlflow"]["running"] is False
+
+
+def test_down_reads_the_engines_of_the_last_fleet_from_its_replicas_file(idle_platform: dict[str, int], tmp_path: Path,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """`tidal down` stops engines a dead supervisor left behind, found in the FleetState it saved as replicas.json."""
+    from serving.fleet_replies import FleetState, ModelStatus, ReplicaStatus
+    from tidal.platform import Platform
+    from tidal.settings import load_settings
+
+    platform = Platform(load_settings())
+    replicas = [ReplicaStatus(name=f"tab-{i}", state="ready", url="http://127.0.0.1:9", pid=pid, base_version=1,
+                              served={"tab@v1": 1}, restarts=0, last_error="") for i, pid in enumerate((4242, None))]
+    tab = ModelStatus(strategy="reload", base_version=1, serving_version=1, adapters=[], surge_versions=[],
+                      desired_replicas=2, replicas=replicas)
+    assert platform.replica_pids() == []  # no fleet ran yet
+    platform.run_dir.mkdir(parents=True, exist_ok=True)
+    (platform.run_dir / "replicas.json").write_text(FleetState(engine_flavor="cpu", runtime="local", models={"tab": tab}).model_dump_json())
+    assert platform.replica_pids() == [4242]
+    (platform.run_dir / "replicas.json").write_text('{"models": {"tab": {"replicas": [{"pid": 4242}]}}}')  # not a FleetState
+    with caplog.at_level("WARNING", logger="tidal.platform"):
+        assert platform.replica_pids() == []
+    assert "may still be running" in caplog.text
 
 
 # ---- errors ---------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from kubernetes import client as k8s
 
 from serving.engine import engine_command
 from serving.fleet import Fleet
+from serving.fleet_replies import FleetState, ReplicaStatus
 from serving.probe import ProbeFailed
 from serving.replica import drain
 from serving.runtime import runtime_for
@@ -272,13 +273,13 @@ class World:
             self.fleet.add_model(m)
         return self
 
-    def replicas(self, model: str = "tab") -> list[dict]:
-        return self.fleet.status()["models"][model]["replicas"]
+    def replicas(self, model: str = "tab") -> list[ReplicaStatus]:
+        return self.fleet.status().models[model].replicas
 
     def in_rotation(self, served: str) -> list[str]:
         """What the gateway would route `served` to, from the supervisor's status."""
         pool = ReplicaPool("http://fleet", "token", 1.0)
-        pool.apply(json.loads(json.dumps(self.fleet.status())))
+        pool.apply(FleetState.model_validate_json(self.fleet.status().model_dump_json()))  # as the gateway reads it
         return sorted(e.replica for e in pool.snapshot.by_served_name.get(served, []))
 
     def heal(self) -> None:
@@ -295,15 +296,15 @@ def test_scale_up_and_down_patches_the_deployment_and_removes_the_retired_pods(t
     c, dep = w.cluster, "tidal-engine-tab-v1"
     assert c.deployments[dep].spec.replicas == 2 and len(c.of(dep)) == 2
     replicas = w.replicas()
-    assert [r["state"] for r in replicas] == ["ready", "ready"] and {r["pod"] for r in replicas} == set(c.of(dep))
-    assert all(r["url"] == f"http://{c.pods[r['pod']].status.pod_ip}:8000" and r["pid"] is None for r in replicas)
+    assert [r.state for r in replicas] == ["ready", "ready"] and {r.pod for r in replicas} == set(c.of(dep))
+    assert all(r.url == f"http://{c.pods[r.pod].status.pod_ip}:8000" and r.pid is None for r in replicas)
     assert all(c.gate(p) for p in c.of(dep)) and w.in_rotation("tab@v1") == ["tab-0", "tab-1"]
     w.fleet.scale("tab", 3)
     assert c.deployments[dep].spec.replicas == 3 and len(c.of(dep)) == 3 and w.in_rotation("tab@v1") == ["tab-0", "tab-1", "tab-2"]
-    keep = w.replicas()[0]["pod"]
+    keep = w.replicas()[0].pod
     w.fleet.scale("tab", 1)
     assert c.deployments[dep].spec.replicas == 1 and c.of(dep) == [keep]  # the retired replicas' own pods went
-    assert [r["name"] for r in w.replicas()] == ["tab-0"] and w.in_rotation("tab@v1") == ["tab-0"]
+    assert [r.name for r in w.replicas()] == ["tab-0"] and w.in_rotation("tab@v1") == ["tab-0"]
     w.fleet.scale("tab", 0)
     assert dep not in c.deployments and not c.pods
 
@@ -312,7 +313,7 @@ def test_lora_versions_are_fetched_into_the_pod_loaded_and_verified(tmp_path, mo
     w = World(tmp_path, monkeypatch).start()
     reports = w.fleet.deploy("tab", 2)
     assert len(reports) == 2 and all(r.ok for r in reports)
-    pods = {r["pod"]: r for r in w.replicas()}
+    pods = {r.pod: r for r in w.replicas()}
     assert sorted(w.fetched) == sorted((f"http://{w.cluster.pods[p].status.pod_ip}:8001", "tab@v2") for p in pods)
     assert all(w.cluster.engines[w.cluster.pods[p].status.pod_ip].loaded["tab@v2"] == "/models/checkpoints/model=tab/version=2" for p in pods)
     assert w.in_rotation("tab@v2") == ["tab-0", "tab-1"]
@@ -324,15 +325,15 @@ def test_a_pod_replaced_by_kubernetes_is_reprobed_before_it_serves(tmp_path, mon
     w = World(tmp_path, monkeypatch).start()
     w.fleet.deploy("tab", 2)
     c, victim = w.cluster, w.replicas()[0]
-    new = c.replace_pod(victim["pod"])
+    new = c.replace_pod(victim.pod)
     assert c.gate(new) is None  # Kubernetes alone never makes it Ready: the gate is the supervisor's
     w.fleet.check_health()
     r0 = w.replicas()[0]
-    assert r0["state"] == "crashed" and "is gone" in r0["last_error"]
+    assert r0.state == "crashed" and "is gone" in r0.last_error
     assert w.in_rotation("tab@v2") == ["tab-1"] and w.in_rotation("tab@v1") == ["tab-1"]
     w.heal()
     r0 = w.replicas()[0]
-    assert r0["state"] == "ready" and r0["pod"] == new and r0["restarts"] == 1 and r0["served"] == {"tab@v1": 1, "tab@v2": 2}
+    assert r0.state == "ready" and r0.pod == new and r0.restarts == 1 and r0.served == {"tab@v1": 1, "tab@v2": 2}
     ip = c.pods[new].status.pod_ip
     gate_on = c.events.index(("gate", new, True))
     probed = [i for i, e in enumerate(c.events) if e[:2] == ("complete", ip)]
@@ -344,17 +345,17 @@ def test_a_pod_replaced_by_kubernetes_is_reprobed_before_it_serves(tmp_path, mon
 def test_an_engine_restarted_in_place_is_reprobed_on_the_same_pod(tmp_path, monkeypatch):
     w = World(tmp_path, monkeypatch).start()
     w.fleet.deploy("tab", 2)
-    c, pod = w.cluster, w.replicas()[1]["pod"]
+    c, pod = w.cluster, w.replicas()[1].pod
     c.restart_engine(pod)  # the kubelet's liveness restart: the fresh engine has no adapter
     w.fleet.check_health()
-    assert w.replicas()[1]["state"] == "crashed" and "restarted" in w.replicas()[1]["last_error"]
+    assert w.replicas()[1].state == "crashed" and "restarted" in w.replicas()[1].last_error
     assert c.gate(pod) is False and pod in c.pods  # out of rotation, not deleted
     w.heal()
     r1 = w.replicas()[1]
-    assert r1["state"] == "ready" and r1["pod"] == pod and c.gate(pod) is True
+    assert r1.state == "ready" and r1.pod == pod and c.gate(pod) is True
     assert c.engines[c.pods[pod].status.pod_ip].loaded.keys() == {"tab@v1", "tab@v2"}
     w.fleet.check_health()
-    assert w.replicas()[1]["state"] == "ready"  # the restart count it was verified at is the new one
+    assert w.replicas()[1].state == "ready"  # the restart count it was verified at is the new one
 
 
 def test_a_probe_failure_keeps_the_pod_out_of_rotation(tmp_path, monkeypatch):
@@ -368,14 +369,14 @@ def test_a_probe_failure_keeps_the_pod_out_of_rotation(tmp_path, monkeypatch):
     assert c.deployments[dep].spec.replicas == 2 and len(c.of(dep)) == 2 and w.in_rotation("tab@v1") == ["tab-0", "tab-1"]
     # A replacement that serves wrong weights: the replica stays out of rotation until a pod passes.
     c.wrong_weights = 1
-    victim = w.replicas()[0]["pod"]
+    victim = w.replicas()[0].pod
     bad = c.replace_pod(victim)
     w.heal()
-    assert w.replicas()[0]["state"] == "crashed" and "probe FAIL" in w.replicas()[0]["last_error"]
+    assert w.replicas()[0].state == "crashed" and "probe FAIL" in w.replicas()[0].last_error
     assert bad not in c.pods and not any(e == ("gate", bad, True) for e in c.events)
     assert w.in_rotation("tab@v1") == ["tab-1"]
     w.heal()
-    assert w.replicas()[0]["state"] == "ready" and w.in_rotation("tab@v1") == ["tab-0", "tab-1"]
+    assert w.replicas()[0].state == "ready" and w.in_rotation("tab@v1") == ["tab-0", "tab-1"]
 
 
 def test_a_pod_that_never_becomes_ready_fails_with_what_it_waits_on(tmp_path, monkeypatch):
@@ -409,21 +410,21 @@ def test_a_new_supervisor_adopts_the_pods_and_clears_what_it_does_not_know(tmp_p
     assert set(first.cluster.pods) == pods and not {"delete_namespaced_pod", "delete_namespaced_deployment"} & set(first.cluster.calls[calls:])
     second = World(tmp_path, monkeypatch, cluster=first.cluster).start()
     c = second.cluster
-    assert set(c.deployments) == {"tidal-engine-tab-v1"} and {r["pod"] for r in second.replicas()} == set(c.of("tidal-engine-tab-v1"))
+    assert set(c.deployments) == {"tidal-engine-tab-v1"} and {r.pod for r in second.replicas()} == set(c.of("tidal-engine-tab-v1"))
     assert set(c.of("tidal-engine-tab-v1")) < pods and c.deployments["tidal-engine-tab-v1"].spec.replicas == 2  # adopted, not restarted
     assert all(e.loaded.keys() == {"tab@v1"} for e in c.engines.values())  # its adapter was not verified by this one: unloaded
-    assert [r["state"] for r in second.replicas()] == ["ready", "ready"]
+    assert [r.state for r in second.replicas()] == ["ready", "ready"]
     # A changed template (a new engine image) replaces the Deployment, which rolls its pods one at a time.
     third = World(tmp_path, monkeypatch, cluster=c, image="vllm/vllm-openai:v0.33.0").start()
     assert ("replace", "tidal-engine-tab-v1", 2) in c.events
     assert c.deployments["tidal-engine-tab-v1"].spec.template.spec.containers[0].image == "vllm/vllm-openai:v0.33.0"
-    assert third.fleet.status()["runtime"] == "kubernetes"
+    assert third.fleet.status().runtime == "kubernetes"
 
 
 def test_the_rbac_rules_allow_exactly_what_the_runtime_calls(tmp_path, monkeypatch):
     w = World(tmp_path, monkeypatch).start()
     w.fleet.deploy("tab", 2)
-    w.cluster.replace_pod(w.replicas()[0]["pod"])
+    w.cluster.replace_pod(w.replicas()[0].pod)
     w.heal()
     w.fleet.restart_replica(w.fleet.group("tab"), w.fleet.group("tab").replicas[1], "test")
     w.heal()
@@ -496,5 +497,5 @@ def test_a_health_check_never_puts_back_a_replica_drained_while_it_waited(tmp_pa
 
     monkeypatch.setattr(w.fleet, "_healthy", slow_check)
     w.fleet.check_health()
-    assert [r["state"] for r in w.replicas()] == ["draining", "ready"]
+    assert [r.state for r in w.replicas()] == ["draining", "ready"]
     assert w.in_rotation("tab@v1") == ["tab-1"]

@@ -10,7 +10,19 @@ import pytest
 from serving.gateway import GatewayError
 from serving.gateway_app import BodyLimit
 from serving.gateway_metrics import RateLimiter
+from serving.fleet_replies import FleetState, ModelStatus, ReplicaState, ReplicaStatus
 from serving.upstream import NoReplica, ReplicaPool
+
+
+def replica(name: str, url: str, served: dict[str, int], state: ReplicaState = "ready") -> ReplicaStatus:
+    return ReplicaStatus(name=name, state=state, url=url, pid=None, base_version=1, served=served, restarts=0, last_error="")
+
+
+def fleet(*replicas: ReplicaStatus) -> FleetState:
+    """The supervisor's status for one model, tab, served on v1 by `replicas`."""
+    tab = ModelStatus(strategy="reload", base_version=1, serving_version=1, adapters=[], surge_versions=[],
+                      desired_replicas=len(replicas), replicas=list(replicas))
+    return FleetState(engine_flavor="cpu", runtime="local", models={"tab": tab})
 
 
 def test_rate_limiter_allows_a_burst_then_says_when_to_retry():
@@ -58,10 +70,8 @@ def test_body_limit_refuses_declared_and_streamed_oversize():
 
 def test_pool_rotates_ready_replicas_and_puts_failed_ones_last():
     pool = ReplicaPool("http://unused", "t", poll_s=1.0, penalty_s=30.0)
-    pool.apply({"models": {"tab": {"serving_version": 1, "replicas": [
-        {"name": "tab-0", "state": "ready", "url": "http://a", "served": {"tab@v1": 1, "tab@v2": 2}},
-        {"name": "tab-1", "state": "ready", "url": "http://b", "served": {"tab@v1": 1}},
-        {"name": "tab-2", "state": "starting", "url": "http://c", "served": {"tab@v1": 1}}]}}})
+    pool.apply(fleet(replica("tab-0", "http://a", {"tab@v1": 1, "tab@v2": 2}), replica("tab-1", "http://b", {"tab@v1": 1}),
+                     replica("tab-2", "http://c", {"tab@v1": 1}, state="starting")))
     assert pool.snapshot.serving_version == {"tab": 1}
     firsts = {pool.candidates("tab@v1")[0].replica for _ in range(4)}
     assert firsts == {"tab-0", "tab-1"}  # round robin, never the starting replica
@@ -92,7 +102,7 @@ def _app_without_engines(tmp_path, rate: float, burst: int, pool: ReplicaPool | 
     sink = LogSink(tmp_path / "wal", LocalStore(tmp_path / "store"), LogSinkSettings())
     if pool is None:
         pool = ReplicaPool("http://unused", "t", poll_s=1.0)
-        pool.apply({"models": {"tab": {"serving_version": 1, "replicas": []}}})
+        pool.apply(fleet())
     gw = Gateway(RouteTable(tmp_path / "routes.json"), pool, sink, RequestIdSigner(b"k" * 32), b"u" * 32,
                  limits or Limits(1000, 64, 60_000, 5.0), GatewayMetrics(sink.metrics))
     clients = {hashlib.sha256(b"alice-key-0123456789").hexdigest(): "alice"}
@@ -220,8 +230,7 @@ def test_a_request_finding_every_replica_at_its_in_flight_cap_gets_503_with_retr
     from fastapi.testclient import TestClient
 
     pool = ReplicaPool("http://unused", "t" * 16, poll_s=1.0, max_in_flight=2, call_limit_s=60.0)
-    pool.apply({"models": {"tab": {"serving_version": 1, "replicas": [
-        {"name": "tab-0", "state": "ready", "served": ["tab@v1"], "url": "http://127.0.0.1:9"}]}}})
+    pool.apply(fleet(replica("tab-0", "http://127.0.0.1:9", {"tab@v1": 1})))
     tokens = [pool.acquire("tab-0") for _ in range(2)]
     client = TestClient(_app_without_engines(tmp_path, rate=100, burst=100, pool=pool))
     r = client.post("/v1/completions", json={"model": "tab", "prompt": "x"}, headers={"Authorization": "Bearer alice-key-0123456789"})
@@ -297,8 +306,7 @@ def test_the_gateway_rolls_back_a_canary_whose_release_stops_checking_in(tmp_pat
     from fastapi.testclient import TestClient
 
     pool = ReplicaPool("http://127.0.0.1:9", "t" * 16, poll_s=60.0)
-    pool.apply({"models": {"tab": {"serving_version": 1, "replicas": [
-        {"name": "tab-0", "state": "ready", "served": ["tab@v1", "tab@v2"], "url": "http://127.0.0.1:9"}]}}})
+    pool.apply(fleet(replica("tab-0", "http://127.0.0.1:9", {"tab@v1": 1, "tab@v2": 2})))
     admin = {"Authorization": "Bearer admin-token-0123456789"}
     with TestClient(_app_without_engines(tmp_path, rate=100, burst=100, pool=pool)) as client:
         r = client.post("/admin/routes/tab/canary", headers=admin, json={"version": 2, "weight": 0.05, "watch_s": 1.5})
