@@ -1,8 +1,9 @@
-"""Shared fixtures of the unit tests: a tiny pretrained policy and samples drawn from it."""
+"""Shared fixtures of the unit tests: a tiny pretrained policy and samples drawn from it; the log sinks a test started."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 
 from data_contracts.samples import RewardSample
 from data_contracts.corpus import read_texts, stdlib_root
+from serving.logsink import LogSink
 from training.policy import (
     PolicyConfig,
     build_policy,
@@ -71,3 +73,12 @@ def samples(champion_dir) -> list[RewardSample]:
             event="accepted" if accepted else "rejected", reward=0.75 if accepted else -0.25, reward_rule="r@1",
             completion_time_ms=0))
     return rows
+
+
+@pytest.fixture
+def sinks() -> Iterator[list[LogSink]]:
+    """Sinks a test started; stopped at the end (a 'crashed' one is simply not put in the list)."""
+    started: list[LogSink] = []
+    yield started
+    for s in started:
+        s.stop(timeout_s=1)

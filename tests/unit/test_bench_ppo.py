@@ -1,4 +1,4 @@
-"""bench/ppo.py's cheap, deterministic parts: the batch file, token counting, windows, step timing.
+"""bench/ppo.py and bench/ppo_sides.py: their cheap, deterministic parts: the batch file, token counting, windows, step timing.
 
 Nothing here installs TRL or runs a trainer.
 """
@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from bench import ppo
+from bench import ppo, ppo_sides
 
 
-def _batch(B: int = 3, P: int = 5, T: int = 2) -> ppo.Batch:
-    return ppo.Batch(
+def _batch(B: int = 3, P: int = 5, T: int = 2) -> ppo_sides.Batch:
+    return ppo_sides.Batch(
         prompt_ids=[[i * 10 + j + 1 for j in range(P)] for i in range(B)],
         completion_ids=[[900 + i, 901 + i][:T] + [7] * max(0, T - 2) for i in range(B)],
         rewards=[1.0, -1.0, 0.5][:B] + [0.0] * max(0, B - 3),
@@ -21,7 +21,7 @@ def _batch(B: int = 3, P: int = 5, T: int = 2) -> ppo.Batch:
 
 def test_batch_file_round_trips(tmp_path):
     batch = _batch()
-    assert ppo.Batch.load(batch.save(tmp_path / "batch.json")) == batch
+    assert ppo_sides.Batch.load(batch.save(tmp_path / "batch.json")) == batch
 
 
 def test_tokens_count_prompt_and_completion_of_every_sample():
@@ -39,7 +39,7 @@ def test_tokens_count_prompt_and_completion_of_every_sample():
 def test_batch_rejects_inconsistent_columns(change):
     fields = {**_batch().__dict__, **change}
     with pytest.raises(ValueError):
-        ppo.Batch(**fields)
+        ppo_sides.Batch(**fields)
 
 
 def test_code_windows_are_disjoint_ordered_and_deterministic():
@@ -50,17 +50,17 @@ def test_code_windows_are_disjoint_ordered_and_deterministic():
 
 
 def test_step_spans_from_start_and_end_marks():
-    assert ppo.spans([10.0, 12.0, 14.0], [11.5, 14.0, 14.25]) == [1.5, 2.0, 0.25]
-    assert ppo.spans([], []) == []
+    assert ppo_sides.spans([10.0, 12.0, 14.0], [11.5, 14.0, 14.25]) == [1.5, 2.0, 0.25]
+    assert ppo_sides.spans([], []) == []
     with pytest.raises(ValueError):
-        ppo.spans([1.0], [])
+        ppo_sides.spans([1.0], [])
 
 
 def test_lora_targets_match_the_project_default():
     from training.ppo_config import LORA_TARGETS, PPOConfig
 
-    assert list(ppo.LORA_TARGETS) == LORA_TARGETS
-    shared = PPOConfig(**ppo.SHARED)  # every shared setting is a Tidal PPOConfig field
+    assert list(ppo_sides.LORA_TARGETS) == LORA_TARGETS
+    shared = PPOConfig(**ppo_sides.SHARED)  # every shared setting is a Tidal PPOConfig field
     assert shared.batch_size % shared.minibatch_size == 0
 
 
