@@ -71,17 +71,29 @@ SCENARIOS = {  # name: the canary's arm (control is ArmModel(P_CONTROL))
 }
 
 
-def run_many(label: str, cfg: CanaryConfig, canary: ArmModel, args: argparse.Namespace, look_every: int,
-             population: Population) -> list[RampResult]:
-    one = partial(run_ramp, cfg, (ArmModel(P_CONTROL), canary), rate_rps=args.rate_rps, look_every=look_every,
-                  max_requests=10**7, users=args.users, population=population)
+def run_many(
+    label: str, cfg: CanaryConfig, canary: ArmModel, args: argparse.Namespace, look_every: int, population: Population
+) -> list[RampResult]:
+    one = partial(
+        run_ramp,
+        cfg,
+        (ArmModel(P_CONTROL), canary),
+        rate_rps=args.rate_rps,
+        look_every=look_every,
+        max_requests=10**7,
+        users=args.users,
+        population=population,
+    )
     out: list[RampResult] = []
     with ProcessPoolExecutor(args.jobs) as pool:
         for result in pool.map(one, range(args.seed, args.seed + args.ramps), chunksize=5):
             out.append(result)
             if len(out) % 25 == 0 or len(out) == args.ramps:
-                print(f"[canary] {label}: {len(out)}/{args.ramps} ramps, {dict(Counter(r.action for r in out))}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"[canary] {label}: {len(out)}/{args.ramps} ramps, {dict(Counter(r.action for r in out))}",
+                    file=sys.stderr,
+                    flush=True,
+                )
     return out
 
 
@@ -129,8 +141,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--kinds", type=int, default=2, choices=(1, 2), help="request kinds (2: accept factors 0.5 and 1.5)")
     ap.add_argument("--plain", action="store_true", help="homogeneous users, one kind, no history")
     ap.add_argument("--no-adjust", action="store_true", help="the policy without stratification and CUPED")
-    ap.add_argument("--set", action="append", default=[], metavar="FIELD=JSON",
-                    help="override a CanaryConfig field, e.g. --set mixture_sd=0.13 --set 'steps=[0.05, 0.5]'")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=JSON",
+        help="override a CanaryConfig field, e.g. --set mixture_sd=0.13 --set 'steps=[0.05, 0.5]'",
+    )
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated subset of " + ",".join(SCENARIOS))
     args = ap.parse_args(argv)
     base = CanaryConfig()
@@ -141,13 +158,18 @@ def main(argv: list[str] | None = None) -> dict:
         name, _, value = item.partition("=")
         update[name] = json.loads(value)
     cfg = CanaryConfig.model_validate(base.model_dump() | update)
-    population = Population() if args.plain else Population(
-        user_spread=args.user_spread, history_requests=args.rate_rps * cfg.history_s / args.users,
-        kinds=(("line_start", 0.5, 0.5), ("mid_line", 0.5, 1.5)) if args.kinds == 2 else (("", 1.0, 1.0),))
+    population = (
+        Population()
+        if args.plain
+        else Population(
+            user_spread=args.user_spread,
+            history_requests=args.rate_rps * cfg.history_s / args.users,
+            kinds=(("line_start", 0.5, 0.5), ("mid_line", 0.5, 1.5)) if args.kinds == 2 else (("", 1.0, 1.0),),
+        )
+    )
     look_every = max(1, round(cfg.poll_s * args.rate_rps))
     t0 = time.perf_counter()
-    runs = {name: run_many(name, cfg, SCENARIOS[name], args, look_every, population)
-            for name in args.scenarios.split(",")}
+    runs = {name: run_many(name, cfg, SCENARIOS[name], args, look_every, population) for name in args.scenarios.split(",")}
 
     result: dict = {"bench": "canary"}
     if "regression" in runs:
@@ -167,34 +189,57 @@ def main(argv: list[str] | None = None) -> dict:
         }
     if "improvement" in runs:
         won = [r for r in runs["improvement"] if r.action == "promote"]
-        result |= {"promote_requests_median": median([r.requests for r in won]),
-                   "promote_requests_p90": p90([r.requests for r in won]),
-                   "promotion_rate": len(won) / len(runs["improvement"]),
-                   "improvement_outcomes": dict(Counter(r.action for r in runs["improvement"]))}
+        result |= {
+            "promote_requests_median": median([r.requests for r in won]),
+            "promote_requests_p90": p90([r.requests for r in won]),
+            "promotion_rate": len(won) / len(runs["improvement"]),
+            "improvement_outcomes": dict(Counter(r.action for r in runs["improvement"])),
+        }
     if "chars_trap" in runs:
         trap = runs["chars_trap"]
-        result |= {"chars_trap_promoted": sum(r.action == "promote" for r in trap),
-                   "chars_trap_outcomes": dict(Counter(r.action for r in trap)),
-                   "chars_trap_reasons": dict(Counter(r.reason.split(":")[0].split(" (")[0] for r in trap)),
-                   "chars_trap_requests_median": median([r.requests for r in trap])}
+        result |= {
+            "chars_trap_promoted": sum(r.action == "promote" for r in trap),
+            "chars_trap_outcomes": dict(Counter(r.action for r in trap)),
+            "chars_trap_reasons": dict(Counter(r.reason.split(":")[0].split(" (")[0] for r in trap)),
+            "chars_trap_requests_median": median([r.requests for r in trap]),
+        }
     if "aa" in runs:
         aa_n = Counter(r.action for r in runs["aa"])
         n = len(runs["aa"])
-        result |= {"aa_false_alarm_rate": (aa_n["rollback"] + aa_n["promote"]) / n,
-                   "aa_false_rollback_rate": aa_n["rollback"] / n, "aa_false_promotion_rate": aa_n["promote"] / n,
-                   "aa_inconclusive_rate": aa_n["inconclusive"] / n}
+        result |= {
+            "aa_false_alarm_rate": (aa_n["rollback"] + aa_n["promote"]) / n,
+            "aa_false_rollback_rate": aa_n["rollback"] / n,
+            "aa_false_promotion_rate": aa_n["promote"] / n,
+            "aa_inconclusive_rate": aa_n["inconclusive"] / n,
+        }
     result["variance_ratio"] = round(variance_ratio(cfg, population, args.users, args.seed), 4)
     plan = cfg.plan()[0]
     d, floor = fixed_horizon_floor(cfg.steps[0], cfg.alpha / 2)
     result |= {
-        "plan_step1": {"weight": plan.weight, "detect_requests_power80": plan.detect_requests,
-                       "clear_requests_median": plan.clear_requests},
-        "regression_effect_sd": round(d, 4), "detect_requests_floor_fixed_horizon": floor,
-        "ramps": args.ramps, "rate_rps": args.rate_rps, "seed": args.seed, "p_control": P_CONTROL,
-        "relative_change": RELATIVE_CHANGE, "steps": cfg.steps, "min_samples": cfg.min_samples, "alpha": cfg.alpha,
-        "mixture_sd": cfg.mixture_sd, "detect_regression_sd": cfg.detect_regression_sd, "max_step_s": cfg.max_step_s,
-        "stratify": cfg.stratify, "cuped": cfg.cuped, "population": dataclasses.asdict(population),
-        "look_every_requests": look_every, "jobs": args.jobs, "wall_s": round(time.perf_counter() - t0, 1),
+        "plan_step1": {
+            "weight": plan.weight,
+            "detect_requests_power80": plan.detect_requests,
+            "clear_requests_median": plan.clear_requests,
+        },
+        "regression_effect_sd": round(d, 4),
+        "detect_requests_floor_fixed_horizon": floor,
+        "ramps": args.ramps,
+        "rate_rps": args.rate_rps,
+        "seed": args.seed,
+        "p_control": P_CONTROL,
+        "relative_change": RELATIVE_CHANGE,
+        "steps": cfg.steps,
+        "min_samples": cfg.min_samples,
+        "alpha": cfg.alpha,
+        "mixture_sd": cfg.mixture_sd,
+        "detect_regression_sd": cfg.detect_regression_sd,
+        "max_step_s": cfg.max_step_s,
+        "stratify": cfg.stratify,
+        "cuped": cfg.cuped,
+        "population": dataclasses.asdict(population),
+        "look_every_requests": look_every,
+        "jobs": args.jobs,
+        "wall_s": round(time.perf_counter() - t0, 1),
     }
     print(json.dumps(result), flush=True)
     return result

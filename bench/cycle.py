@@ -52,6 +52,7 @@ def say(msg: str) -> None:
 
 # ---- interval arithmetic (pure; tests/unit/test_bench_cycle.py) -------------------------------------------
 
+
 def merged(intervals: list[Interval]) -> list[Interval]:
     """Sorted, non-overlapping intervals covering the same seconds."""
     out: list[Interval] = []
@@ -82,8 +83,13 @@ def complement(intervals: list[Interval], window: Interval) -> list[Interval]:
     return out + ([(at, window[1])] if at < window[1] else [])
 
 
-def overhead(window: Interval, tasks: dict[str, list[Interval]], prefect_calls: list[Interval],
-             mlflow_calls: list[Interval], trainer_mlflow_s: float) -> dict[str, float]:
+def overhead(
+    window: Interval,
+    tasks: dict[str, list[Interval]],
+    prefect_calls: list[Interval],
+    mlflow_calls: list[Interval],
+    trainer_mlflow_s: float,
+) -> dict[str, float]:
     """Orchestration seconds of one cycle (see the module docstring), each part alone and their union.
 
     tasks: task name → run intervals (subflow wrapper task runs excluded); the trainer's MLflow seconds happen
@@ -93,12 +99,16 @@ def overhead(window: Interval, tasks: dict[str, list[Interval]], prefect_calls: 
     outside = complement(inside, window)
     prefect = outside + clipped(prefect_calls, window)
     mlflow = clipped(mlflow_calls, window)
-    return {"prefect": round(length(prefect), 3), "mlflow": round(length(mlflow) + trainer_mlflow_s, 3),
-            "contracts": round(length(contracts), 3),
-            "union": round(length(prefect + mlflow + contracts) + trainer_mlflow_s, 3)}
+    return {
+        "prefect": round(length(prefect), 3),
+        "mlflow": round(length(mlflow) + trainer_mlflow_s, 3),
+        "contracts": round(length(contracts), 3),
+        "union": round(length(prefect + mlflow + contracts) + trainer_mlflow_s, 3),
+    }
 
 
 # ---- timers around this thread's API calls ----------------------------------------------------------------
+
 
 @contextmanager
 def call_timers(mlflow_url: str, thread_id: int):
@@ -143,6 +153,7 @@ def call_timers(mlflow_url: str, thread_id: int):
 
 # ---- Prefect's run records ---------------------------------------------------------------------------------
 
+
 def ts(value: str | None) -> float | None:
     return datetime.fromisoformat(value).timestamp() if value else None
 
@@ -156,11 +167,19 @@ def run_tree(api: str, root_id: str) -> tuple[dict[str, Interval], dict[str, lis
             flow_runs += children
             frontier = [r["id"] for r in children]
         names = {fid: http.get(f"/flows/{fid}").json()["name"] for fid in {r["flow_id"] for r in flow_runs}}
-        task_runs = http.post("/task_runs/filter", json={
-            "flow_runs": {"id": {"any_": [r["id"] for r in flow_runs]}},
-            "task_runs": {"subflow_runs": {"exists_": False}}, "limit": 200}).json()
-    stages = {names[r["flow_id"]]: (ts(r["start_time"]), ts(r["end_time"])) for r in flow_runs
-              if names[r["flow_id"]] in STAGES and r["start_time"] and r["end_time"]}
+        task_runs = http.post(
+            "/task_runs/filter",
+            json={
+                "flow_runs": {"id": {"any_": [r["id"] for r in flow_runs]}},
+                "task_runs": {"subflow_runs": {"exists_": False}},
+                "limit": 200,
+            },
+        ).json()
+    stages = {
+        names[r["flow_id"]]: (ts(r["start_time"]), ts(r["end_time"]))
+        for r in flow_runs
+        if names[r["flow_id"]] in STAGES and r["start_time"] and r["end_time"]
+    }
     tasks: dict[str, list[Interval]] = {}
     for t in task_runs:
         if t["start_time"] and t["end_time"]:
@@ -173,14 +192,18 @@ def trainer_mlflow_seconds(store) -> float:
     from tidal.store import get_json
     from training.job_spec import TrainResult
 
-    return sum(TrainResult.model_validate(get_json(store, key)).mlflow_s
-               for key in store.list("training/model=tab/") if key.endswith("/result.json"))
+    return sum(
+        TrainResult.model_validate(get_json(store, key)).mlflow_s
+        for key in store.list("training/model=tab/")
+        if key.endswith("/result.json")
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=None, help="completions acknowledged before the cycle "
-                    "(default: demo.requests_per_cycle)")
+    ap.add_argument(
+        "--requests", type=int, default=None, help="completions acknowledged before the cycle (default: demo.requests_per_cycle)"
+    )
     ap.add_argument("--concurrency", type=int, default=2, help="simulated requests in flight at once")
     ap.add_argument("--quick", action="store_true", help="a 6-iteration PPO run and one 2-minute canary step")
     args = ap.parse_args()
@@ -216,18 +239,27 @@ def main() -> None:
         users.stop.set()
         users.join(timeout=120)
         stages, tasks = run_tree(settings.prefect.api_url, str(state.state_details.flow_run_id))
-        parts = overhead((t0, t1), tasks, calls["prefect"], calls["mlflow"],
-                         trainer_mlflow_seconds(open_store(settings)))
+        parts = overhead((t0, t1), tasks, calls["prefect"], calls["mlflow"], trainer_mlflow_seconds(open_store(settings)))
     total = t1 - t0
     stages_s = {name: round(b - a, 2) for name, (a, b) in stages.items()}
     stages_s["cycle_other"] = round(total - sum(stages_s.values()), 2)
-    print(json.dumps({
-        "stages_s": stages_s, "total_s": round(total, 2), "overhead_share": round(parts["union"] / total, 4),
-        "overhead_s": parts, "decision": report.decision, "reason": report.reason,
-        "task_s": {name: round(sum(b - a for a, b in runs), 2) for name, runs in sorted(tasks.items())},
-        "prefect_calls": len(calls["prefect"]), "mlflow_calls": len(calls["mlflow"]),
-        "requests_before_cycle": requests_needed, "quick": args.quick,
-    }))
+    print(
+        json.dumps(
+            {
+                "stages_s": stages_s,
+                "total_s": round(total, 2),
+                "overhead_share": round(parts["union"] / total, 4),
+                "overhead_s": parts,
+                "decision": report.decision,
+                "reason": report.reason,
+                "task_s": {name: round(sum(b - a for a, b in runs), 2) for name, runs in sorted(tasks.items())},
+                "prefect_calls": len(calls["prefect"]),
+                "mlflow_calls": len(calls["mlflow"]),
+                "requests_before_cycle": requests_needed,
+                "quick": args.quick,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

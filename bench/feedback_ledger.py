@@ -42,7 +42,6 @@ class RebuiltDict:
             self.seen = {k: t for k, t in self.seen.items() if t >= cutoff}
         return True
 
-
     def fill(self, n: int) -> None:
         # as the dict stood after n verdicts (filled directly: through claim() the fill alone is quadratic)
         self.seen = {f"{i:016x}-req.sig": i for i in range(n)}

@@ -71,8 +71,9 @@ def main() -> None:
             lora.append(time.perf_counter() - t0)
             client.undeploy("tab", version.version)
             t0 = time.perf_counter()  # the engine's own load call, without the probe
-            httpx.post(f"{replica.url}/v1/load_lora_adapter", json={"lora_name": "bench", "lora_path": str(adapter)},
-                       timeout=60).raise_for_status()
+            httpx.post(
+                f"{replica.url}/v1/load_lora_adapter", json={"lora_name": "bench", "lora_path": str(adapter)}, timeout=60
+            ).raise_for_status()
             lora_raw.append(time.perf_counter() - t0)
             httpx.post(f"{replica.url}/v1/unload_lora_adapter", json={"lora_name": "bench"}, timeout=60).raise_for_status()
 
@@ -83,12 +84,24 @@ def main() -> None:
             client.scale("tab", 0)
 
     med = statistics.median
-    print(json.dumps({"cold_start_s": round(med(cold), 2), "lora_load_s": round(med(lora), 3),
-                      "lora_load_raw_s": round(med(lora_raw), 3), "restart_ready_s": round(med(restart), 2),
-                      "rss_mb": round(med(rss), 1), "repeats": args.repeats,
-                      "settings": {"health_interval_s": settings.fleet.health_interval_s,
-                                   "restart_backoff_s": settings.fleet.restart_backoff_s,
-                                   "enforce_eager": settings.engine.enforce_eager, "dtype": settings.engine.dtype}}))
+    print(
+        json.dumps(
+            {
+                "cold_start_s": round(med(cold), 2),
+                "lora_load_s": round(med(lora), 3),
+                "lora_load_raw_s": round(med(lora_raw), 3),
+                "restart_ready_s": round(med(restart), 2),
+                "rss_mb": round(med(rss), 1),
+                "repeats": args.repeats,
+                "settings": {
+                    "health_interval_s": settings.fleet.health_interval_s,
+                    "restart_backoff_s": settings.fleet.restart_backoff_s,
+                    "enforce_eager": settings.engine.enforce_eager,
+                    "dtype": settings.engine.dtype,
+                },
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ async def run_load(url: str, headers: dict, make_body, concurrency: int, n: int)
     latencies: list[float] = []
     counter = iter(range(n))
     async with aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(limit=0)) as session:
+
         async def worker():
             for i in counter:
                 t0 = time.perf_counter()
@@ -65,10 +66,17 @@ def cpu_s(pid: int) -> float:
     return t.user + t.system
 
 
-async def measure(direct_url: str, gw_url: str, key: str, served: str, levels, n: int, rounds: int, max_tokens: int,
-                  gw_pid: int) -> dict:
-    direct_body = lambda i: {"model": served, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0,  # noqa: E731
-                             "logprobs": 0, "return_token_ids": True}
+async def measure(
+    direct_url: str, gw_url: str, key: str, served: str, levels, n: int, rounds: int, max_tokens: int, gw_pid: int
+) -> dict:
+    direct_body = lambda i: {
+        "model": served,
+        "prompt": PROMPT,
+        "max_tokens": max_tokens,
+        "temperature": 0,  # noqa: E731
+        "logprobs": 0,
+        "return_token_ids": True,
+    }
     gw_body = lambda i: {"model": "tab", "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "user": f"u{i}"}  # noqa: E731
     out = {}
     for c in levels:
@@ -85,12 +93,17 @@ async def measure(direct_url: str, gw_url: str, key: str, served: str, levels, n
             g_lat += lat
             g_s += s
         d_rps, g_rps = len(d_lat) / d_s, len(g_lat) / g_s
-        out[str(c)] = {"added_p50_ms": round(pct(g_lat, 50) - pct(d_lat, 50), 3),
-                       "added_p99_ms": round(pct(g_lat, 99) - pct(d_lat, 99), 3),
-                       "throughput_ratio": round(g_rps / d_rps, 3), "direct_rps": round(d_rps, 1), "gateway_rps": round(g_rps, 1),
-                       "direct_p50_ms": round(pct(d_lat, 50), 2), "direct_p99_ms": round(pct(d_lat, 99), 2),
-                       # CPU the gateway process spent per request: its cost independent of machine contention
-                       "gateway_cpu_ms_per_request": round(g_cpu / len(g_lat) * 1000, 3)}
+        out[str(c)] = {
+            "added_p50_ms": round(pct(g_lat, 50) - pct(d_lat, 50), 3),
+            "added_p99_ms": round(pct(g_lat, 99) - pct(d_lat, 99), 3),
+            "throughput_ratio": round(g_rps / d_rps, 3),
+            "direct_rps": round(d_rps, 1),
+            "gateway_rps": round(g_rps, 1),
+            "direct_p50_ms": round(pct(d_lat, 50), 2),
+            "direct_p99_ms": round(pct(d_lat, 99), 2),
+            # CPU the gateway process spent per request: its cost independent of machine contention
+            "gateway_cpu_ms_per_request": round(g_cpu / len(g_lat) * 1000, 3),
+        }
         print(f"concurrency {c}: {out[str(c)]}", file=sys.stderr)
     return out
 
@@ -101,15 +114,19 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=4)
     ap.add_argument("--levels", default="1,16,64")
-    ap.add_argument("--isolate", action="store_true",
-                    help="give the engine CPU 0 to itself (on a small machine: helps at high concurrency, hurts at 1)")
+    ap.add_argument(
+        "--isolate",
+        action="store_true",
+        help="give the engine CPU 0 to itself (on a small machine: helps at high concurrency, hurts at 1)",
+    )
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     # The log sink as deployed (LogSinkSettings defaults), not the sandbox's quick uploads for tests: with 1 s
     # segments, uploading Parquet every second was most of the gateway's CPU at concurrency 1.
     logsink = LogSinkSettings().model_dump(mode="json")
-    with sandbox_platform([{"name": "tab", "replicas": 1}], pretrain_seconds=20, gateway=True,
-                          gateway_settings={"logsink": logsink}) as (settings, platform):
+    with sandbox_platform(
+        [{"name": "tab", "replicas": 1}], pretrain_seconds=20, gateway=True, gateway_settings={"logsink": logsink}
+    ) as (settings, platform):
         (replica,) = platform.fleet_client().replicas("tab")
         served = next(iter(replica.served))
         key = settings.gateway.clients[0].key
@@ -125,13 +142,36 @@ def main() -> None:
                 pin(platform.running(name).pid, others)
             pin(os.getpid(), others)
             pin(replica.pid, {0})
-        by_c = asyncio.run(measure(replica.url + "/v1/completions", gw, key, served, levels, args.requests, args.rounds,
-                                   args.max_tokens, platform.running("gateway").pid))
+        by_c = asyncio.run(
+            measure(
+                replica.url + "/v1/completions",
+                gw,
+                key,
+                served,
+                levels,
+                args.requests,
+                args.rounds,
+                args.max_tokens,
+                platform.running("gateway").pid,
+            )
+        )
     top = by_c[str(max(levels))]
-    print(json.dumps({"added_p50_ms": top["added_p50_ms"], "added_p99_ms": top["added_p99_ms"],
-                      "throughput_ratio": top["throughput_ratio"], "by_concurrency": by_c, "cpus": os.cpu_count(), "engine_cpu_isolated": isolated,
-                      "max_tokens": args.max_tokens, "requests": args.requests, "rounds": args.rounds,
-                      "logsink": {k: logsink[k] for k in ("segment_max_age_s", "upload_interval_s", "commit_interval_ms")}}))
+    print(
+        json.dumps(
+            {
+                "added_p50_ms": top["added_p50_ms"],
+                "added_p99_ms": top["added_p99_ms"],
+                "throughput_ratio": top["throughput_ratio"],
+                "by_concurrency": by_c,
+                "cpus": os.cpu_count(),
+                "engine_cpu_isolated": isolated,
+                "max_tokens": args.max_tokens,
+                "requests": args.requests,
+                "rounds": args.rounds,
+                "logsink": {k: logsink[k] for k in ("segment_max_age_s", "upload_interval_s", "commit_interval_ms")},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -60,12 +60,19 @@ def tiny_versions(work: Path, pretrain_s: float = 20.0, seed: int = 0) -> tuple[
 
     texts = read_texts(source_files(stdlib_root())[:60])
     tok = train_tokenizer(texts, vocab_size=512)
-    cfg = PolicyConfig(hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=512,
-                       max_position_embeddings=512)
+    cfg = PolicyConfig(
+        hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=512, max_position_embeddings=512
+    )
     model = build_policy(cfg, tok, seed=seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    pretrain(model.to(device), tok, texts[:-5], texts[-5:], PretrainConfig(max_seconds=pretrain_s, seq_len=128,
-             eval_bytes=5_000), progress=False)
+    pretrain(
+        model.to(device),
+        tok,
+        texts[:-5],
+        texts[-5:],
+        PretrainConfig(max_seconds=pretrain_s, seq_len=128, eval_bytes=5_000),
+        progress=False,
+    )
     model = model.to("cpu", torch.float32)
     v1 = save_policy(model, tok, work / "v1")
     save_probe(compute_probe(model, tok, probe_prompts(texts, n=4, seed=seed)), v1)
@@ -82,8 +89,11 @@ def bench_fleet(engine_settings, dirs: dict[int, Path]):
     """What InPlaceSync.move reads of a fleet: settings, checkpoint directories, and a restart to record."""
     from serving.settings import FleetSettings
 
-    fleet = SimpleNamespace(settings=SimpleNamespace(engine=engine_settings, fleet=FleetSettings()), restarted=[],
-                            checkpoints=SimpleNamespace(local_dir=lambda info: dirs[info.version]))
+    fleet = SimpleNamespace(
+        settings=SimpleNamespace(engine=engine_settings, fleet=FleetSettings()),
+        restarted=[],
+        checkpoints=SimpleNamespace(local_dir=lambda info: dirs[info.version]),
+    )
     fleet.restart_replica = lambda group, replica, why: fleet.restarted.append(why)
     return fleet
 
@@ -96,8 +106,9 @@ def engine(es, model_dir: Path, port: int, logs: Path, strategy: str, ready_s: f
 
     replica = Replica(MODEL, port, port, "127.0.0.1", version(1))
     log = logs / f"engine-{port}.log"
-    replica.proc, _ = launch(es, replica.name, model_dir, [replica.base.served_name], replica.host, port, False, log,
-                             update_strategy=strategy)
+    replica.proc, _ = launch(
+        es, replica.name, model_dir, [replica.base.served_name], replica.host, port, False, log, update_strategy=strategy
+    )
     try:
         wait_ready(replica.url, ready_s, replica.proc, str(log), f"engine on {port}", replica.base.served_name)
         replica.state = "ready"
@@ -135,8 +146,15 @@ def sample_set(url: str, name: str, v1: Path, n: int = 32, tokens: int = 32) -> 
     out = []
     for i, p in enumerate(prompts):
         ids = tok.encode(p, add_special_tokens=False)
-        body = {"model": name, "prompt": ids, "max_tokens": tokens, "temperature": 1.0, "seed": i, "ignore_eos": True,
-                "return_token_ids": True}
+        body = {
+            "model": name,
+            "prompt": ids,
+            "max_tokens": tokens,
+            "temperature": 1.0,
+            "seed": i,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        }
         r = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
         r.raise_for_status()
         out.append((ids, list(r.json()["choices"][0]["token_ids"])))
@@ -167,17 +185,23 @@ def mismatch(reference: list[list[float]], behaviour: list[list[float]]) -> dict
     diff = (old - mu).abs()
     C = PPOConfig().is_truncation
     w = truncated_is_weight(old, mu, torch.ones_like(old), C)
-    return {"tokens": diff.numel(), "mean_abs_dlogp": round(float(diff.mean()), 6),
-            "max_abs_dlogp": round(float(diff.max()), 6), "truncated_share": round(float((w >= C).float().mean()), 6),
-            "is_truncation_C": C}
+    return {
+        "tokens": diff.numel(),
+        "mean_abs_dlogp": round(float(diff.mean()), 6),
+        "max_abs_dlogp": round(float(diff.max()), 6),
+        "truncated_share": round(float((w >= C).float().mean()), 6),
+        "is_truncation_C": C,
+    }
 
 
 def megatron_step(policy_dir: Path, timeout_s: float) -> dict:
     """training/megatron/check.py in its own process (Megatron's process-group state stays out of this one)."""
-    code = ("import json, sys\nfrom training.megatron.check import gpu_check_step\n"
-            "print(json.dumps(gpu_check_step(sys.argv[1])))\n")
-    out = subprocess.run([sys.executable, "-c", code, str(policy_dir)], capture_output=True, text=True,
-                         timeout=timeout_s, cwd=ROOT)
+    code = (
+        "import json, sys\nfrom training.megatron.check import gpu_check_step\nprint(json.dumps(gpu_check_step(sys.argv[1])))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(policy_dir)], capture_output=True, text=True, timeout=timeout_s, cwd=ROOT
+    )
     if out.returncode != 0:
         return {"error": (out.stderr or out.stdout).strip()[-400:]}
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -197,9 +221,15 @@ def run(args) -> tuple[dict, list[str]]:
     figures["policy_s"] = round(time.monotonic() - t0, 1)
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")  # engines on GPU 0; the nccl sender on GPU 1
     python = ROOT / ".engine-venv" / "bin" / "python"
-    base = dict(python=python, flavor="cuda", max_model_len=512, enforce_eager=True,
-                extra_args=["--gpu-memory-utilization", "0.2"], nccl_sender_gpu="1" if args.gpus >= 2 else "",
-                weight_update_timeout_s=90.0)
+    base = dict(
+        python=python,
+        flavor="cuda",
+        max_model_len=512,
+        enforce_eager=True,
+        extra_args=["--gpu-memory-utilization", "0.2"],
+        nccl_sender_gpu="1" if args.gpus >= 2 else "",
+        weight_update_timeout_s=90.0,
+    )
     port = next(p for p in range(args.port, args.port + 50) if port_free("127.0.0.1", p))
     fleet = bench_fleet(EngineSettings(dtype="float32", **base), {1: v1, 2: v2})
     atol = fleet.settings.fleet.probe_atol
@@ -218,8 +248,9 @@ def run(args) -> tuple[dict, list[str]]:
             figures["reload_probe_pass"] = False
             errors.append(f"reload: {e}")
         if args.gpus < 2:
-            figures["nccl"] = ("not run: one GPU; NCCL allows one rank per GPU in a group, so the sender needs a GPU "
-                               "the engine does not use")
+            figures["nccl"] = (
+                "not run: one GPU; NCCL allows one rank per GPU in a group, so the sender needs a GPU the engine does not use"
+            )
         else:
             try:
                 figures["nccl_update_s"] = timed_move(nccl, fleet, a, version(1))

@@ -47,9 +47,16 @@ def completions(model, tok, cases, max_tokens: int, temperature: float, batch: i
     with torch.no_grad():
         for i in range(0, len(cases), batch):
             enc = tok([c.site.prompt for c in cases[i : i + batch]], return_tensors="pt", padding=True)
-            gen = model.generate(**enc, max_new_tokens=max_tokens, do_sample=True, temperature=temperature, top_k=0,
-                                 top_p=1.0, pad_token_id=tok.pad_token_id)
-            out += [tok.decode(row, skip_special_tokens=True).split("\n")[0] for row in gen[:, enc.input_ids.shape[1]:]]
+            gen = model.generate(
+                **enc,
+                max_new_tokens=max_tokens,
+                do_sample=True,
+                temperature=temperature,
+                top_k=0,
+                top_p=1.0,
+                pad_token_id=tok.pad_token_id,
+            )
+            out += [tok.decode(row, skip_special_tokens=True).split("\n")[0] for row in gen[:, enc.input_ids.shape[1] :]]
     return out
 
 
@@ -60,9 +67,12 @@ def evaluate(model, tok, cases, rule, users, bpb) -> tuple[dict, list[str]]:
     t0 = time.perf_counter()
     texts = completions(model, tok, cases, users.max_tokens, users.temperature)
     s = score(cases, texts, rule)
-    return {**{k: round(e.mean, 4) for k, e in s.items()},
-            **{f"{k}_ci": [round(e.low, 4), round(e.high, 4)] for k, e in s.items()},
-            **{k: round(v, 4) for k, v in bpb(model).items()}, "eval_s": round(time.perf_counter() - t0, 1)}, texts
+    return {
+        **{k: round(e.mean, 4) for k, e in s.items()},
+        **{f"{k}_ci": [round(e.low, 4), round(e.high, 4)] for k, e in s.items()},
+        **{k: round(v, 4) for k, v in bpb(model).items()},
+        "eval_s": round(time.perf_counter() - t0, 1),
+    }, texts
 
 
 def cached_rows(path: Path | None, key: dict) -> list | None:
@@ -73,13 +83,14 @@ def cached_rows(path: Path | None, key: dict) -> list | None:
         return None
     lines = path.read_text().splitlines()
     if not lines or json.loads(lines[0]) != key:
-        raise ValueError(f"--rows-file {path} holds rows of {lines[0] if lines else 'nothing'}; expected {key}: "
-                         "give another file, or delete it to simulate again")
+        raise ValueError(
+            f"--rows-file {path} holds rows of {lines[0] if lines else 'nothing'}; expected {key}: "
+            "give another file, or delete it to simulate again"
+        )
     return [RewardSample.model_validate_json(line) for line in lines[1:]]
 
 
-def final_report(cases, rule, base_texts: list[str], final_texts: list[str], version: int, total_s: float,
-                 train_s: float):
+def final_report(cases, rule, base_texts: list[str], final_texts: list[str], version: int, total_s: float, train_s: float):
     """The learning report of the trained policy against the checkpoint, paired on the same held-out requests."""
     from sim.evaluate import best_truncation, outcomes
     from sim.learning_report import learning_report
@@ -94,12 +105,24 @@ def final_report(cases, rule, base_texts: list[str], final_texts: list[str], ver
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data-dir", type=Path, default=None, help="Tidal data directory holding the datasets")
-    p.add_argument("--simulate", type=int, default=0, help=(
-        "instead of stored datasets: N logged requests of the traffic split sampled by the checkpoint and judged by "
-        "the simulated users (bench/logged_traffic.py)"))
-    p.add_argument("--rows-file", type=Path, default=None, help=(
-        "with --simulate: a JSON-lines file of the simulated rows; read if it holds the same checkpoint, N and seed, "
-        "else written, so several configurations train on the same logs"))
+    p.add_argument(
+        "--simulate",
+        type=int,
+        default=0,
+        help=(
+            "instead of stored datasets: N logged requests of the traffic split sampled by the checkpoint and judged by "
+            "the simulated users (bench/logged_traffic.py)"
+        ),
+    )
+    p.add_argument(
+        "--rows-file",
+        type=Path,
+        default=None,
+        help=(
+            "with --simulate: a JSON-lines file of the simulated rows; read if it holds the same checkpoint, N and seed, "
+            "else written, so several configurations train on the same logs"
+        ),
+    )
     p.add_argument("--checkpoint", type=Path, required=True, help="full checkpoint directory the logs were served from")
     p.add_argument("--version", type=int, default=1, help="its registry version (behaviour-version filter)")
     p.add_argument("--model", default="tab")
@@ -152,8 +175,12 @@ def main() -> None:
         model.eval()
         stops = stop_token_ids(tok, "\n")
         fit = fitted_bits_per_byte(model, tok, code, gate.eval_bytes, gate.seq_len, stops)  # one pass, every scale
-        return {"bpb": bits_per_byte(model, tok, code, gate.eval_bytes, gate.seq_len)[0],
-                "bpb_stop": fit.at_scale_1, "bpb_stop_fit": fit.bpb, "fit_scale": fit.scale}
+        return {
+            "bpb": bits_per_byte(model, tok, code, gate.eval_bytes, gate.seq_len)[0],
+            "bpb_stop": fit.at_scale_1,
+            "bpb_stop_fit": fit.bpb,
+            "fit_scale": fit.scale,
+        }
 
     cases = eval_cases(users, settings.bootstrap.heldout_fraction, args.eval_requests, seed=EVAL_SEED)
 
@@ -165,35 +192,73 @@ def main() -> None:
         key = {"checkpoint": str(args.checkpoint.resolve()), "n": args.simulate, "seed": args.seed, "version": args.version}
         rows = cached_rows(args.rows_file, key)
         if rows is None:
-            rows = logged_traffic(load_policy(args.checkpoint), tok, users, settings.bootstrap.heldout_fraction, rule,
-                                  args.simulate, version=args.version, seed=args.seed)
+            rows = logged_traffic(
+                load_policy(args.checkpoint),
+                tok,
+                users,
+                settings.bootstrap.heldout_fraction,
+                rule,
+                args.simulate,
+                version=args.version,
+                seed=args.seed,
+            )
             if args.rows_file:
                 args.rows_file.write_text("\n".join([json.dumps(key)] + [r.model_dump_json() for r in rows]) + "\n")
         print(f"{len(rows)} simulated logged requests in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     else:
         ids = [d for d in args.datasets.split(",") if d] or sorted(
-            {k.split("/")[2] for k in store.list(f"datasets/model={args.model}/")})
+            {k.split("/")[2] for k in store.list(f"datasets/model={args.model}/")}
+        )
         rows = [s for d in ids for s in load_dataset(store, args.model, d).samples]
-    rewards = rule.rewards(np.array([r.event for r in rows], dtype=object),
-                           np.array([np.nan if r.accepted_chars is None else r.accepted_chars for r in rows], dtype=float),
-                           np.array([len(r.completion_text) for r in rows]))
+    rewards = rule.rewards(
+        np.array([r.event for r in rows], dtype=object),
+        np.array([np.nan if r.accepted_chars is None else r.accepted_chars for r in rows], dtype=float),
+        np.array([len(r.completion_text) for r in rows]),
+    )
     rows = [r.model_copy(update={"reward": float(v), "reward_rule": rule.id}) for r, v in zip(rows, rewards)]
     train_rows, _ = split(rows, settings.train.heldout_fraction)
     picked = select_samples(train_rows, args.version, cfg.max_stale_versions).kept
     shaped = partial_rows(picked, tok, rule, cfg)
     picked = shaped.samples
-    head = {"datasets": ids, "rows": len(rows), "train_rows": len(picked), "hindsight_rows": len(shaped.hindsight.samples),
-            "credited_partials": shaped.credit.credited if shaped.credit else 0,
-            "rule": rule.model_dump(mode="json"), "ppo": cfg.model_dump(mode="json", include={
-                "learning_rate", "kl_coef", "batch_size", "epochs", "max_iterations", "hindsight_partials", "partial_credit", "ptx_coef", "stop_credit_coef",
-                "stop_credit_abstain", "abstain_budget", "kept_credit_coef",
-                "ptx_given_continues", "sharpen_coef", "sharpen_temperature", "lora",
-                "final_norm_learning_rate"})}
+    head = {
+        "datasets": ids,
+        "rows": len(rows),
+        "train_rows": len(picked),
+        "hindsight_rows": len(shaped.hindsight.samples),
+        "credited_partials": shaped.credit.credited if shaped.credit else 0,
+        "rule": rule.model_dump(mode="json"),
+        "ppo": cfg.model_dump(
+            mode="json",
+            include={
+                "learning_rate",
+                "kl_coef",
+                "batch_size",
+                "epochs",
+                "max_iterations",
+                "hindsight_partials",
+                "partial_credit",
+                "ptx_coef",
+                "stop_credit_coef",
+                "stop_credit_abstain",
+                "abstain_budget",
+                "kept_credit_coef",
+                "ptx_given_continues",
+                "sharpen_coef",
+                "sharpen_temperature",
+                "lora",
+                "final_norm_learning_rate",
+            },
+        ),
+    }
     base, base_texts = evaluate(load_policy(args.checkpoint), tok, cases, rule, users, bpb)
     print(json.dumps({"at": 0, **head, **base, "bpb_delta": 0.0, "bpb_stop_delta": 0.0, "bpb_fit_delta": 0.0}), flush=True)
 
-    trainer = PPOTrainer(build_trainable(args.checkpoint, args.checkpoint, cfg), cfg, tok.pad_token_id,
-                         **loss_terms(cfg, tok, rule, settings.bootstrap.heldout_fraction))
+    trainer = PPOTrainer(
+        build_trainable(args.checkpoint, args.checkpoint, cfg),
+        cfg,
+        tok.pad_token_id,
+        **loss_terms(cfg, tok, rule, settings.bootstrap.heldout_fraction),
+    )
     plan = iteration_plan(len(picked), cfg)
     trainer.compute_reference(picked, rows=(r for batch in plan for r in batch))
     looks = {int(x) for x in args.eval_at.split(",") if x} | {len(plan)}
@@ -201,15 +266,27 @@ def main() -> None:
 
     def after(it: int, metrics: dict[str, float]) -> None:
         if it + 1 in looks:
-            kl = {k.split("/")[1]: round(v, 4) for k, v in metrics.items()
-                  if k in ("ppo/kl_ref", "ppo/approx_kl", "ppo/ptx_loss", "ppo/stop_credit_loss",
-                                                            "ppo/sharpen_loss")}
+            kl = {
+                k.split("/")[1]: round(v, 4)
+                for k, v in metrics.items()
+                if k in ("ppo/kl_ref", "ppo/approx_kl", "ppo/ptx_loss", "ppo/stop_credit_loss", "ppo/sharpen_loss")
+            }
             t0 = time.perf_counter()
             now, last["texts"] = evaluate(trainer.model.policy, tok, cases, rule, users, bpb)
             last["eval_s"] += time.perf_counter() - t0
-            print(json.dumps({"at": it + 1, **kl, **now, "bpb_delta": round(now["bpb"] - base["bpb"], 4),
-                              "bpb_stop_delta": round(now["bpb_stop"] - base["bpb_stop"], 4),
-                              "bpb_fit_delta": round(now["bpb_stop_fit"] - base["bpb_stop_fit"], 4)}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "at": it + 1,
+                        **kl,
+                        **now,
+                        "bpb_delta": round(now["bpb"] - base["bpb"], 4),
+                        "bpb_stop_delta": round(now["bpb_stop"] - base["bpb_stop"], 4),
+                        "bpb_fit_delta": round(now["bpb_stop_fit"] - base["bpb_stop_fit"], 4),
+                    }
+                ),
+                flush=True,
+            )
             trainer.model.train()
 
     t_train = time.perf_counter()

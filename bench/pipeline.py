@@ -24,7 +24,15 @@ import pyarrow.parquet as pq
 
 from data_contracts.collect_settings import CollectSettings
 from data_contracts.derive import completion_frame, feedback_frame
-from data_contracts.pipeline import Versions, assemble_samples, contract_params, find_partitions, load_logs, reconcile, validate_logs
+from data_contracts.pipeline import (
+    Versions,
+    assemble_samples,
+    contract_params,
+    find_partitions,
+    load_logs,
+    reconcile,
+    validate_logs,
+)
 from data_contracts.records import to_table
 from data_contracts.suites import completion_suite, feedback_suite
 from data_contracts.validate import validate_frames
@@ -51,17 +59,39 @@ def generate(store: LocalStore, rows: int, partitions: int, feedback_share: floa
             comps, fbs = [], []
             for i, (t, v, k) in enumerate(zip(times, versions, n_out)):
                 rid = signer.issue("tab", "alice", t)
-                comps.append({"request_id": rid, "time_ms": t, "model": "tab", "version": v, "served_name": f"tab@v{v}",
-                              "arm": "canary" if v == 3 else "control", "user_hash": f"u{i % 5000}", "client_id": "alice",
-                              "prompt_text": "def f(x):\n    return x * " + str(i % 97), "completion_text": "abcdefghijkl"[:k],
-                              "prompt_token_ids": list(range(i % 50, i % 50 + 32)), "completion_token_ids": list(range(1, k + 1)),
-                              "behaviour_logprobs": [0.5 if i % 997 == 0 else -0.25] * k, "sampling": {"temperature": 1.0, "top_p": 1.0, "max_tokens": 16,
-                                                                              "stop": [], "seed": None},
-                              "finish_reason": "length", "latency_ms": 40.0 + i % 13, "replica": "tab-0"})
+                comps.append(
+                    {
+                        "request_id": rid,
+                        "time_ms": t,
+                        "model": "tab",
+                        "version": v,
+                        "served_name": f"tab@v{v}",
+                        "arm": "canary" if v == 3 else "control",
+                        "user_hash": f"u{i % 5000}",
+                        "client_id": "alice",
+                        "prompt_text": "def f(x):\n    return x * " + str(i % 97),
+                        "completion_text": "abcdefghijkl"[:k],
+                        "prompt_token_ids": list(range(i % 50, i % 50 + 32)),
+                        "completion_token_ids": list(range(1, k + 1)),
+                        "behaviour_logprobs": [0.5 if i % 997 == 0 else -0.25] * k,
+                        "sampling": {"temperature": 1.0, "top_p": 1.0, "max_tokens": 16, "stop": [], "seed": None},
+                        "finish_reason": "length",
+                        "latency_ms": 40.0 + i % 13,
+                        "replica": "tab-0",
+                    }
+                )
                 if (i * 2654435761) % 1000 < feedback_share * 1000:
                     event = ("accepted", "rejected", "partial")[i % 3]
-                    fbs.append({"request_id": rid, "time_ms": t + 1500, "model": "tab", "event": event,
-                                "accepted_chars": min(k, 3) if event == "partial" else None, "client_id": "alice"})
+                    fbs.append(
+                        {
+                            "request_id": rid,
+                            "time_ms": t + 1500,
+                            "model": "tab",
+                            "event": event,
+                            "accepted_chars": min(k, 3) if event == "partial" else None,
+                            "client_id": "alice",
+                        }
+                    )
             for kind, batch in (("completions", comps), ("feedback", fbs)):
                 local = Path(tmp) / f"{kind}.parquet"
                 pq.write_table(to_table(kind, batch), local)  # the uploader's writing path
@@ -144,14 +174,26 @@ def main(argv: list[str] | None = None) -> dict:
 
     seconds = t_validate + t_assemble
     result = {
-        "bench": "pipeline", "completions": batch.completions.table.num_rows, "feedback": n_feedback,
+        "bench": "pipeline",
+        "completions": batch.completions.table.num_rows,
+        "feedback": n_feedback,
         "records_per_s": round(batch.completions.table.num_rows / seconds),
         "log_rows_per_s": round((batch.completions.table.num_rows + n_feedback) / seconds),
-        "records_per_cpu_s": round(batch.completions.table.num_rows / cpu), "validate_s": round(t_validate, 2), "assemble_s": round(t_assemble, 2),
-        "derive_s": round(t_derive, 2), "ge_validate_s": round(t_ge, 2), "pandas_checks_s": round(t_pandas, 3),
-        "ge_over_pandas": round(t_ge / t_pandas, 1), "failing_rows": sum(map(len, ge_rows)), "pandas_agrees": ge_rows == pandas_rows,
-        "load_s": round(t_load, 2), "generate_s": round(t_generate, 1), "samples": samples.num_rows,
-        "rows_in": counts["total"]["in"], "kept": counts["total"]["kept"], "filtered": counts["total"]["filtered"],
+        "records_per_cpu_s": round(batch.completions.table.num_rows / cpu),
+        "validate_s": round(t_validate, 2),
+        "assemble_s": round(t_assemble, 2),
+        "derive_s": round(t_derive, 2),
+        "ge_validate_s": round(t_ge, 2),
+        "pandas_checks_s": round(t_pandas, 3),
+        "ge_over_pandas": round(t_ge / t_pandas, 1),
+        "failing_rows": sum(map(len, ge_rows)),
+        "pandas_agrees": ge_rows == pandas_rows,
+        "load_s": round(t_load, 2),
+        "generate_s": round(t_generate, 1),
+        "samples": samples.num_rows,
+        "rows_in": counts["total"]["in"],
+        "kept": counts["total"]["kept"],
+        "filtered": counts["total"]["filtered"],
         "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
     }
     print(json.dumps(result), flush=True)

@@ -58,9 +58,20 @@ ENV_MARKER = "tidal-bench.json"  # written into the TRL venv once its install su
 # Installed into the TRL venv at exactly the project venv's versions, so both sides run the same kernels.
 PINNED = ("torch", "transformers", "tokenizers", "safetensors", "huggingface-hub", "peft", "accelerate")
 # A few stdlib modules: the tokenizer's training text and the source of the prompt/completion windows.
-CORPUS_FILES = ("argparse.py", "inspect.py", "typing.py", "dataclasses.py", "functools.py", "enum.py",
-                "textwrap.py", "pathlib.py", "subprocess.py", "heapq.py", "bisect.py", "json/decoder.py")
-
+CORPUS_FILES = (
+    "argparse.py",
+    "inspect.py",
+    "typing.py",
+    "dataclasses.py",
+    "functools.py",
+    "enum.py",
+    "textwrap.py",
+    "pathlib.py",
+    "subprocess.py",
+    "heapq.py",
+    "bisect.py",
+    "json/decoder.py",
+)
 
 
 def batch_tokens(batch: Batch) -> int:
@@ -116,9 +127,12 @@ def prepare(model_dir: Path, n: int, prompt_len: int, completion_len: int, seed:
         logits = model(input_ids=ids).logits[:, prompt_len - 1 : -1]  # (B, T, V) predicting tokens P..P+T-1
         mu = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, prompt_len:, None]).squeeze(-1)  # (B, T)
     rng = random.Random(seed)
-    return Batch(prompt_ids=[w[:prompt_len] for w in windows], completion_ids=[w[prompt_len:] for w in windows],
-                 rewards=[rng.choice((-1.0, 1.0)) for _ in windows],
-                 behaviour_logprobs=[[round(float(x), 6) for x in row] for row in mu])
+    return Batch(
+        prompt_ids=[w[:prompt_len] for w in windows],
+        completion_ids=[w[prompt_len:] for w in windows],
+        rewards=[rng.choice((-1.0, 1.0)) for _ in windows],
+        behaviour_logprobs=[[round(float(x), 6) for x in row] for row in mu],
+    )
 
 
 # --- the TRL venv ---------------------------------------------------------------------------------------
@@ -140,8 +154,9 @@ def ensure_trl_env(env: Path = TRL_ENV) -> Path:
         # the base interpreter of the project venv (venv resolves sys._base_executable): same CPython build
         subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
     log(f"pip install {' '.join(reqs)}")
-    subprocess.run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", *reqs],
-                   check=True, stdout=sys.stderr)
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", *reqs], check=True, stdout=sys.stderr
+    )
     marker.write_text(json.dumps({"requirements": reqs}))
     return python
 
@@ -150,14 +165,34 @@ class Side:
     """The parent's end of one child process running `--side NAME`."""
 
     def __init__(self, name: str, python: Path, model_dir: Path, batch_file: Path, args: argparse.Namespace):
-        cmd = [str(python), str(SIDES), "--side", name, "--model", str(model_dir),
-               "--batch", str(batch_file), "--steps", str(args.steps), "--threads", str(args.threads)]
-        env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
-                   TOKENIZERS_PARALLELISM="false", TRL_EXPERIMENTAL_SILENCE="1", HF_HUB_OFFLINE="1",
-                   HF_DATASETS_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+        cmd = [
+            str(python),
+            str(SIDES),
+            "--side",
+            name,
+            "--model",
+            str(model_dir),
+            "--batch",
+            str(batch_file),
+            "--steps",
+            str(args.steps),
+            "--threads",
+            str(args.threads),
+        ]
+        env = dict(
+            os.environ,
+            OMP_NUM_THREADS=str(args.threads),
+            MKL_NUM_THREADS=str(args.threads),
+            TOKENIZERS_PARALLELISM="false",
+            TRL_EXPERIMENTAL_SILENCE="1",
+            HF_HUB_OFFLINE="1",
+            HF_DATASETS_OFFLINE="1",
+            TRANSFORMERS_VERBOSITY="error",
+        )
         self.name = name
-        self.proc = subprocess.Popen(cmd + (["--full"] if args.full else []), env=env, text=True, bufsize=1,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # stderr passes through
+        self.proc = subprocess.Popen(
+            cmd + (["--full"] if args.full else []), env=env, text=True, bufsize=1, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )  # stderr passes through
         self.line = self._read()  # blocks through the child's setup, until it waits before step 0
 
     def _read(self) -> str:
@@ -231,19 +266,29 @@ def main(argv: list[str] | None = None) -> dict:
         # robust to other work on the machine: per-round ratios' median, and best step of each side
         "ratio_paired": round(paired_ratio(tidal["step_s"], trl["step_s"]), 2),
         "ratio_best": round(min(trl["step_s"]) / min(tidal["step_s"]), 2),
-        "tidal_step_s": round(tidal_s, 3), "trl_step_s": round(trl_s, 3),
+        "tidal_step_s": round(tidal_s, 3),
+        "trl_step_s": round(trl_s, 3),
         "trl_generation_s": round(trl["generation_s"], 3),
-        "tidal_reference_s": round(tidal["reference_s"], 3), "tidal_rollout_s": round(tidal["rollout_s"], 3),
+        "tidal_reference_s": round(tidal["reference_s"], 3),
+        "tidal_rollout_s": round(tidal["rollout_s"], 3),
         "tidal_update_s": round(tidal["update_s"], 3),
         # CPU seconds per step (all threads): less sensitive than wall time to other work on a shared machine
-        "tidal_cpu_s": round(tidal["cpu_s"], 3), "trl_cpu_s": round(trl["cpu_s"], 3),
-        "tidal_steps_s": tidal["step_s"], "trl_steps_s": trl["step_s"],
-        "batch": dict(zip(("samples", "prompt_tokens", "completion_tokens"), batch.shape)), "tokens": tokens,
-        "epochs": SHARED["epochs"], "minibatch_size": SHARED["minibatch_size"],
+        "tidal_cpu_s": round(tidal["cpu_s"], 3),
+        "trl_cpu_s": round(trl["cpu_s"], 3),
+        "tidal_steps_s": tidal["step_s"],
+        "trl_steps_s": trl["step_s"],
+        "batch": dict(zip(("samples", "prompt_tokens", "completion_tokens"), batch.shape)),
+        "tokens": tokens,
+        "epochs": SHARED["epochs"],
+        "minibatch_size": SHARED["minibatch_size"],
         "finetune": "full" if args.full else "lora_r8",
-        "tidal_trainable_params": tidal["trainable_params"], "trl_trainable_params": trl["trainable_params"],
+        "tidal_trainable_params": tidal["trainable_params"],
+        "trl_trainable_params": trl["trainable_params"],
         "threads": {"tidal": tidal["threads"], "trl": trl["threads"]},
-        "torch": tidal["torch"], "trl_torch": trl["torch"], "trl": trl["trl"], "trl_transformers": trl["transformers"],
+        "torch": tidal["torch"],
+        "trl_torch": trl["torch"],
+        "trl": trl["trl"],
+        "trl_transformers": trl["transformers"],
         "loadavg_1m": round(os.getloadavg()[0], 2),
     }
     print(json.dumps(result), flush=True)

@@ -24,8 +24,21 @@ ROOT = Path(__file__).resolve().parents[1]
 # = training.ppo_config.LORA_TARGETS (the TRL child cannot import the project); a unit test keeps them equal
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # Hyper-parameters both trainers get (names as in training.ppo_config.PPOConfig).
-SHARED = dict(batch_size=64, minibatch_size=16, epochs=2, learning_rate=1e-4, clip_eps=0.2, value_clip_eps=0.2,
-              vf_coef=0.5, kl_coef=0.05, gamma=1.0, gae_lambda=0.95, lora_rank=8, lora_alpha=16, seed=0)
+SHARED = dict(
+    batch_size=64,
+    minibatch_size=16,
+    epochs=2,
+    learning_rate=1e-4,
+    clip_eps=0.2,
+    value_clip_eps=0.2,
+    vf_coef=0.5,
+    kl_coef=0.05,
+    gamma=1.0,
+    gae_lambda=0.95,
+    lora_rank=8,
+    lora_alpha=16,
+    seed=0,
+)
 _T0 = time.perf_counter()
 _WHO = "bench.ppo"  # "bench.ppo:tidal" / "bench.ppo:trl" in the child processes
 
@@ -114,11 +127,22 @@ def run_tidal(model_dir: Path, batch: Batch, steps: int, threads: int, full: boo
 
     set_threads(threads)
     samples = [
-        RewardSample(request_id=f"bench-{i}", model="bench", version=1, arm="control", user_hash="u",
-                     prompt_token_ids=p, completion_token_ids=c, behaviour_logprobs=mu, completion_text="",
-                     event="accepted" if r > 0 else "rejected", reward=r, reward_rule="bench@1", completion_time_ms=0)
-        for i, (p, c, r, mu) in enumerate(zip(batch.prompt_ids, batch.completion_ids, batch.rewards,
-                                              batch.behaviour_logprobs))
+        RewardSample(
+            request_id=f"bench-{i}",
+            model="bench",
+            version=1,
+            arm="control",
+            user_hash="u",
+            prompt_token_ids=p,
+            completion_token_ids=c,
+            behaviour_logprobs=mu,
+            completion_text="",
+            event="accepted" if r > 0 else "rejected",
+            reward=r,
+            reward_rule="bench@1",
+            completion_time_ms=0,
+        )
+        for i, (p, c, r, mu) in enumerate(zip(batch.prompt_ids, batch.completion_ids, batch.rewards, batch.behaviour_logprobs))
     ]
     cfg = PPOConfig(**SHARED, lora=not full, target_kl=None)  # no early stop: every epoch runs, as in TRL
     model = build_trainable(model_dir, model_dir, cfg)
@@ -203,25 +227,60 @@ def run_trl(model_dir: Path, batch: Batch, steps: int, threads: int, full: bool,
     value = AutoModelForSequenceClassification.from_pretrained(str(model_dir), num_labels=1, dtype=torch.float32)
     reward = AutoModelForSequenceClassification.from_pretrained(str(model_dir), num_labels=1, dtype=torch.float32)
     data = Dataset.from_dict({"input_ids": batch.prompt_ids})  # the same B prompts every iteration
-    peft_config = None if full else LoraConfig(r=SHARED["lora_rank"], lora_alpha=SHARED["lora_alpha"],
-                                               lora_dropout=0.0, target_modules=list(LORA_TARGETS),
-                                               task_type="CAUSAL_LM")  # = Tidal's PPOConfig.lora_config()
+    peft_config = (
+        None
+        if full
+        else LoraConfig(
+            r=SHARED["lora_rank"],
+            lora_alpha=SHARED["lora_alpha"],
+            lora_dropout=0.0,
+            target_modules=list(LORA_TARGETS),
+            task_type="CAUSAL_LM",
+        )
+    )  # = Tidal's PPOConfig.lora_config()
     marks = Steps()
     with tempfile.TemporaryDirectory(prefix="bench-ppo-trl-") as out:
         args = PPOConfig(
-            output_dir=out, report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True, use_cpu=True,
-            bf16=False, fp16=False, gradient_checkpointing=False, dataloader_num_workers=0, seed=SHARED["seed"],
+            output_dir=out,
+            report_to="none",
+            save_strategy="no",
+            logging_steps=1,
+            disable_tqdm=True,
+            use_cpu=True,
+            bf16=False,
+            fp16=False,
+            gradient_checkpointing=False,
+            dataloader_num_workers=0,
+            seed=SHARED["seed"],
             # one dataloader batch = the B prompts = one PPO iteration; minibatch = one micro batch of 16
-            total_episodes=B * (1 + steps), per_device_train_batch_size=B, gradient_accumulation_steps=1,
-            num_mini_batches=B // SHARED["minibatch_size"], num_ppo_epochs=SHARED["epochs"],
-            local_rollout_forward_batch_size=B, response_length=T, num_sample_generations=0,
-            learning_rate=SHARED["learning_rate"], cliprange=SHARED["clip_eps"],
-            cliprange_value=SHARED["value_clip_eps"], vf_coef=SHARED["vf_coef"], kl_coef=SHARED["kl_coef"],
-            gamma=SHARED["gamma"], lam=SHARED["gae_lambda"],
+            total_episodes=B * (1 + steps),
+            per_device_train_batch_size=B,
+            gradient_accumulation_steps=1,
+            num_mini_batches=B // SHARED["minibatch_size"],
+            num_ppo_epochs=SHARED["epochs"],
+            local_rollout_forward_batch_size=B,
+            response_length=T,
+            num_sample_generations=0,
+            learning_rate=SHARED["learning_rate"],
+            cliprange=SHARED["clip_eps"],
+            cliprange_value=SHARED["value_clip_eps"],
+            vf_coef=SHARED["vf_coef"],
+            kl_coef=SHARED["kl_coef"],
+            gamma=SHARED["gamma"],
+            lam=SHARED["gae_lambda"],
         )
-        trainer = PPOTrainer(args=args, processing_class=tok, model=policy, ref_model=None, reward_model=reward,
-                             train_dataset=data, value_model=value, eval_dataset=data, callbacks=[marks],
-                             peft_config=peft_config)
+        trainer = PPOTrainer(
+            args=args,
+            processing_class=tok,
+            model=policy,
+            ref_model=None,
+            reward_model=reward,
+            train_dataset=data,
+            value_model=value,
+            eval_dataset=data,
+            callbacks=[marks],
+            peft_config=peft_config,
+        )
         trainer.train()
     steps_s = spans([s[0] for s in marks.starts], [e[0] for e in marks.ends])[1:]
     gens = gen_s[1 : 1 + len(steps_s)]
@@ -246,7 +305,6 @@ def side_main(args: argparse.Namespace) -> None:
     with contextlib.redirect_stdout(sys.stderr):  # libraries' prints (TRL logs its metrics) stay off the protocol
         result = run(Path(args.model), Batch.load(Path(args.batch)), args.steps, args.threads, args.full, gate)
     print(json.dumps(result), file=gate.out, flush=True)
-
 
 
 def main(argv: list[str] | None = None) -> None:

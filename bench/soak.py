@@ -35,10 +35,20 @@ from tidal.sandbox import sandbox_platform  # noqa: E402
 from tidal.store import open_store  # noqa: E402
 
 # A cycle sized for two cores under load: a short PPO run and one 50% canary step of at most two minutes.
-TRAIN = {"ppo": {"max_iterations": 6, "batch_size": 32, "minibatch_size": 8, "kl_coef": 0.2}, "retry_delay_s": 0.0,
-         "gate": {"eval_bytes": 20_000, "bpb_tolerance": 0.2}}
-CANARY = {"steps": [0.5], "min_samples": 60, "max_step_s": 120, "poll_s": 2, "feedback_wait_s": 5, "unload_grace_s": 0,
-          "mixture_sd": 0.5}
+TRAIN = {
+    "ppo": {"max_iterations": 6, "batch_size": 32, "minibatch_size": 8, "kl_coef": 0.2},
+    "retry_delay_s": 0.0,
+    "gate": {"eval_bytes": 20_000, "bpb_tolerance": 0.2},
+}
+CANARY = {
+    "steps": [0.5],
+    "min_samples": 60,
+    "max_step_s": 120,
+    "poll_s": 2,
+    "feedback_wait_s": 5,
+    "unload_grace_s": 0,
+    "mixture_sd": 0.5,
+}
 
 
 def say(msg: str) -> None:
@@ -88,8 +98,9 @@ def main() -> None:
     with sandbox_platform(models, gateway=True, train=TRAIN, canary=CANARY, flywheel={"loop": "manual"}) as (settings, platform):
         url = f"http://{settings.gateway.host}:{settings.gateway.port}"
         time.sleep(2 * settings.gateway.fleet_poll_s)
-        cfg = SimUsersConfig(users=200, sites=1000, seed=31, concurrency=args.concurrency, think_s=(0.1, 0.5),
-                             feedback_delay_s=(0.2, 2.0))
+        cfg = SimUsersConfig(
+            users=200, sites=1000, seed=31, concurrency=args.concurrency, think_s=(0.1, 0.5), feedback_delay_s=(0.2, 2.0)
+        )
         users = SimTraffic(cfg, url, settings.gateway.clients[0].key, "tab", settings.bootstrap.heldout_fraction)
         t0, t0_ms = time.monotonic(), int(time.time() * 1000)
         users.start()
@@ -118,8 +129,10 @@ def main() -> None:
                 worker.start()
                 say("flywheel cycle started")
             time.sleep(5)
-            say(f"{time.monotonic() - t0:.0f} s: {len(users.tally.acked)} acknowledged, {len(users.tally.errors)} errors"
-                + (f", cycle {cycle.get('decision', 'running')}" if worker else ""))
+            say(
+                f"{time.monotonic() - t0:.0f} s: {len(users.tally.acked)} acknowledged, {len(users.tally.errors)} errors"
+                + (f", cycle {cycle.get('decision', 'running')}" if worker else "")
+            )
         if worker is not None:
             worker.join()  # the cycle may outlast the load's length: it is part of the run
         after = processes(platform)
@@ -136,15 +149,26 @@ def main() -> None:
         missing_or_doubled = not_exactly_once(tally.acked, rows)
         wall = time.monotonic() - t0
     numeric = [v for v in growth.values() if isinstance(v, float)]
-    print(json.dumps({
-        "p50_ms": pct(tally.latencies_ms, 0.5), "p99_ms": pct(tally.latencies_ms, 0.99),
-        "error_rate": round(len(tally.errors) / max(1, len(tally.errors) + len(tally.acked)), 5),
-        "rss_growth_mb": max(numeric, default=0.0), "records_acked": len(tally.acked),
-        "records_stored": len(tally.acked) - len(missing_or_doubled), "records_stored_total": len(rows),
-        "rss_growth_by_process_mb": growth, "rss_baseline_mb": {n: round(m, 1) for n, (_, m) in before.items()},
-        "errors_sample": tally.errors[:3], "cycle": cycle or None, "wall_s": round(wall, 1), "minutes": args.minutes,
-        "concurrency": args.concurrency,
-    }))
+    print(
+        json.dumps(
+            {
+                "p50_ms": pct(tally.latencies_ms, 0.5),
+                "p99_ms": pct(tally.latencies_ms, 0.99),
+                "error_rate": round(len(tally.errors) / max(1, len(tally.errors) + len(tally.acked)), 5),
+                "rss_growth_mb": max(numeric, default=0.0),
+                "records_acked": len(tally.acked),
+                "records_stored": len(tally.acked) - len(missing_or_doubled),
+                "records_stored_total": len(rows),
+                "rss_growth_by_process_mb": growth,
+                "rss_baseline_mb": {n: round(m, 1) for n, (_, m) in before.items()},
+                "errors_sample": tally.errors[:3],
+                "cycle": cycle or None,
+                "wall_s": round(wall, 1),
+                "minutes": args.minutes,
+                "concurrency": args.concurrency,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -116,18 +116,27 @@ def build_samples(work: Work, rule: RewardRule) -> pa.Table:
     chars = work.accepted_chars[rows]
     when = work.feedback_time[rows]
     sampling = src["sampling"].combine_chunks()
-    table = pa.table({
-        "request_id": src["request_id"], "model": src["model"], "version": src["version"], "arm": src["arm"],
-        "user_hash": src["user_hash"], "prompt_token_ids": prompt_ids, "completion_token_ids": src["completion_token_ids"],
-        "behaviour_logprobs": src["behaviour_logprobs"],
-        "temperature": pc.struct_field(sampling, "temperature"), "top_p": pc.struct_field(sampling, "top_p"),
-        "completion_text": src["completion_text"],
-        "event": pa.array(work.event[rows].astype(str), pa.string()),
-        "accepted_chars": pa.array(np.nan_to_num(chars).astype(np.int64), pa.int64(), mask=np.isnan(chars)),
-        "reward": pa.array(work.reward[rows], pa.float64()),
-        "reward_rule": pa.array(np.full(len(rows), rule.id, dtype=object), pa.string()),
-        "completion_time_ms": src["time_ms"],
-        "feedback_time_ms": pa.array(np.nan_to_num(when).astype(np.int64), pa.int64(), mask=np.isnan(when)),
-    }, schema=REWARD_SAMPLE_SCHEMA)
+    table = pa.table(
+        {
+            "request_id": src["request_id"],
+            "model": src["model"],
+            "version": src["version"],
+            "arm": src["arm"],
+            "user_hash": src["user_hash"],
+            "prompt_token_ids": prompt_ids,
+            "completion_token_ids": src["completion_token_ids"],
+            "behaviour_logprobs": src["behaviour_logprobs"],
+            "temperature": pc.struct_field(sampling, "temperature"),
+            "top_p": pc.struct_field(sampling, "top_p"),
+            "completion_text": src["completion_text"],
+            "event": pa.array(work.event[rows].astype(str), pa.string()),
+            "accepted_chars": pa.array(np.nan_to_num(chars).astype(np.int64), pa.int64(), mask=np.isnan(chars)),
+            "reward": pa.array(work.reward[rows], pa.float64()),
+            "reward_rule": pa.array(np.full(len(rows), rule.id, dtype=object), pa.string()),
+            "completion_time_ms": src["time_ms"],
+            "feedback_time_ms": pa.array(np.nan_to_num(when).astype(np.int64), pa.int64(), mask=np.isnan(when)),
+        },
+        schema=REWARD_SAMPLE_SCHEMA,
+    )
     order = pc.sort_indices(table, sort_keys=[("completion_time_ms", "ascending"), ("request_id", "ascending")])
     return table.take(order)

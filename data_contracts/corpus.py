@@ -29,11 +29,7 @@ def source_files(root: Path) -> list[Path]:
     Files that are not valid UTF-8 are kept here and dropped by :func:`read_texts`.
     """
     root = Path(root)
-    files = [
-        p
-        for p in root.rglob("*.py")
-        if p.is_file() and not _SKIP_DIRS.intersection(p.relative_to(root).parts)
-    ]
+    files = [p for p in root.rglob("*.py") if p.is_file() and not _SKIP_DIRS.intersection(p.relative_to(root).parts)]
     return sorted(files)
 
 
@@ -48,9 +44,7 @@ def _heldout_score(path: Path, root: Path) -> float:
     return unit_hash(Path(path).relative_to(root).as_posix())
 
 
-def split_files(
-    files: Iterable[Path], root: Path, heldout_fraction: float = 0.1
-) -> tuple[list[Path], list[Path]]:
+def split_files(files: Iterable[Path], root: Path, heldout_fraction: float = 0.1) -> tuple[list[Path], list[Path]]:
     """Split ``files`` into (train, held-out) by a hash of each relative path.
 
     The split depends only on the relative paths, not on their order or on the

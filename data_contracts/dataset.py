@@ -104,10 +104,17 @@ def write_dataset(store: ObjectStore, model: str, ds_id: str, samples: pa.Table,
     """Write the samples, then the manifest with their digest; returns the manifest as written."""
     data = _parquet_bytes(samples)
     prefix = dataset_prefix(model, ds_id)
-    manifest = DatasetManifest.model_validate({
-        **record.model_dump(), "dataset_id": ds_id, "rows": samples.num_rows, "data_key": f"{prefix}/part-0.parquet",
-        "data_uri": store.uri(f"{prefix}/part-0.parquet"), "digest": "sha256:" + hashlib.sha256(data).hexdigest(),
-        "schema": {n: str(t) for n, t in zip(samples.schema.names, samples.schema.types)}})
+    manifest = DatasetManifest.model_validate(
+        {
+            **record.model_dump(),
+            "dataset_id": ds_id,
+            "rows": samples.num_rows,
+            "data_key": f"{prefix}/part-0.parquet",
+            "data_uri": store.uri(f"{prefix}/part-0.parquet"),
+            "digest": "sha256:" + hashlib.sha256(data).hexdigest(),
+            "schema": {n: str(t) for n, t in zip(samples.schema.names, samples.schema.types)},
+        }
+    )
     _put_bytes(store, f"{prefix}/part-0.parquet", data)
     _put_bytes(store, f"{prefix}/manifest.json", json.dumps(manifest.stored(), indent=2, sort_keys=True).encode())
     return manifest
@@ -126,6 +133,7 @@ def read_manifest(store: ObjectStore, model: str, ds_id: str) -> DatasetManifest
         return DatasetManifest.model_validate_json(text)
     except ValidationError as e:
         first = e.errors()[0]
-        raise ManifestError(f"{key} is not a dataset manifest ({e.error_count()} problems; first: {first['msg']} at "
-                            f"{'.'.join(str(p) for p in first['loc'])}): re-run collect to write it again") from None
-
+        raise ManifestError(
+            f"{key} is not a dataset manifest ({e.error_count()} problems; first: {first['msg']} at "
+            f"{'.'.join(str(p) for p in first['loc'])}): re-run collect to write it again"
+        ) from None

@@ -18,11 +18,35 @@ import pyarrow.compute as pc
 
 from data_contracts import secrets
 
-COMPLETION_SCALARS = ["request_id", "time_ms", "model", "version", "served_name", "arm", "user_hash", "client_id",
-                      "finish_reason", "latency_ms", "replica"]
+COMPLETION_SCALARS = [
+    "request_id",
+    "time_ms",
+    "model",
+    "version",
+    "served_name",
+    "arm",
+    "user_hash",
+    "client_id",
+    "finish_reason",
+    "latency_ms",
+    "replica",
+]
 FEEDBACK_SCALARS = ["request_id", "time_ms", "model", "event", "accepted_chars", "client_id"]
-SAMPLE_SCALARS = ["request_id", "model", "version", "arm", "user_hash", "event", "accepted_chars", "reward", "reward_rule",
-                  "completion_time_ms", "feedback_time_ms", "temperature", "top_p"]
+SAMPLE_SCALARS = [
+    "request_id",
+    "model",
+    "version",
+    "arm",
+    "user_hash",
+    "event",
+    "accepted_chars",
+    "reward",
+    "reward_rule",
+    "completion_time_ms",
+    "feedback_time_ms",
+    "temperature",
+    "top_p",
+]
 
 
 def _col(table: pa.Table, name: str) -> pa.Array:
@@ -50,8 +74,11 @@ def nullable_bool(values: np.ndarray, valid: np.ndarray) -> pd.arrays.BooleanArr
 
 def list_stats(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A list column → (lengths (N,) float with NaN for a null list, flat values (M,), row of each value (M,))."""
-    return _float(pc.list_value_length(arr)), pc.list_flatten(arr).to_numpy(zero_copy_only=False), \
-        pc.list_parent_indices(arr).to_numpy(zero_copy_only=False)
+    return (
+        _float(pc.list_value_length(arr)),
+        pc.list_flatten(arr).to_numpy(zero_copy_only=False),
+        pc.list_parent_indices(arr).to_numpy(zero_copy_only=False),
+    )
 
 
 def per_row_max(values: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
@@ -115,8 +142,9 @@ def completion_frame(table: pa.Table) -> tuple[pd.DataFrame, np.ndarray]:
     frame["top_p"] = _float(pc.struct_field(sampling, "top_p"))
     expected_name = pc.binary_join_element_wise(_col(table, "model"), pc.cast(_col(table, "version"), pa.string()), "@v")
     same = pc.equal(_col(table, "served_name"), expected_name)
-    frame["served_name_matches"] = nullable_bool(pc.fill_null(same, False).to_numpy(zero_copy_only=False),
-                                                 pc.is_valid(same).to_numpy(zero_copy_only=False))
+    frame["served_name_matches"] = nullable_bool(
+        pc.fill_null(same, False).to_numpy(zero_copy_only=False), pc.is_valid(same).to_numpy(zero_copy_only=False)
+    )
     frame["prompt_secrets"] = secrets.detect(_col(table, "prompt_text")).to_pandas()
     frame["completion_secrets"] = secrets.detect(_col(table, "completion_text")).to_pandas()
     frame["distinct_record_id"], replay, frame["_first_row"] = replays(table)

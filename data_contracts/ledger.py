@@ -60,9 +60,17 @@ class Ledger:
         q_rows = len(self.quarantined) + self.schema_rows
         total_in = self.rows + self.schema_rows
         kept = int(self.live.sum())
-        counts = {"in": total_in, "kept": kept, "quarantined": q_rows, "quarantined_by_reason": dict(sorted(by_reason.items())),
-                  "filtered": sum(filtered.values()), "filtered_by_reason": dict(sorted(filtered.items()))}
+        counts = {
+            "in": total_in,
+            "kept": kept,
+            "quarantined": q_rows,
+            "quarantined_by_reason": dict(sorted(by_reason.items())),
+            "filtered": sum(filtered.values()),
+            "filtered_by_reason": dict(sorted(filtered.items())),
+        }
         if total_in != kept + q_rows + counts["filtered"]:
-            raise ReconciliationError(f"{self.kind}: rows in {total_in} != kept {kept} + quarantined {q_rows} + filtered "
-                                      f"{counts['filtered']} ({counts})")
+            raise ReconciliationError(
+                f"{self.kind}: rows in {total_in} != kept {kept} + quarantined {q_rows} + filtered "
+                f"{counts['filtered']} ({counts})"
+            )
         return counts

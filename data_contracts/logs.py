@@ -19,8 +19,20 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data_contracts.records import SCHEMAS
-from data_contracts.scope import (Partition, Range, Watermark, completes_hour, first_hour, is_new, late_rows,
-                                  owned_completions, owned_feedback, parse_key, partition_prefix, rid_time_ms)
+from data_contracts.scope import (
+    Partition,
+    Range,
+    Watermark,
+    completes_hour,
+    first_hour,
+    is_new,
+    late_rows,
+    owned_completions,
+    owned_feedback,
+    parse_key,
+    partition_prefix,
+    rid_time_ms,
+)
 from tidal.store import ObjectStore
 
 log = logging.getLogger("tidal.collect")
@@ -94,8 +106,12 @@ def find_log_files(store: ObjectStore, model: str, rng: Range, wm: Watermark, li
         for key, modified_ms in store.list_modified(f"logs/{kind}/model={model}/").items():
             part = parse_key(key, model)
             if part is None:
-                log.warning("ignoring %s: not a log part (expected logs/%s/model=%s/date=YYYY-MM-DD/hour=HH/part-*.parquet)",
-                            store.uri(key), kind, model)
+                log.warning(
+                    "ignoring %s: not a log part (expected logs/%s/model=%s/date=YYYY-MM-DD/hour=HH/part-*.parquet)",
+                    store.uri(key),
+                    kind,
+                    model,
+                )
                 continue
             if modified_ms >= listed_from_ms:
                 recent.append(key)
@@ -119,8 +135,11 @@ def _read(path: Path, kind: str) -> tuple[pa.Table | None, str, int]:
     schema = table.schema.remove_metadata()
     if not schema.equals(expected):
         got, want = dict(zip(schema.names, map(str, schema.types))), dict(zip(expected.names, map(str, expected.types)))
-        diff = {n: f"{got.get(n, 'missing')} (expected {want.get(n, 'no such column')})" for n in sorted(set(got) | set(want))
-                if got.get(n) != want.get(n)}
+        diff = {
+            n: f"{got.get(n, 'missing')} (expected {want.get(n, 'no such column')})"
+            for n in sorted(set(got) | set(want))
+            if got.get(n) != want.get(n)
+        }
         return None, f"schema differs from the stored {kind} schema: {diff or 'column order'}", table.num_rows
     return table, "", table.num_rows
 

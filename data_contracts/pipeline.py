@@ -83,12 +83,22 @@ def registry_versions(source: VersionSource, model: str) -> Versions:
 
 
 def contract_params(model: str, versions: Versions, cfg: CollectSettings, as_of_ms: int) -> ContractParams:
-    return ContractParams(model, tuple(versions.known), cfg.max_model_len, as_of_ms - int(cfg.window_s * 1000),
-                          as_of_ms + int(cfg.max_clock_skew_s * 1000))
+    return ContractParams(
+        model,
+        tuple(versions.known),
+        cfg.max_model_len,
+        as_of_ms - int(cfg.window_s * 1000),
+        as_of_ms + int(cfg.max_clock_skew_s * 1000),
+    )
 
 
-def validate_logs(batch: Batch, params: ContractParams, pii_policy: PiiPolicy = "quarantine", encoder: Encoder | None = None,
-                  docs_dir: Path | None = None) -> Work:
+def validate_logs(
+    batch: Batch,
+    params: ContractParams,
+    pii_policy: PiiPolicy = "quarantine",
+    encoder: Encoder | None = None,
+    docs_dir: Path | None = None,
+) -> Work:
     """Run the contracts; failing rows go to their kind's ledger with every reason; then the PII policy."""
     c_frame, c_replay = completion_frame(batch.completions.table)
     f_frame, f_replay = feedback_frame(batch.feedback.table, batch.feedback.joinable, batch.completions.table)
@@ -130,8 +140,9 @@ def check_samples(samples: pa.Table, params: ContractParams, rule: RewardRule) -
     """The dataset about to be written must meet the RewardSample contract (else a bug: nothing is written)."""
     outcome = validate_frames([(reward_sample_suite(params, rule), sample_frame(samples))])["reward_samples"]
     if outcome.reasons:
-        raise ContractError(f"RewardSample contract broken by {len(outcome.reasons)} rows: {dict(outcome.counts())}; "
-                            "the dataset was not written")
+        raise ContractError(
+            f"RewardSample contract broken by {len(outcome.reasons)} rows: {dict(outcome.counts())}; the dataset was not written"
+        )
 
 
 def reconcile(work: Work) -> dict:
@@ -143,26 +154,50 @@ def reconcile(work: Work) -> dict:
     return {**counts, "total": total}
 
 
-def collect_record(plan: Plan, batch: Batch, work: Work, samples: pa.Table, rule: RewardRule, cfg: CollectSettings,
-                   versions: Versions, wm_after: Watermark, quarantine: dict, as_of_ms: int) -> CollectRecord:
+def collect_record(
+    plan: Plan,
+    batch: Batch,
+    work: Work,
+    samples: pa.Table,
+    rule: RewardRule,
+    cfg: CollectSettings,
+    versions: Versions,
+    wm_after: Watermark,
+    quarantine: dict,
+    as_of_ms: int,
+) -> CollectRecord:
     """What the run records in its dataset's manifest, besides what writing the data fixes."""
-    return CollectRecord.model_validate({
-        "model": plan.model, "contract_version": CONTRACT_VERSION, "created_ms": as_of_ms,
-        "reward_rule": {"id": rule.id, "rule": rule.model_dump(mode="json")},
-        "collect_settings": cfg.model_dump(mode="json", exclude={"reward_rule", "reward_rules"}),
-        "source_partitions": batch.partitions, "source_files": batch.files,
-        "schema_quarantined_files": [{"key": b.key, "kind": b.kind, "rows": b.rows, "detail": b.detail} for b in batch.bad_files],
-        "watermark_before": plan.watermark, "watermark_after": wm_after,
-        "late_arrivals": {k: int(getattr(batch, k).late.sum()) if getattr(batch, k).late is not None else 0
-                          for k in ("completions", "feedback")},
-        "counts": reconcile(work), "reconciled": True, "scrubbed": dict(work.scrubbed), "quarantine": quarantine,
-        "versions": {"known": versions.known, "champion": versions.champion, "max_stale_versions": cfg.max_stale_versions},
-        "summary": summarize(samples, rule),
-    })
+    return CollectRecord.model_validate(
+        {
+            "model": plan.model,
+            "contract_version": CONTRACT_VERSION,
+            "created_ms": as_of_ms,
+            "reward_rule": {"id": rule.id, "rule": rule.model_dump(mode="json")},
+            "collect_settings": cfg.model_dump(mode="json", exclude={"reward_rule", "reward_rules"}),
+            "source_partitions": batch.partitions,
+            "source_files": batch.files,
+            "schema_quarantined_files": [
+                {"key": b.key, "kind": b.kind, "rows": b.rows, "detail": b.detail} for b in batch.bad_files
+            ],
+            "watermark_before": plan.watermark,
+            "watermark_after": wm_after,
+            "late_arrivals": {
+                k: int(getattr(batch, k).late.sum()) if getattr(batch, k).late is not None else 0
+                for k in ("completions", "feedback")
+            },
+            "counts": reconcile(work),
+            "reconciled": True,
+            "scrubbed": dict(work.scrubbed),
+            "quarantine": quarantine,
+            "versions": {"known": versions.known, "champion": versions.champion, "max_stale_versions": cfg.max_stale_versions},
+            "summary": summarize(samples, rule),
+        }
+    )
 
 
-def assemble_samples(work: Work, rule: RewardRule, versions: Versions, max_stale: int,
-                     params: ContractParams) -> tuple[Work, pa.Table]:
+def assemble_samples(
+    work: Work, rule: RewardRule, versions: Versions, max_stale: int, params: ContractParams
+) -> tuple[Work, pa.Table]:
     """Validated logs → RewardSample rows: join verdicts → reward → drop stale → dedupe and settle →
     samples, which must meet the RewardSample contract (else nothing is written)."""
     work = assign_rewards(join_feedback(work), rule)
@@ -172,8 +207,18 @@ def assemble_samples(work: Work, rule: RewardRule, versions: Versions, max_stale
     return work, samples
 
 
-def write_version(store: ObjectStore, plan: Plan, work: Work, samples: pa.Table, rule: RewardRule, cfg: CollectSettings,
-                  versions: Versions, quarantine: dict, ds_id: str, as_of_ms: int) -> tuple[DatasetManifest, Watermark]:
+def write_version(
+    store: ObjectStore,
+    plan: Plan,
+    work: Work,
+    samples: pa.Table,
+    rule: RewardRule,
+    cfg: CollectSettings,
+    versions: Versions,
+    quarantine: dict,
+    ds_id: str,
+    as_of_ms: int,
+) -> tuple[DatasetManifest, Watermark]:
     """Dataset + manifest; returns the manifest and the watermark to set once everything else succeeded."""
     wm_after = advance(plan.watermark, plan.rng, work.batch.future, ds_id, as_of_ms, plan.listed_from_ms, plan.listed_recent)
     record = collect_record(plan, work.batch, work, samples, rule, cfg, versions, wm_after, quarantine, as_of_ms)
@@ -185,14 +230,26 @@ def summarize(samples: pa.Table, rule: RewardRule) -> dict:
     df = samples.select(["version", "arm", "event", "reward"]).to_pandas()
     low, high = rule.bounds()
     counts, edges = np.histogram(df["reward"].to_numpy(), bins=8, range=(low, high if high > low else low + 1))
-    out = {"rows": len(df), "events": dict(sorted(Counter(df["event"].tolist()).items())),
-           "reward_mean": float(df["reward"].mean()) if len(df) else None,
-           "reward_histogram": [{"from": float(a), "to": float(b), "rows": int(n)} for a, b, n in zip(edges[:-1], edges[1:], counts)],
-           "by_version_arm": []}
+    out = {
+        "rows": len(df),
+        "events": dict(sorted(Counter(df["event"].tolist()).items())),
+        "reward_mean": float(df["reward"].mean()) if len(df) else None,
+        "reward_histogram": [
+            {"from": float(a), "to": float(b), "rows": int(n)} for a, b, n in zip(edges[:-1], edges[1:], counts)
+        ],
+        "by_version_arm": [],
+    }
     for (version, arm), g in df.groupby(["version", "arm"], sort=True):
         verdicts = int(g["event"].isin(["accepted", "rejected", "partial"]).sum())
         accepted = int(g["event"].isin(["accepted", "partial"]).sum())
-        out["by_version_arm"].append({"version": int(version), "arm": arm, "rows": len(g), "verdicts": verdicts,
-                                      "accept_rate": accepted / verdicts if verdicts else None,
-                                      "mean_reward": float(g["reward"].mean())})
+        out["by_version_arm"].append(
+            {
+                "version": int(version),
+                "arm": arm,
+                "rows": len(g),
+                "verdicts": verdicts,
+                "accept_rate": accepted / verdicts if verdicts else None,
+                "mean_reward": float(g["reward"].mean()),
+            }
+        )
     return out

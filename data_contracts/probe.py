@@ -17,9 +17,7 @@ class ProbeItem(BaseModel):
 
     prompt_token_ids: list[int] = Field(description="The prompt, encoded without special tokens.")
     completion_token_ids: list[int] = Field(description="Greedy next tokens, eos not treated as a stop.")
-    logprobs: list[float] = Field(
-        description="float32 log_softmax of the raw logits at each completion token."
-    )
+    logprobs: list[float] = Field(description="float32 log_softmax of the raw logits at each completion token.")
 
     @field_validator("logprobs", mode="before")
     @classmethod

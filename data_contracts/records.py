@@ -59,22 +59,48 @@ class FeedbackEvent(BaseModel):
     client_id: str = Field(description="API client that sent the feedback.")
 
 
-SAMPLING_TYPE = pa.struct([("temperature", pa.float64()), ("top_p", pa.float64()), ("max_tokens", pa.int64()),
-                           ("stop", pa.list_(pa.string())), ("seed", pa.int64())])
+SAMPLING_TYPE = pa.struct(
+    [
+        ("temperature", pa.float64()),
+        ("top_p", pa.float64()),
+        ("max_tokens", pa.int64()),
+        ("stop", pa.list_(pa.string())),
+        ("seed", pa.int64()),
+    ]
+)
 
-COMPLETION_SCHEMA = pa.schema([
-    ("request_id", pa.string()), ("time_ms", pa.int64()), ("model", pa.string()), ("version", pa.int64()),
-    ("served_name", pa.string()), ("arm", pa.string()), ("user_hash", pa.string()), ("client_id", pa.string()),
-    ("prompt_text", pa.string()), ("completion_text", pa.string()),
-    ("prompt_token_ids", pa.list_(pa.int32())), ("completion_token_ids", pa.list_(pa.int32())),
-    ("behaviour_logprobs", pa.list_(pa.float32())), ("sampling", SAMPLING_TYPE), ("finish_reason", pa.string()),
-    ("latency_ms", pa.float64()), ("replica", pa.string()),
-])
+COMPLETION_SCHEMA = pa.schema(
+    [
+        ("request_id", pa.string()),
+        ("time_ms", pa.int64()),
+        ("model", pa.string()),
+        ("version", pa.int64()),
+        ("served_name", pa.string()),
+        ("arm", pa.string()),
+        ("user_hash", pa.string()),
+        ("client_id", pa.string()),
+        ("prompt_text", pa.string()),
+        ("completion_text", pa.string()),
+        ("prompt_token_ids", pa.list_(pa.int32())),
+        ("completion_token_ids", pa.list_(pa.int32())),
+        ("behaviour_logprobs", pa.list_(pa.float32())),
+        ("sampling", SAMPLING_TYPE),
+        ("finish_reason", pa.string()),
+        ("latency_ms", pa.float64()),
+        ("replica", pa.string()),
+    ]
+)
 
-FEEDBACK_SCHEMA = pa.schema([
-    ("request_id", pa.string()), ("time_ms", pa.int64()), ("model", pa.string()), ("event", pa.string()),
-    ("accepted_chars", pa.int64()), ("client_id", pa.string()),
-])
+FEEDBACK_SCHEMA = pa.schema(
+    [
+        ("request_id", pa.string()),
+        ("time_ms", pa.int64()),
+        ("model", pa.string()),
+        ("event", pa.string()),
+        ("accepted_chars", pa.int64()),
+        ("client_id", pa.string()),
+    ]
+)
 
 SCHEMAS: dict[str, pa.Schema] = {"completions": COMPLETION_SCHEMA, "feedback": FEEDBACK_SCHEMA}
 RECORD_TYPES: dict[str, type[BaseModel]] = {"completions": CompletionRecord, "feedback": FeedbackEvent}

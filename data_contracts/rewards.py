@@ -32,8 +32,9 @@ def kept_chars(event: np.ndarray, accepted_chars: np.ndarray, completion_chars: 
     event = np.asarray(event, dtype=object)
     n_chars = np.asarray(completion_chars, dtype=np.float64)
     chars = np.asarray(accepted_chars, dtype=np.float64)
-    kept = np.where(event == "accepted", np.where(np.isnan(chars), n_chars, chars),
-                    np.where(event == "partial", np.nan_to_num(chars), 0.0))
+    kept = np.where(
+        event == "accepted", np.where(np.isnan(chars), n_chars, chars), np.where(event == "partial", np.nan_to_num(chars), 0.0)
+    )
     return np.clip(kept, 0.0, n_chars)
 
 
@@ -44,14 +45,22 @@ class RewardRule(Section):
     rejected: float = Field(-0.25, description="Reward of a rejected completion.")
     empty: float = Field(0.0, description="Reward of an empty completion (nothing shown), whatever the feedback says.")
     ignored: float = Field(0.0, description="Reward of a non-empty completion without feedback when no_feedback='ignored'.")
-    no_feedback: NoFeedback = Field("drop", description=(
-        "A non-empty completion with no feedback within the collection's feedback_timeout_s: 'drop' leaves it out "
-        "of the dataset (counted as no_feedback), 'ignored' keeps it with event 'none' and reward `ignored`. "
-        "Empty completions are always kept: nothing was shown, so no verdict was possible."))
-    accept_scale_by_chars: bool = Field(False, description=(
-        "False: accepted = `accepted`, partial = `accepted` × accepted_chars/len(completion_text). True: both "
-        "= `accepted` × min(chars kept, accept_chars_cap)/accept_chars_cap, so suggesting more that users keep "
-        "earns more (guards against the policy learning to go silent)."))
+    no_feedback: NoFeedback = Field(
+        "drop",
+        description=(
+            "A non-empty completion with no feedback within the collection's feedback_timeout_s: 'drop' leaves it out "
+            "of the dataset (counted as no_feedback), 'ignored' keeps it with event 'none' and reward `ignored`. "
+            "Empty completions are always kept: nothing was shown, so no verdict was possible."
+        ),
+    )
+    accept_scale_by_chars: bool = Field(
+        False,
+        description=(
+            "False: accepted = `accepted`, partial = `accepted` × accepted_chars/len(completion_text). True: both "
+            "= `accepted` × min(chars kept, accept_chars_cap)/accept_chars_cap, so suggesting more that users keep "
+            "earns more (guards against the policy learning to go silent)."
+        ),
+    )
     accept_chars_cap: int = Field(32, ge=1, description="Characters kept at which a scaled accept reward reaches `accepted`.")
 
     @property
@@ -89,6 +98,9 @@ class RewardRule(Section):
         else:
             accept_reward = np.full(len(event), self.accepted)
             partial_reward = self.accepted * np.divide(kept, n_chars, out=np.zeros_like(kept), where=n_chars > 0)
-        out = np.select([n_chars == 0, accepted, partial, rejected],
-                        [self.empty, accept_reward, partial_reward, self.rejected], default=self.ignored)
+        out = np.select(
+            [n_chars == 0, accepted, partial, rejected],
+            [self.empty, accept_reward, partial_reward, self.rejected],
+            default=self.ignored,
+        )
         return out.astype(np.float64)

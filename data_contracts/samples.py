@@ -25,17 +25,31 @@ class RewardSample(BaseModel):
     version: int = Field(description="Behaviour version: the registry version whose weights sampled the completion.")
     arm: Arm = Field(description="Route arm that served it (control = champion, canary = candidate).")
     user_hash: str = Field(description="Hash of the user/session id.")
-    prompt_token_ids: list[int] = Field(description="(P,) prompt token ids as the engine saw them (re-encoded if the prompt was scrubbed).")
+    prompt_token_ids: list[int] = Field(
+        description="(P,) prompt token ids as the engine saw them (re-encoded if the prompt was scrubbed)."
+    )
     completion_token_ids: list[int] = Field(description="(T,) sampled token ids.")
-    behaviour_logprobs: list[float] = Field(description=(
-        "(T,) served log-prob of each sampled token under the distribution it was drawn from (after temperature "
-        "and top-p: the engines log processed log-probs): μ in PPO's IS weight."))
-    temperature: float = Field(1.0, ge=0, description=(
-        "Temperature the completion was sampled at; the trainer scores π at the same temperature, so π/μ compares "
-        "like with like. 0 = greedy: no exploration, and PPO does not train on it."))
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus mass it was sampled with (μ is renormalised over the nucleus below 1).")
+    behaviour_logprobs: list[float] = Field(
+        description=(
+            "(T,) served log-prob of each sampled token under the distribution it was drawn from (after temperature "
+            "and top-p: the engines log processed log-probs): μ in PPO's IS weight."
+        )
+    )
+    temperature: float = Field(
+        1.0,
+        ge=0,
+        description=(
+            "Temperature the completion was sampled at; the trainer scores π at the same temperature, so π/μ compares "
+            "like with like. 0 = greedy: no exploration, and PPO does not train on it."
+        ),
+    )
+    top_p: float = Field(
+        1.0, gt=0, le=1, description="Nucleus mass it was sampled with (μ is renormalised over the nucleus below 1)."
+    )
     completion_text: str = Field(description="Completion as shown to the user ('' = nothing shown).")
-    event: SampleEvent = Field(description="The verdict: accepted, rejected, partial, or none (no feedback in time / nothing shown).")
+    event: SampleEvent = Field(
+        description="The verdict: accepted, rejected, partial, or none (no feedback in time / nothing shown)."
+    )
     accepted_chars: int | None = Field(None, ge=0, description="Characters the user kept, when the feedback said.")
     reward: float = Field(description="Terminal reward from the rule named in reward_rule.")
     reward_rule: str = Field(description="Rule that computed the reward, 'name@version'.")
@@ -43,14 +57,27 @@ class RewardSample(BaseModel):
     feedback_time_ms: int | None = Field(None, description="Unix epoch ms of the feedback; None without feedback.")
 
 
-REWARD_SAMPLE_SCHEMA = pa.schema([
-    ("request_id", pa.string()), ("model", pa.string()), ("version", pa.int64()), ("arm", pa.string()),
-    ("user_hash", pa.string()), ("prompt_token_ids", pa.list_(pa.int32())), ("completion_token_ids", pa.list_(pa.int32())),
-    ("behaviour_logprobs", pa.list_(pa.float32())), ("temperature", pa.float64()), ("top_p", pa.float64()),
-    ("completion_text", pa.string()), ("event", pa.string()),
-    ("accepted_chars", pa.int64()), ("reward", pa.float64()), ("reward_rule", pa.string()),
-    ("completion_time_ms", pa.int64()), ("feedback_time_ms", pa.int64()),
-])
+REWARD_SAMPLE_SCHEMA = pa.schema(
+    [
+        ("request_id", pa.string()),
+        ("model", pa.string()),
+        ("version", pa.int64()),
+        ("arm", pa.string()),
+        ("user_hash", pa.string()),
+        ("prompt_token_ids", pa.list_(pa.int32())),
+        ("completion_token_ids", pa.list_(pa.int32())),
+        ("behaviour_logprobs", pa.list_(pa.float32())),
+        ("temperature", pa.float64()),
+        ("top_p", pa.float64()),
+        ("completion_text", pa.string()),
+        ("event", pa.string()),
+        ("accepted_chars", pa.int64()),
+        ("reward", pa.float64()),
+        ("reward_rule", pa.string()),
+        ("completion_time_ms", pa.int64()),
+        ("feedback_time_ms", pa.int64()),
+    ]
+)
 
 
 def samples_table(rows: list[dict]) -> pa.Table:

@@ -47,16 +47,24 @@ class Watermark(BaseModel):
     hour: str | None = Field(None, description="Last fully processed hour, 'YYYY-MM-DDTHH' (UTC).")
     completions_through_ms: int = Field(description="Every completion with time < this has been accounted.")
     feedback_through_ms: int = Field(description="Feedback with t_f < this and t_c < completions_through has been accounted.")
-    future_seen: dict[str, dict[str, int]] = Field(default_factory=lambda: {"completions": {}, "feedback": {}}, description=(
-        "Future-dated rows already quarantined, kind → request id → time, until the range passes them."))
+    future_seen: dict[str, dict[str, int]] = Field(
+        default_factory=lambda: {"completions": {}, "feedback": {}},
+        description=("Future-dated rows already quarantined, kind → request id → time, until the range passes them."),
+    )
     dataset_id: str | None = Field(None, description="Dataset written by the run that set this watermark.")
     updated_ms: int | None = None
-    listed_from_ms: int | None = Field(None, description=(
-        "Log objects last modified before this time (the store's clock) were listed by the run that set this "
-        "watermark: the start of its listing less max_clock_skew_s. Later ones are new to the next run, which "
-        "looks in them for late arrivals. None: not recorded (an older watermark): no object counts as new."))
-    listed_recent: list[str] = Field(default_factory=list, description=(
-        "Keys that run listed which were modified at or after listed_from_ms: they are not new to the next run."))
+    listed_from_ms: int | None = Field(
+        None,
+        description=(
+            "Log objects last modified before this time (the store's clock) were listed by the run that set this "
+            "watermark: the start of its listing less max_clock_skew_s. Later ones are new to the next run, which "
+            "looks in them for late arrivals. None: not recorded (an older watermark): no object counts as new."
+        ),
+    )
+    listed_recent: list[str] = Field(
+        default_factory=list,
+        description=("Keys that run listed which were modified at or after listed_from_ms: they are not new to the next run."),
+    )
 
 
 def watermark_key(model: str) -> str:
@@ -106,8 +114,15 @@ def next_range(wm: Watermark, as_of_ms: int, include_open_hour: bool, timeout_s:
         c_new = f_new = as_of_ms - grace_ms + 1
     else:  # hours whose verdict window closed and whose records had time to reach the store
         c_new, f_new = floor_hour(as_of_ms - timeout_ms - grace_ms), as_of_ms - grace_ms
-    return Range(wm.completions_through_ms, max(c_new, wm.completions_through_ms), wm.feedback_through_ms,
-                 max(f_new, wm.feedback_through_ms), as_of_ms, as_of_ms + int(skew_s * 1000), timeout_ms)
+    return Range(
+        wm.completions_through_ms,
+        max(c_new, wm.completions_through_ms),
+        wm.feedback_through_ms,
+        max(f_new, wm.feedback_through_ms),
+        as_of_ms,
+        as_of_ms + int(skew_s * 1000),
+        timeout_ms,
+    )
 
 
 def parse_key(key: str, model: str) -> Partition | None:
@@ -143,12 +158,12 @@ def rid_time_ms(request_ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
     ids = request_ids.combine_chunks() if isinstance(request_ids, pa.ChunkedArray) else request_ids
     out = np.full(len(ids), -1, dtype=np.int64)
     head = pc.utf8_slice_codeunits(pc.fill_null(ids, ""), 0, _RID_HEAD_CHARS)
-    full = (pc.binary_length(head).to_numpy(zero_copy_only=False) == _RID_HEAD_CHARS)
+    full = pc.binary_length(head).to_numpy(zero_copy_only=False) == _RID_HEAD_CHARS
     if not full.any():
         return out
     head = pc.filter(head, pa.array(full)).cast(pa.binary())
-    offsets = np.frombuffer(head.buffers()[1], dtype=np.int32)[head.offset:head.offset + len(head) + 1]
-    chars = np.frombuffer(head.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[-1]].reshape(-1, _RID_HEAD_CHARS)
+    offsets = np.frombuffer(head.buffers()[1], dtype=np.int32)[head.offset : head.offset + len(head) + 1]
+    chars = np.frombuffer(head.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]].reshape(-1, _RID_HEAD_CHARS)
     sextets = _B64URL_VALUES[chars]  # (K, 28), 255 marks a non-base64url character
     readable = (sextets < 64).all(axis=1)
     version = (sextets[:, 0].astype(np.uint16) << 2) | (sextets[:, 1] >> 4)  # byte 0
@@ -164,8 +179,9 @@ def _seen(ids: pa.Array | pa.ChunkedArray, seen: dict[str, int]) -> np.ndarray:
     return np.array([i in seen for i in ids.to_pylist()], dtype=bool)
 
 
-def owned_completions(rng: Range, t: np.ndarray, has_t: np.ndarray, in_done_hour: bool, ids: pa.Array | pa.ChunkedArray,
-                      seen: dict[str, int]) -> np.ndarray:
+def owned_completions(
+    rng: Range, t: np.ndarray, has_t: np.ndarray, in_done_hour: bool, ids: pa.Array | pa.ChunkedArray, seen: dict[str, int]
+) -> np.ndarray:
     """(N,) bool: the completions of one file this run owns. t: (N,) times (any value where has_t is False);
     seen: ids of future rows an earlier run quarantined (rare, so the look-up may be slow)."""
     future = has_t & (t > rng.future_ms)
@@ -177,8 +193,15 @@ def owned_completions(rng: Range, t: np.ndarray, has_t: np.ndarray, in_done_hour
     return in_range | future | (~has_t & in_done_hour)
 
 
-def owned_feedback(rng: Range, t_f: np.ndarray, has_t: np.ndarray, t_c: np.ndarray, in_done_hour: bool,
-                   ids: pa.Array | pa.ChunkedArray, seen: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
+def owned_feedback(
+    rng: Range,
+    t_f: np.ndarray,
+    has_t: np.ndarray,
+    t_c: np.ndarray,
+    in_done_hour: bool,
+    ids: pa.Array | pa.ChunkedArray,
+    seen: dict[str, int],
+) -> tuple[np.ndarray, np.ndarray]:
     """(owned, joinable), each (N,) bool, for the feedback rows of one file. joinable rows may be matched
     to a completion of this run; owned but not joinable rows are late (or undatable)."""
     t_c = np.where(t_c >= 0, t_c, t_f)  # an unreadable id: as if its completion came with it (→ orphan)
@@ -199,8 +222,9 @@ def is_new(wm: Watermark, recent: set[str], key: str, modified_ms: int) -> bool:
     return wm.listed_from_ms is not None and modified_ms >= wm.listed_from_ms and key not in recent
 
 
-def late_rows(rng: Range, kind: str, part: Partition, t: np.ndarray, has_t: np.ndarray,
-              t_c: np.ndarray | None = None) -> np.ndarray:
+def late_rows(
+    rng: Range, kind: str, part: Partition, t: np.ndarray, has_t: np.ndarray, t_c: np.ndarray | None = None
+) -> np.ndarray:
     """(N,) bool: the rows of a new object that an earlier run's range already passed (see the module's doc).
     t: (N,) row times; t_c: feedback only, (N,) completion times from the request ids (-1: unreadable)."""
     if kind == "completions":
@@ -211,8 +235,15 @@ def late_rows(rng: Range, kind: str, part: Partition, t: np.ndarray, has_t: np.n
     return (has_t & passed) | (~has_t & (part.end_ms <= old))  # undatable rows of an hour an earlier run completed
 
 
-def advance(wm: Watermark, rng: Range, future: dict[str, dict[str, int]], dataset_id: str, now_ms: int,
-            listed_from_ms: int | None = None, listed_recent: list[str] | None = None) -> Watermark:
+def advance(
+    wm: Watermark,
+    rng: Range,
+    future: dict[str, dict[str, int]],
+    dataset_id: str,
+    now_ms: int,
+    listed_from_ms: int | None = None,
+    listed_recent: list[str] | None = None,
+) -> Watermark:
     """The watermark after a successful run: the new range, future ids kept until the range passes them, and
     what this run listed (so the next one knows which objects are new to it)."""
     seen = {}
@@ -220,6 +251,14 @@ def advance(wm: Watermark, rng: Range, future: dict[str, dict[str, int]], datase
         merged = {**wm.future_seen.get(kind, {}), **future.get(kind, {})}
         seen[kind] = {rid: t for rid, t in merged.items() if t >= through}
     last_full = floor_hour(rng.c_new) - HOUR_MS
-    return Watermark(model=wm.model, hour=hour_label(last_full), completions_through_ms=rng.c_new,
-                     feedback_through_ms=rng.f_new, future_seen=seen, dataset_id=dataset_id, updated_ms=now_ms,
-                     listed_from_ms=listed_from_ms, listed_recent=sorted(listed_recent or []))
+    return Watermark(
+        model=wm.model,
+        hour=hour_label(last_full),
+        completions_through_ms=rng.c_new,
+        feedback_through_ms=rng.f_new,
+        future_seen=seen,
+        dataset_id=dataset_id,
+        updated_ms=now_ms,
+        listed_from_ms=listed_from_ms,
+        listed_recent=sorted(listed_recent or []),
+    )

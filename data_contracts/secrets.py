@@ -17,7 +17,10 @@ PATTERNS: dict[str, tuple[str, str]] = {
     # a whole PEM block when it is complete, else from the header to the end of the text
     "private_key": ("secret", r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----(?:[\s\S]*?-----END [A-Z0-9 ]*PRIVATE KEY-----|[\s\S]*)"),
     # OpenAI/Anthropic-style (sk-...), GitHub (ghp_..., github_pat_...) and Slack (xox?-...) tokens
-    "api_key": ("secret", r"\b(?:sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,}|xox[abprs]-[A-Za-z0-9-]{10,})"),
+    "api_key": (
+        "secret",
+        r"\b(?:sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,}|xox[abprs]-[A-Za-z0-9-]{10,})",
+    ),
     "email": ("pii", r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b"),
 }
 ANY = "|".join(f"(?:{p})" for _, p in PATTERNS.values())

@@ -55,9 +55,11 @@ def _row_reasons(meta: dict, item: dict, column: str) -> list[str]:
 
 
 def _docs_site(docs_dir: Path) -> dict:
-    return {"class_name": "SiteBuilder",
-            "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
-            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"}}
+    return {
+        "class_name": "SiteBuilder",
+        "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
+        "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+    }
 
 
 def validate_frames(checks: list[tuple[object, pd.DataFrame]], docs_dir: Path | None = None) -> dict[str, Outcome]:
@@ -67,18 +69,25 @@ def validate_frames(checks: list[tuple[object, pd.DataFrame]], docs_dir: Path | 
 
     config = DataContextConfig(
         store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False),  # no stray temp directories
-        analytics_enabled=False, progress_bars=ProgressBarsConfig(globally=False),
-        data_docs_sites={DOCS_SITE: _docs_site(docs_dir)} if docs_dir is not None else {})
+        analytics_enabled=False,
+        progress_bars=ProgressBarsConfig(globally=False),
+        data_docs_sites={DOCS_SITE: _docs_site(docs_dir)} if docs_dir is not None else {},
+    )
     context = gx.get_context(project_config=config, mode="ephemeral")
     source = context.data_sources.add_pandas("collect")
     outcomes = {}
     for suite, frame in checks:
         name = suite.name
         batch = source.add_dataframe_asset(name).add_batch_definition_whole_dataframe(name)
-        definition = context.validation_definitions.add(gx.ValidationDefinition(name=name, data=batch, suite=context.suites.add(suite)))
+        definition = context.validation_definitions.add(
+            gx.ValidationDefinition(name=name, data=batch, suite=context.suites.add(suite))
+        )
         actions = [gx.checkpoint.UpdateDataDocsAction(name="data_docs", site_names=[DOCS_SITE])] if docs_dir is not None else []
-        checkpoint = context.checkpoints.add(gx.Checkpoint(name=f"collect-{name}", validation_definitions=[definition],
-                                                           actions=actions, result_format=RESULT_FORMAT))
+        checkpoint = context.checkpoints.add(
+            gx.Checkpoint(
+                name=f"collect-{name}", validation_definitions=[definition], actions=actions, result_format=RESULT_FORMAT
+            )
+        )
         result = next(iter(checkpoint.run(batch_parameters={"dataframe": frame}).run_results.values()))
         outcomes[name] = _outcome(name, frame, result)
     return outcomes
@@ -91,11 +100,14 @@ def _outcome(name: str, frame: pd.DataFrame, result) -> Outcome:
         column = cfg.kwargs.get("column") or f"{cfg.kwargs.get('column_A')},{cfg.kwargs.get('column_B')}"
         raised = (r.exception_info or {}).get("raised_exception")
         if raised:
-            raise ContractError(f"suite {name!r}: {cfg.type} on {column!r} could not run: {r.exception_info.get('exception_message')}")
+            raise ContractError(
+                f"suite {name!r}: {cfg.type} on {column!r} could not run: {r.exception_info.get('exception_message')}"
+            )
         items = r.result.get("unexpected_index_list") or []
         if not r.success and not items:
-            raise ContractError(f"suite {name!r}: {cfg.type} on {column!r} failed without failing rows "
-                                f"(a table-level check); result: {r.result}")
+            raise ContractError(
+                f"suite {name!r}: {cfg.type} on {column!r} failed without failing rows (a table-level check); result: {r.result}"
+            )
         for item in items:
             row = int(item["_row"])
             out.reasons.setdefault(row, []).extend(_row_reasons(cfg.meta or {}, item, cfg.kwargs.get("column", "")))

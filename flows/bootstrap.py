@@ -6,8 +6,7 @@ import mlflow
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
-from tasks.bootstrap import (compute_version_probe, load_corpus, pretrain_policy, publish_base_version,
-                             train_base_tokenizer)
+from tasks.bootstrap import compute_version_probe, load_corpus, pretrain_policy, publish_base_version, train_base_tokenizer
 from tidal.registry import Registry
 from tidal.settings import load_settings
 from tidal.store import open_store
@@ -26,9 +25,14 @@ def bootstrap(model: str = "tab", force: bool = False) -> int:
     mlflow.set_tracking_uri(settings.mlflow.tracking_uri)
     mlflow.set_experiment(f"{model}/bootstrap")
     with mlflow.start_run(run_name="bootstrap") as run:
-        mlflow.log_params({"vocab_size": cfg.vocab_size, "heldout_fraction": cfg.heldout_fraction,
-                           **{f"policy.{k}": v for k, v in cfg.policy.model_dump().items()},
-                           **{f"pretrain.{k}": v for k, v in cfg.pretrain.model_dump().items()}})
+        mlflow.log_params(
+            {
+                "vocab_size": cfg.vocab_size,
+                "heldout_fraction": cfg.heldout_fraction,
+                **{f"policy.{k}": v for k, v in cfg.policy.model_dump().items()},
+                **{f"pretrain.{k}": v for k, v in cfg.pretrain.model_dump().items()},
+            }
+        )
         corpus = load_corpus(cfg.heldout_fraction)
         tokenizer = train_base_tokenizer(corpus.train, cfg.vocab_size)
         policy, result = pretrain_policy(tokenizer, corpus, cfg)
@@ -36,11 +40,16 @@ def bootstrap(model: str = "tab", force: bool = False) -> int:
         probe = compute_version_probe(policy, tokenizer, corpus.heldout, cfg)
         info = publish_base_version(registry, store, model, policy, tokenizer, probe, result, cfg, run.info.run_id)
 
-    create_markdown_artifact(key=f"{model}-bootstrap", description="Base policy", markdown=(
-        f"# {model}: base policy v{info.version}\n\n| figure | value |\n|---|---|\n"
-        f"| train / held-out files | {corpus.train_files} / {corpus.heldout_files} |\n"
-        f"| steps | {result.steps} |\n| tokens | {result.tokens_seen} |\n| tokens/s | {result.tokens_per_s:.0f} |\n"
-        f"| held-out bits/byte | {result.heldout_bits_per_byte:.3f} (over {result.heldout_bytes} bytes) |\n"
-        f"| checkpoint | `{info.source}` |\n"))
+    create_markdown_artifact(
+        key=f"{model}-bootstrap",
+        description="Base policy",
+        markdown=(
+            f"# {model}: base policy v{info.version}\n\n| figure | value |\n|---|---|\n"
+            f"| train / held-out files | {corpus.train_files} / {corpus.heldout_files} |\n"
+            f"| steps | {result.steps} |\n| tokens | {result.tokens_seen} |\n| tokens/s | {result.tokens_per_s:.0f} |\n"
+            f"| held-out bits/byte | {result.heldout_bits_per_byte:.3f} (over {result.heldout_bytes} bytes) |\n"
+            f"| checkpoint | `{info.source}` |\n"
+        ),
+    )
     print(f"{model} v{info.version} registered as champion: held-out {result.heldout_bits_per_byte:.3f} bits/byte")
     return info.version

@@ -52,8 +52,9 @@ def collect(model: str = "tab", include_open_hour: bool = False, driver: Driver 
     plan = find_new_partitions(store, model, cfg, as_of_ms, include_open_hour)
     batch = load_logs(store, plan)
     if batch.empty:
-        get_run_logger().info("%s: nothing new since the watermark (%s); latest dataset %s", model, plan.watermark.hour,
-                              plan.watermark.dataset_id)
+        get_run_logger().info(
+            "%s: nothing new since the watermark (%s); latest dataset %s", model, plan.watermark.hour, plan.watermark.dataset_id
+        )
         return plan.watermark.dataset_id or ""
     versions = read_versions(registry, model)
     params = contract_params(model, versions, cfg, as_of_ms)
@@ -71,6 +72,8 @@ def collect(model: str = "tab", include_open_hour: bool = False, driver: Driver 
     events.dataset_ready(model, ds_id, manifest.rows, driver)
 
     total = manifest.counts.total
-    print(f"{model}: dataset {ds_id}: {manifest.rows} samples; rows in {total.in_} = kept {total.kept} + "
-          f"quarantined {total.quarantined} + filtered {total.filtered}")
+    print(
+        f"{model}: dataset {ds_id}: {manifest.rows} samples; rows in {total.in_} = kept {total.kept} + "
+        f"quarantined {total.quarantined} + filtered {total.filtered}"
+    )
     return ds_id

@@ -36,21 +36,53 @@ def deployments(settings: TidalSettings) -> list:
         # Standalone runs chain by events; runs inside the flywheel carry driver=flywheel and trigger nothing.
         on = {"tidal.model": name, "tidal.driver": "standalone"}
         out += [
-            collect.to_deployment(name=f"collect-{name}", schedules=[Cron(settings.collect.schedule_cron, timezone="UTC", active=chained)], tags=tags,
-                                  parameters={"model": name}, description=f"Validate {name}'s new logs into a reward dataset."),
-            train.to_deployment(name=f"train-{name}", parameters={"model": name}, tags=tags, concurrency_limit=1,
-                                description=f"PPO from {name}'s champion on a dataset; gated candidate.",
-                                triggers=[DeploymentEventTrigger(
-                                    name=f"{name}: dataset ready", expect={DATASET_READY}, match=on, enabled=chained,
-                                    parameters={"model": name, "dataset_id": "{{ event.payload.dataset_id }}"})]),
-            promote.to_deployment(name=f"promote-{name}", parameters={"model": name}, tags=tags, concurrency_limit=1,
-                                  description=f"Canary A/B of {name}'s candidate; promote or roll back.",
-                                  triggers=[DeploymentEventTrigger(
-                                      name=f"{name}: candidate registered", expect={CANDIDATE_REGISTERED}, match=on,
-                                      enabled=chained, parameters={"model": name, "candidate": "{{ event.payload.version }}"})]),
-            flywheel.to_deployment(name=f"flywheel-{name}", schedules=[Cron(settings.flywheel.schedule_cron, timezone="UTC", active=cycles)],
-                                   parameters={"model": name}, tags=tags, concurrency_limit=1,
-                                   description=f"One whole cycle for {name}: collect → train → promote."),
+            collect.to_deployment(
+                name=f"collect-{name}",
+                schedules=[Cron(settings.collect.schedule_cron, timezone="UTC", active=chained)],
+                tags=tags,
+                parameters={"model": name},
+                description=f"Validate {name}'s new logs into a reward dataset.",
+            ),
+            train.to_deployment(
+                name=f"train-{name}",
+                parameters={"model": name},
+                tags=tags,
+                concurrency_limit=1,
+                description=f"PPO from {name}'s champion on a dataset; gated candidate.",
+                triggers=[
+                    DeploymentEventTrigger(
+                        name=f"{name}: dataset ready",
+                        expect={DATASET_READY},
+                        match=on,
+                        enabled=chained,
+                        parameters={"model": name, "dataset_id": "{{ event.payload.dataset_id }}"},
+                    )
+                ],
+            ),
+            promote.to_deployment(
+                name=f"promote-{name}",
+                parameters={"model": name},
+                tags=tags,
+                concurrency_limit=1,
+                description=f"Canary A/B of {name}'s candidate; promote or roll back.",
+                triggers=[
+                    DeploymentEventTrigger(
+                        name=f"{name}: candidate registered",
+                        expect={CANDIDATE_REGISTERED},
+                        match=on,
+                        enabled=chained,
+                        parameters={"model": name, "candidate": "{{ event.payload.version }}"},
+                    )
+                ],
+            ),
+            flywheel.to_deployment(
+                name=f"flywheel-{name}",
+                schedules=[Cron(settings.flywheel.schedule_cron, timezone="UTC", active=cycles)],
+                parameters={"model": name},
+                tags=tags,
+                concurrency_limit=1,
+                description=f"One whole cycle for {name}: collect → train → promote.",
+            ),
         ]
     return out
 
@@ -70,8 +102,14 @@ def register_on_pool(settings: TidalSettings, deps: list) -> list:
 
     for d in deps:
         d.job_variables = {**(d.job_variables or {}), **job_variables(settings, d.name)}
-    return deploy(*deps, work_pool_name=settings.flywheel.work_pool, image=settings.flywheel.image, build=False,
-                  push=False, print_next_steps_message=False)
+    return deploy(
+        *deps,
+        work_pool_name=settings.flywheel.work_pool,
+        image=settings.flywheel.image,
+        build=False,
+        push=False,
+        print_next_steps_message=False,
+    )
 
 
 def main() -> None:
@@ -79,8 +117,13 @@ def main() -> None:
     from tidal.client_env import prefect_env
 
     os.environ.update(prefect_env(settings))
-    os.environ.update({"PREFECT_RUNNER_SERVER_ENABLE": "true", "PREFECT_RUNNER_SERVER_HOST": settings.prefect.host,
-                       "PREFECT_RUNNER_SERVER_PORT": str(settings.prefect.runner_port)})
+    os.environ.update(
+        {
+            "PREFECT_RUNNER_SERVER_ENABLE": "true",
+            "PREFECT_RUNNER_SERVER_HOST": settings.prefect.host,
+            "PREFECT_RUNNER_SERVER_PORT": str(settings.prefect.runner_port),
+        }
+    )
     from prefect import serve
 
     from tasks.resume import reconcile_live_state, resume_orphaned_runs

@@ -37,14 +37,20 @@ def flywheel(model: str = "tab", cycles: int = 1, include_open_hour: bool = Fals
             if trained.is_completed():
                 report.candidate = trained.result()
                 released = promote(model, candidate=str(report.candidate), return_state=True)
-                report = (close_cycle(registry, report, released.result(), store=store) if released.is_completed()
-                          else close_cycle(registry, report, "release_failed", released.message or "no message", store))
+                report = (
+                    close_cycle(registry, report, released.result(), store=store)
+                    if released.is_completed()
+                    else close_cycle(registry, report, "release_failed", released.message or "no message", store)
+                )
             else:
                 report = close_failed_training(registry, report, trained.message or "")
         record_cycle(store, report)
         reports.append(report)
-        print(f"{model} cycle {n}: {report.decision}" + (f" v{report.candidate}" if report.candidate else "")
-              + (f" ({report.reason})" if report.reason else "") + f"; champion v{report.champion_after}")
+        print(
+            f"{model} cycle {n}: {report.decision}"
+            + (f" v{report.candidate}" if report.candidate else "")
+            + (f" ({report.reason})" if report.reason else "")
+            + f"; champion v{report.champion_after}"
+        )
     publish_cycles(model, reports)
     return reports
-

@@ -12,8 +12,17 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 from prefect.flow_runs import pause_flow_run
 
-from tasks.promote import (abandon_release, admin_clients, deploy_and_verify, promote_candidate, reconcile_live,
-                           resolve_release, roll_back_candidate, run_canary, unload_after_grace)
+from tasks.promote import (
+    abandon_release,
+    admin_clients,
+    deploy_and_verify,
+    promote_candidate,
+    reconcile_live,
+    resolve_release,
+    roll_back_candidate,
+    run_canary,
+    unload_after_grace,
+)
 from tasks.promote_approval import Approval, approval_description
 from tidal.registry import Registry
 from tidal.settings import load_settings
@@ -36,13 +45,25 @@ def promote(model: str = "tab", candidate: str = "@candidate", require_gate: boo
     # a gateway segment is open at most segment_max_age_s; a minute more covers clock skew between hosts
     span_s = settings.gateway.logsink.segment_max_age_s + 60
     try:
-        look = run_canary(release, cfg, routes, fleet, registry, store, settings.collect.rule_for(model), gateway_url,
-                          log_segment_span_s=span_s, margins=settings.model(model).canary_margins)
+        look = run_canary(
+            release,
+            cfg,
+            routes,
+            fleet,
+            registry,
+            store,
+            settings.collect.rule_for(model),
+            gateway_url,
+            log_segment_span_s=span_s,
+            margins=settings.model(model).canary_margins,
+        )
         if look.action == "inconclusive" and cfg.on_inconclusive == "ask":
             # the pause holds the canary as it is: the watchdog waits as long as a human may take, and a bit more
             routes.watch(model, release.candidate.version, cfg.approval_timeout_s + cfg.watchdog_s)
-            answer = pause_flow_run(wait_for_input=Approval.with_initial_data(
-                description=approval_description(release, look), decision="rollback"), timeout=int(cfg.approval_timeout_s))
+            answer = pause_flow_run(
+                wait_for_input=Approval.with_initial_data(description=approval_description(release, look), decision="rollback"),
+                timeout=int(cfg.approval_timeout_s),
+            )
             registry.set_tags(model, release.candidate.version, answer.audit_tags())
             look.action, look.reason = ("promote" if answer.decision == "promote" else "rollback"), answer.summary()
     except BaseException as e:  # a failed or interrupted release leaves no canary routed (or leaves it to the watchdog)
@@ -51,8 +72,10 @@ def promote(model: str = "tab", candidate: str = "@candidate", require_gate: boo
     if look.action == "promote":
         promote_candidate(release, look, routes, registry)
         reconcile_live(model, registry, routes, fleet)
-        print(f"{model}: v{release.candidate.version} promoted ({look.reason}); "
-              f"v{release.champion.version} stays loaded {cfg.unload_grace_s:.0f} s for instant rollback")
+        print(
+            f"{model}: v{release.candidate.version} promoted ({look.reason}); "
+            f"v{release.champion.version} stays loaded {cfg.unload_grace_s:.0f} s for instant rollback"
+        )
         get_run_logger().info(unload_after_grace(fleet, release, cfg.unload_grace_s))
         return "promoted"
     roll_back_candidate(release, look, routes, fleet, registry)

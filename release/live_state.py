@@ -53,13 +53,19 @@ def reconcile(model: str, registry: Registry, routes: RoutesClient, fleet: Fleet
         serving = champion.version
         if fleet_serving != serving:  # the gateway would fall back to the fleet's version: route the champion
             try:
-                routes.set(model, [{"name": "control", "version": serving, "weight": 1.0}], by=by,
-                           reason="reconcile: the gateway had no routes; the champion alias is the record")
+                routes.set(
+                    model,
+                    [{"name": "control", "version": serving, "weight": 1.0}],
+                    by=by,
+                    reason="reconcile: the gateway had no routes; the champion alias is the record",
+                )
             except AdminError as e:
                 if e.status != 409:
                     raise
-                raise LiveStateError(f"{model}: the gateway has no routes and the champion v{serving} is not served "
-                                     f"({e.detail}); deploy it (`tidal fleet deploy {model} {serving}`)") from e
+                raise LiveStateError(
+                    f"{model}: the gateway has no routes and the champion v{serving} is not served "
+                    f"({e.detail}); deploy it (`tidal fleet deploy {model} {serving}`)"
+                ) from e
             fixed.append(f"routes: none → control v{serving} (the champion alias)")
         canary = None
     else:
@@ -68,8 +74,15 @@ def reconcile(model: str, registry: Registry, routes: RoutesClient, fleet: Fleet
             if champion is not None:
                 registry.set_alias(model, "previous", champion.version)
             registry.set_alias(model, "champion", serving)
-            registry.set_tags(model, serving, {lineage.release_tag("reconciled"): json.dumps(
-                {"at_ms": now_ms(), "by": by, "champion_was": champion and champion.version})})
+            registry.set_tags(
+                model,
+                serving,
+                {
+                    lineage.release_tag("reconciled"): json.dumps(
+                        {"at_ms": now_ms(), "by": by, "champion_was": champion and champion.version}
+                    )
+                },
+            )
             fixed.append(f"champion alias: v{champion and champion.version} → v{serving} (the routes' control arm)")
     if fleet_serving != serving:
         fleet.set_serving(model, serving)

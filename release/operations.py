@@ -28,7 +28,6 @@ class ReleaseError(RuntimeError):
     """The release cannot go on; the message says why and what to do."""
 
 
-
 @dataclass
 class Release:
     model: str
@@ -42,7 +41,7 @@ def audit(registry: Registry, info: VersionInfo, event: str, **details) -> None:
     registry.set_tags(info.model, info.version, {lineage.release_tag(event): json.dumps({"at_ms": now_ms(), **details})})
 
 
-_SAMPLE = re.compile(r'^(gateway_completion(?:s|_errors)_total)\{(.*)\}\s+([0-9.eE+-]+)$')
+_SAMPLE = re.compile(r"^(gateway_completion(?:s|_errors)_total)\{(.*)\}\s+([0-9.eE+-]+)$")
 
 
 def arm_counters(gateway_url: str, model: str) -> dict[str, ArmHealth]:
@@ -96,8 +95,9 @@ def when_served(change, timeout_s: float = 60.0):
             time.sleep(0.5)
 
 
-def route_when_served(routes: RoutesClient, model: str, version: int, weight: float, reason: str, watch_s: float,
-                      timeout_s: float = 60.0) -> None:
+def route_when_served(
+    routes: RoutesClient, model: str, version: int, weight: float, reason: str, watch_s: float, timeout_s: float = 60.0
+) -> None:
     """Set the canary weight once the gateway lists the verified version. From then on the release must check
     in within watch_s at every look, or the gateway rolls the canary back by itself."""
     when_served(lambda: routes.canary(model, version, weight, by="promote", reason=reason, watch_s=watch_s), timeout_s)
@@ -135,14 +135,27 @@ def roll_back_canary(routes: RoutesClient, model: str, by: str, reason: str, ver
     return True
 
 
-def user_histories(store: ObjectStore, model: str, champion: int, cfg: CanaryConfig, rule: RewardRule, start_ms: int,
-                   log_segment_span_s: float | None) -> dict[str, History]:
+def user_histories(
+    store: ObjectStore,
+    model: str,
+    champion: int,
+    cfg: CanaryConfig,
+    rule: RewardRule,
+    start_ms: int,
+    log_segment_span_s: float | None,
+) -> dict[str, History]:
     """Each user's outcomes of the champion in the history_s before the canary started: CUPED's covariates."""
     if not cfg.cuped or cfg.history_s <= 0:
         return {}
     since = start_ms - int(cfg.history_s * 1000)
-    before = read_outcomes(LogReader(store, model, since, log_segment_span_s), {"control": champion}, rule,
-                           cfg.feedback_wait_s, start_ms, until_ms=start_ms)
+    before = read_outcomes(
+        LogReader(store, model, since, log_segment_span_s),
+        {"control": champion},
+        rule,
+        cfg.feedback_wait_s,
+        start_ms,
+        until_ms=start_ms,
+    )
     return histories(before)
 
 
@@ -151,17 +164,35 @@ def log_plan(cfg: CanaryConfig, history: dict[str, History], log) -> None:
     rate = sum(h.n for h in history.values()) / cfg.history_s if history else None
     for w, p in zip(cfg.steps, cfg.plan()):
         when = f" (~{p.detect_requests / rate:.0f} s at the last hour's {rate:.1f} requests/s)" if rate else ""
-        log.info("step at %.0f%%: a %.2f-sd regression of %s is rolled back within %d requests (80%% power)%s; an "
-                 "unchanged candidate clears it after ~%d", w * 100, cfg.detect_regression_sd, cfg.primary,
-                 p.detect_requests, when, p.clear_requests)
+        log.info(
+            "step at %.0f%%: a %.2f-sd regression of %s is rolled back within %d requests (80%% power)%s; an "
+            "unchanged candidate clears it after ~%d",
+            w * 100,
+            cfg.detect_regression_sd,
+            cfg.primary,
+            p.detect_requests,
+            when,
+            p.clear_requests,
+        )
     if rate and cfg.plan()[0].detect_requests / rate > cfg.max_step_s:
-        log.warning("at %.1f requests/s the first step cannot decide a %.2f-sd regression within max_step_s=%.0f s: "
-                    "raise canary.max_step_s or canary.steps[0], or accept an inconclusive first step",
-                    rate, cfg.detect_regression_sd, cfg.max_step_s)
+        log.warning(
+            "at %.1f requests/s the first step cannot decide a %.2f-sd regression within max_step_s=%.0f s: "
+            "raise canary.max_step_s or canary.steps[0], or accept an inconclusive first step",
+            rate,
+            cfg.detect_regression_sd,
+            cfg.max_step_s,
+        )
 
 
-def rollback_now(registry: Registry, routes: RoutesClient, fleet: FleetClient, model: str, to: str | None = None,
-                 by: str = "cli", reason: str = "") -> dict:
+def rollback_now(
+    registry: Registry,
+    routes: RoutesClient,
+    fleet: FleetClient,
+    model: str,
+    to: str | None = None,
+    by: str = "cli",
+    reason: str = "",
+) -> dict:
     """Instant rollback at any time: traffic to the target in one atomic route change, then the aliases.
 
     Target: `to`; else the control version while a canary runs; else the champion alias while the routes are ahead

@@ -66,12 +66,20 @@ def request_kind(prompt_text: str) -> str:
     return "mid_line" if prompt_text.rsplit("\n", 1)[-1].strip() else "line_start"
 
 
-def read_outcomes(logs: LogReader, versions: dict[str, int], rule: RewardRule, feedback_wait_s: float,
-                  now_ms: int, history: dict[str, History] | None = None, until_ms: int | None = None) -> list[Outcome]:
+def read_outcomes(
+    logs: LogReader,
+    versions: dict[str, int],
+    rule: RewardRule,
+    feedback_wait_s: float,
+    now_ms: int,
+    history: dict[str, History] | None = None,
+    until_ms: int | None = None,
+) -> list[Outcome]:
     """Resolved outcomes of requests to `versions` ({"control": v, "canary": w}) served since the reader's start
     (and before until_ms, if given), each with its request kind, its user, and that user's `history`."""
-    done = logs.table("completions", ["request_id", "time_ms", "version", "arm", "completion_text", "latency_ms",
-                                      "prompt_text", "user_hash"])
+    done = logs.table(
+        "completions", ["request_id", "time_ms", "version", "arm", "completion_text", "latency_ms", "prompt_text", "user_hash"]
+    )
     if done is None or done.num_rows == 0:
         return []
     fb = logs.table("feedback", ["request_id", "time_ms", "event", "accepted_chars"])
@@ -98,7 +106,17 @@ def read_outcomes(logs: LogReader, versions: dict[str, int], rule: RewardRule, f
     rewards = rule.rewards(events, chars, lengths)
     kept = kept_chars(events, chars, lengths)
     history = history or {}
-    return [Outcome(arm=r["arm"], reward=float(rw), accepted=float(ev == "accepted"), accepted_chars=float(k),
-                    latency_ms=float(r["latency_ms"]), time_ms=int(r["time_ms"]), kind=request_kind(r["prompt_text"]),
-                    history=history.get(r["user_hash"]), user=r["user_hash"])
-            for (r, _), rw, ev, k in zip(picked, rewards, events, kept)]
+    return [
+        Outcome(
+            arm=r["arm"],
+            reward=float(rw),
+            accepted=float(ev == "accepted"),
+            accepted_chars=float(k),
+            latency_ms=float(r["latency_ms"]),
+            time_ms=int(r["time_ms"]),
+            kind=request_kind(r["prompt_text"]),
+            history=history.get(r["user_hash"]),
+            user=r["user_hash"],
+        )
+        for (r, _), rw, ev, k in zip(picked, rewards, events, kept)
+    ]

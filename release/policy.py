@@ -50,43 +50,87 @@ METRICS: tuple[Metric, ...] = ("reward", "accepted", "accepted_chars")
 
 
 class CanaryConfig(Section):
-    steps: list[float] = Field(default_factory=lambda: [0.05, 0.25, 0.5], description=(
-        "Canary traffic share of each step, increasing; passing the last step promotes to 100%."))
-    min_samples: int = Field(100, ge=10, description=(
-        "Canary outcomes a step needs before it may end (a floor: the tests decide when it does; at 5% of traffic 200 "
-        "would hold every step for 4,000 requests, longer than a clear improvement needs)."))
+    steps: list[float] = Field(
+        default_factory=lambda: [0.05, 0.25, 0.5],
+        description=("Canary traffic share of each step, increasing; passing the last step promotes to 100%."),
+    )
+    min_samples: int = Field(
+        100,
+        ge=10,
+        description=(
+            "Canary outcomes a step needs before it may end (a floor: the tests decide when it does; at 5% of traffic 200 "
+            "would hold every step for 4,000 requests, longer than a clear improvement needs)."
+        ),
+    )
     min_test_samples: int = Field(30, ge=2, description="Outcomes per arm before any sequential test may decide (small-n guard).")
     max_step_s: float = Field(1800.0, gt=0, description="A step without a decision by then is inconclusive.")
     alpha: float = Field(0.05, gt=0, lt=1, description="A/A false-alarm budget of the whole ramp (rollbacks + promotions).")
     primary: Metric = Field("reward", description="Metric that must improve significantly for promotion.")
-    mixture_sd: float = Field(0.2, gt=0, description=(
-        "mSPRT mixture scale, in pooled standard deviations: the effect size the tests are tuned to "
-        "(release.stats.fit_mixture_sd fits it to past canaries' effects)."))
-    detect_regression_sd: float = Field(0.13, gt=0, description=(
-        "A step before the last advances only once the primary is shown not worse than control by this many pooled "
-        "standard deviations: the regression each step must decide (0.13 ~ an accept rate 20% lower at 0.30 under the "
-        "default reward rule). Smaller catches smaller regressions at the first step and makes every step longer."))
-    stratify: bool = Field(True, description=(
-        "Compare the arms within strata (ramp step x request kind; kinds weighted by their share of traffic, steps by "
-        "precision); false pools everything "
-        "since the canary started (biased by any trend while the weight rises, and noisier when kinds differ)."))
-    cuped: bool = Field(True, description=(
-        "Adjust each outcome by its user's outcomes of the control version before the ramp (CUPED); users without "
-        "history are left as they are."))
-    margins: Margins = Field(default_factory=Margins, description="Non-inferiority margins of the guardrails (models may override).")
+    mixture_sd: float = Field(
+        0.2,
+        gt=0,
+        description=(
+            "mSPRT mixture scale, in pooled standard deviations: the effect size the tests are tuned to "
+            "(release.stats.fit_mixture_sd fits it to past canaries' effects)."
+        ),
+    )
+    detect_regression_sd: float = Field(
+        0.13,
+        gt=0,
+        description=(
+            "A step before the last advances only once the primary is shown not worse than control by this many pooled "
+            "standard deviations: the regression each step must decide (0.13 ~ an accept rate 20% lower at 0.30 under the "
+            "default reward rule). Smaller catches smaller regressions at the first step and makes every step longer."
+        ),
+    )
+    stratify: bool = Field(
+        True,
+        description=(
+            "Compare the arms within strata (ramp step x request kind; kinds weighted by their share of traffic, steps by "
+            "precision); false pools everything "
+            "since the canary started (biased by any trend while the weight rises, and noisier when kinds differ)."
+        ),
+    )
+    cuped: bool = Field(
+        True,
+        description=(
+            "Adjust each outcome by its user's outcomes of the control version before the ramp (CUPED); users without "
+            "history are left as they are."
+        ),
+    )
+    margins: Margins = Field(
+        default_factory=Margins, description="Non-inferiority margins of the guardrails (models may override)."
+    )
     max_p99_ratio: float = Field(1.5, ge=1, description="Canary p99 latency may be this many times control's p99 ...")
-    p99_slack_ms: float = Field(50.0, ge=0, description=(
-        "... plus this many ms: a request slower than that counts as slow for the latency guardrail (margins.slow_share)."))
-    on_inconclusive: Literal["rollback", "ask"] = Field("rollback", description="At max_step_s: roll back, or pause the flow for a human decision.")
-    approval_timeout_s: float = Field(86400.0, gt=0, le=28 * 86400, description="How long an 'ask' pause waits for a human before the flow fails.")
+    p99_slack_ms: float = Field(
+        50.0,
+        ge=0,
+        description=(
+            "... plus this many ms: a request slower than that counts as slow for the latency guardrail (margins.slow_share)."
+        ),
+    )
+    on_inconclusive: Literal["rollback", "ask"] = Field(
+        "rollback", description="At max_step_s: roll back, or pause the flow for a human decision."
+    )
+    approval_timeout_s: float = Field(
+        86400.0, gt=0, le=28 * 86400, description="How long an 'ask' pause waits for a human before the flow fails."
+    )
     feedback_wait_s: float = Field(30.0, ge=0, description="A completion without feedback counts (as 'ignored') once this old.")
-    history_s: float = Field(3600.0, ge=0, description=(
-        "How far before the canary's start its users' outcomes are read for CUPED (0 = none)."))
+    history_s: float = Field(
+        3600.0, ge=0, description=("How far before the canary's start its users' outcomes are read for CUPED (0 = none).")
+    )
     poll_s: float = Field(5.0, gt=0, description="Seconds between looks.")
-    unload_grace_s: float = Field(60.0, ge=0, description="After promotion, the old champion stays loaded this long (instant rollback).")
-    watchdog_s: float = Field(60.0, gt=0, description=(
-        "The release checks in with the gateway at every look; a canary whose release has not checked in for this "
-        "long (its run was killed, crashed or lost the gateway) is rolled back by the gateway itself."))
+    unload_grace_s: float = Field(
+        60.0, ge=0, description="After promotion, the old champion stays loaded this long (instant rollback)."
+    )
+    watchdog_s: float = Field(
+        60.0,
+        gt=0,
+        description=(
+            "The release checks in with the gateway at every look; a canary whose release has not checked in for this "
+            "long (its run was killed, crashed or lost the gateway) is rolled back by the gateway itself."
+        ),
+    )
 
     @model_validator(mode="after")
     def _check(self) -> CanaryConfig:
@@ -94,8 +138,10 @@ class CanaryConfig(Section):
         if not s or any(not 0 < w < 1 for w in s) or any(b <= a for a, b in zip(s, s[1:])):
             raise ValueError(f"canary.steps={s}: need increasing shares in (0, 1), e.g. [0.05, 0.25, 0.5]")
         if self.watchdog_s < 3 * self.poll_s:
-            raise ValueError(f"canary.watchdog_s={self.watchdog_s} is under 3 × canary.poll_s={self.poll_s}: a slow look "
-                             f"would have a healthy release rolled back; raise watchdog_s to at least {3 * self.poll_s:g}")
+            raise ValueError(
+                f"canary.watchdog_s={self.watchdog_s} is under 3 × canary.poll_s={self.poll_s}: a slow look "
+                f"would have a healthy release rolled back; raise watchdog_s to at least {3 * self.poll_s:g}"
+            )
         return self
 
     def plan(self) -> list[StepPlan]:
@@ -118,8 +164,9 @@ def histories(outcomes: Sequence[Outcome]) -> dict[str, History]:
     by_user: dict[str, list[Outcome]] = {}
     for o in outcomes:
         by_user.setdefault(o.user, []).append(o)
-    return {u: History(len(os), *(math.fsum(getattr(o, m) for o in os) / len(os) for m in METRICS))
-            for u, os in by_user.items() if u}
+    return {
+        u: History(len(os), *(math.fsum(getattr(o, m) for o in os) / len(os) for m in METRICS)) for u, os in by_user.items() if u
+    }
 
 
 @dataclass(frozen=True)
@@ -175,8 +222,10 @@ class Columns:
         self.n, self.kinds = len(outcomes), {} if kinds is None else kinds
         self.canary = np.fromiter((o.arm == "canary" for o in outcomes), bool, self.n)
         self.values = {m: np.fromiter((getattr(o, m) for o in outcomes), float, self.n) for m in METRICS}
-        self.history = {m: np.fromiter((math.nan if o.history is None else getattr(o.history, m) for o in outcomes),
-                                       float, self.n) for m in METRICS}
+        self.history = {
+            m: np.fromiter((math.nan if o.history is None else getattr(o.history, m) for o in outcomes), float, self.n)
+            for m in METRICS
+        }
         self.latency_ms = np.fromiter((o.latency_ms for o in outcomes), float, self.n)
         self.time_ms = np.fromiter((o.time_ms for o in outcomes), np.int64, self.n)
         self.kind = np.fromiter((self.kinds.setdefault(o.kind, len(self.kinds)) for o in outcomes), np.int64, self.n)
@@ -204,7 +253,7 @@ def _blocks(values: np.ndarray, canary: np.ndarray, step: np.ndarray, kind: np.n
     var = np.divide(ss, n - 1, out=np.zeros(size), where=n > 1)
     arm = [Summary(int(n[g]), float(mean[g]), float(var[g])) for g in range(size)]
     pairs = [(arm[2 * s], arm[2 * s + 1]) for s in range(size // 2)]
-    return [[p for p in pairs[b * kinds:(b + 1) * kinds] if p[0].n + p[1].n] for b in range(size // (2 * kinds))]
+    return [[p for p in pairs[b * kinds : (b + 1) * kinds] if p[0].n + p[1].n] for b in range(size // (2 * kinds))]
 
 
 def _p99(values: np.ndarray) -> float:
@@ -214,21 +263,44 @@ def _p99(values: np.ndarray) -> float:
     return float(ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)])
 
 
-def _compare(cfg: CanaryConfig, name: str, values: np.ndarray, cols: Columns, strata: tuple[np.ndarray, np.ndarray],
-             alpha: float, covariate: np.ndarray | None = None) -> Comparison:
+def _compare(
+    cfg: CanaryConfig,
+    name: str,
+    values: np.ndarray,
+    cols: Columns,
+    strata: tuple[np.ndarray, np.ndarray],
+    alpha: float,
+    covariate: np.ndarray | None = None,
+) -> Comparison:
     """The stratified test of one metric on its CUPED-adjusted values; the arms' summaries reported are the raw ones.
     strata: (step served in, request kind) codes per outcome."""
     tested = cuped(values, covariate) if cfg.cuped and covariate is not None else values
-    c = stratified_msprt(name, _blocks(tested, cols.canary, *strata), alpha, cfg.mixture_sd, cfg.min_test_samples,
-                         min_stratum_n=10 if cfg.stratify else 2)
-    raw = [Summary(len(v), float(v.mean()) if len(v) else 0.0, float(v.var(ddof=1)) if len(v) > 1 else 0.0)
-           for v in (values[~cols.canary], values[cols.canary])]
+    c = stratified_msprt(
+        name,
+        _blocks(tested, cols.canary, *strata),
+        alpha,
+        cfg.mixture_sd,
+        cfg.min_test_samples,
+        min_stratum_n=10 if cfg.stratify else 2,
+    )
+    raw = [
+        Summary(len(v), float(v.mean()) if len(v) else 0.0, float(v.var(ddof=1)) if len(v) > 1 else 0.0)
+        for v in (values[~cols.canary], values[cols.canary])
+    ]
     return replace(c, control=raw[0], canary=raw[1])
 
 
-def look(cfg: CanaryConfig, step: int, outcomes: Sequence[Outcome] | Columns, step_canary_n: int, step_elapsed_s: float,
-         health: dict[str, ArmHealth], probe_ok: bool = True, step_starts_ms: Sequence[int] = (),
-         margins: Margins | None = None) -> Look:
+def look(
+    cfg: CanaryConfig,
+    step: int,
+    outcomes: Sequence[Outcome] | Columns,
+    step_canary_n: int,
+    step_elapsed_s: float,
+    health: dict[str, ArmHealth],
+    probe_ok: bool = True,
+    step_starts_ms: Sequence[int] = (),
+    margins: Margins | None = None,
+) -> Look:
     """Decide at one look. `outcomes`: both arms since the canary started; `step_canary_n`: canary outcomes
     collected since this step began; `step_starts_ms`: when each step after the first began (the clock of
     Outcome.time_ms), the strata of the ramp; `margins`: the model's, else cfg.margins."""
@@ -239,11 +311,19 @@ def look(cfg: CanaryConfig, step: int, outcomes: Sequence[Outcome] | Columns, st
     else:
         strata = (np.zeros(cols.n, np.int64), np.zeros(cols.n, np.int64))
     guard_alpha = cfg.alpha / 6  # three guardrail tests share half the budget; the primary has the other half
-    comps = {m: _compare(cfg, m, cols.values[m], cols, strata, cfg.alpha / 2 if m == cfg.primary else guard_alpha,
-                         cols.history[m]) for m in METRICS}
+    comps = {
+        m: _compare(cfg, m, cols.values[m], cols, strata, cfg.alpha / 2 if m == cfg.primary else guard_alpha, cols.history[m])
+        for m in METRICS
+    }
     control_h, canary_h = health.get("control", ArmHealth()), health.get("canary", ArmHealth())
-    errors = msprt("error_rate", Summary.of_rate(control_h.errors, control_h.requests),
-                   Summary.of_rate(canary_h.errors, canary_h.requests), guard_alpha, cfg.mixture_sd, cfg.min_test_samples)
+    errors = msprt(
+        "error_rate",
+        Summary.of_rate(control_h.errors, control_h.requests),
+        Summary.of_rate(canary_h.errors, canary_h.requests),
+        guard_alpha,
+        cfg.mixture_sd,
+        cfg.min_test_samples,
+    )
     p99_c, p99_k = _p99(cols.latency_ms[~cols.canary]), _p99(cols.latency_ms[cols.canary])
     # The canary's p99 is above `slow_ms` exactly when more than 1% of its requests are; control's share is at most
     # 1% (slow_ms >= its p99). So "canary share - control share > margin", with always-valid confidence, shows it.
@@ -253,52 +333,94 @@ def look(cfg: CanaryConfig, step: int, outcomes: Sequence[Outcome] | Columns, st
     chars_margin = margins.accepted_chars * abs(chars.control.mean)
     primary = comps[cfg.primary]
     regression = cfg.detect_regression_sd * math.sqrt(pooled(primary.control, primary.canary).var)
-    figures = {"n_control": int((~cols.canary).sum()), "n_canary": int(cols.canary.sum()), "step_canary_n": step_canary_n,
-               "error_rate_control": round(errors.control.mean, 5), "error_rate_canary": round(errors.canary.mean, 5),
-               "p99_ms_control": round(p99_c, 1), "p99_ms_canary": round(p99_k, 1),
-               "slow_share_canary": round(slow.canary.mean, 5), "step_elapsed_s": round(step_elapsed_s, 1)}
+    figures = {
+        "n_control": int((~cols.canary).sum()),
+        "n_canary": int(cols.canary.sum()),
+        "step_canary_n": step_canary_n,
+        "error_rate_control": round(errors.control.mean, 5),
+        "error_rate_canary": round(errors.canary.mean, 5),
+        "p99_ms_control": round(p99_c, 1),
+        "p99_ms_canary": round(p99_k, 1),
+        "slow_share_canary": round(slow.canary.mean, 5),
+        "step_elapsed_s": round(step_elapsed_s, 1),
+    }
 
     def out(action: Action, reason: str) -> Look:
-        return Look(action, reason, step, weight, {**comps, "error_rate": errors, "slow_share": slow}, figures,
-                    {cfg.primary: regression, "accepted_chars": chars_margin, "error_rate": margins.error_rate,
-                     "slow_share": margins.slow_share})
+        return Look(
+            action,
+            reason,
+            step,
+            weight,
+            {**comps, "error_rate": errors, "slow_share": slow},
+            figures,
+            {
+                cfg.primary: regression,
+                "accepted_chars": chars_margin,
+                "error_rate": margins.error_rate,
+                "slow_share": margins.slow_share,
+            },
+        )
 
     if not probe_ok:
         return out("rollback", "served-weight check failed on the canary's replicas")
     if errors.low > margins.error_rate:  # confidently more than the margin above control
-        return out("rollback", f"error rate {errors.canary.mean:.3%} vs control {errors.control.mean:.3%} (excess in "
-                               f"[{errors.low:.3%}, {errors.high:.3%}], allowed +{margins.error_rate:.1%})")
+        return out(
+            "rollback",
+            f"error rate {errors.canary.mean:.3%} vs control {errors.control.mean:.3%} (excess in "
+            f"[{errors.low:.3%}, {errors.high:.3%}], allowed +{margins.error_rate:.1%})",
+        )
     if slow.low > margins.slow_share:
-        return out("rollback", f"p99 latency {p99_k:.0f} ms vs control {p99_c:.0f} ms: {slow.canary.mean:.1%} of canary "
-                               f"requests slower than {slow_ms:.0f} ms ({cfg.max_p99_ratio}x + {cfg.p99_slack_ms:.0f} ms), "
-                               f"control {slow.control.mean:.1%} (excess in [{slow.low:.1%}, {slow.high:.1%}], "
-                               f"allowed +{margins.slow_share:.0%})")
+        return out(
+            "rollback",
+            f"p99 latency {p99_k:.0f} ms vs control {p99_c:.0f} ms: {slow.canary.mean:.1%} of canary "
+            f"requests slower than {slow_ms:.0f} ms ({cfg.max_p99_ratio}x + {cfg.p99_slack_ms:.0f} ms), "
+            f"control {slow.control.mean:.1%} (excess in [{slow.low:.1%}, {slow.high:.1%}], "
+            f"allowed +{margins.slow_share:.0%})",
+        )
     if cfg.primary != "accepted_chars" and chars.high < -chars_margin:
-        return out("rollback", f"accepted chars per request fell: {chars.canary.mean:.3f} vs {chars.control.mean:.3f} "
-                               f"(delta in [{chars.low:.3f}, {chars.high:.3f}], allowed -{chars_margin:.3f})")
+        return out(
+            "rollback",
+            f"accepted chars per request fell: {chars.canary.mean:.3f} vs {chars.control.mean:.3f} "
+            f"(delta in [{chars.low:.3f}, {chars.high:.3f}], allowed -{chars_margin:.3f})",
+        )
     if primary.worse:
-        return out("rollback", f"{cfg.primary} fell: {primary.canary.mean:.4f} vs {primary.control.mean:.4f} "
-                               f"(delta in [{primary.low:.4f}, {primary.high:.4f}], p={primary.p_value:.4f})")
+        return out(
+            "rollback",
+            f"{cfg.primary} fell: {primary.canary.mean:.4f} vs {primary.control.mean:.4f} "
+            f"(delta in [{primary.low:.4f}, {primary.high:.4f}], p={primary.p_value:.4f})",
+        )
     last = step + 1 == len(cfg.steps)
     complete = step_canary_n >= cfg.min_samples
     if complete and not last and primary.low > -regression:
-        return out("advance", f"{cfg.primary} not worse than control by {regression:.4f} ({cfg.detect_regression_sd} sd) "
-                              f"after {step_canary_n} canary outcomes at {weight:.0%} (delta in [{primary.low:.4f}, "
-                              f"{primary.high:.4f}])")
-    unproven = [f"error rate excess {errors.high:.2%} > {margins.error_rate:.2%}" if errors.high > margins.error_rate else "",
-                f"slow share excess {slow.high:.2%} > {margins.slow_share:.2%}" if slow.high > margins.slow_share else "",
-                f"accepted chars delta >= {chars.low:.3f}, allowed -{chars_margin:.3f}"
-                if cfg.primary != "accepted_chars" and chars.low < -chars_margin else ""]
+        return out(
+            "advance",
+            f"{cfg.primary} not worse than control by {regression:.4f} ({cfg.detect_regression_sd} sd) "
+            f"after {step_canary_n} canary outcomes at {weight:.0%} (delta in [{primary.low:.4f}, "
+            f"{primary.high:.4f}])",
+        )
+    unproven = [
+        f"error rate excess {errors.high:.2%} > {margins.error_rate:.2%}" if errors.high > margins.error_rate else "",
+        f"slow share excess {slow.high:.2%} > {margins.slow_share:.2%}" if slow.high > margins.slow_share else "",
+        f"accepted chars delta >= {chars.low:.3f}, allowed -{chars_margin:.3f}"
+        if cfg.primary != "accepted_chars" and chars.low < -chars_margin
+        else "",
+    ]
     unproven = [u for u in unproven if u]
     if complete and last and primary.better and not unproven:
-        return out("promote", f"{cfg.primary} rose: {primary.canary.mean:.4f} vs {primary.control.mean:.4f} "
-                              f"(delta in [{primary.low:.4f}, {primary.high:.4f}], p={primary.p_value:.4f}); guardrails "
-                              f"non-inferior (accepted chars delta >= {chars.low:.3f}, allowed -{chars_margin:.3f})")
-    pending = (f"{cfg.primary} delta in [{primary.low:.4f}, {primary.high:.4f}], p={primary.p_value:.4f}"
-               + (f"; not shown non-inferior: {'; '.join(unproven)}" if unproven and last else ""))
+        return out(
+            "promote",
+            f"{cfg.primary} rose: {primary.canary.mean:.4f} vs {primary.control.mean:.4f} "
+            f"(delta in [{primary.low:.4f}, {primary.high:.4f}], p={primary.p_value:.4f}); guardrails "
+            f"non-inferior (accepted chars delta >= {chars.low:.3f}, allowed -{chars_margin:.3f})",
+        )
+    pending = f"{cfg.primary} delta in [{primary.low:.4f}, {primary.high:.4f}], p={primary.p_value:.4f}" + (
+        f"; not shown non-inferior: {'; '.join(unproven)}" if unproven and last else ""
+    )
     if step_elapsed_s >= cfg.max_step_s:
-        return out("inconclusive", f"no decision within {cfg.max_step_s:.0f} s at {weight:.0%} "
-                                   f"({step_canary_n} canary outcomes this step, {pending})")
+        return out(
+            "inconclusive",
+            f"no decision within {cfg.max_step_s:.0f} s at {weight:.0%} ({step_canary_n} canary outcomes this step, {pending})",
+        )
     if complete:
         return out("wait", f"undecided after {step_canary_n} canary outcomes at {weight:.0%} ({pending})")
     return out("wait", f"{step_canary_n}/{cfg.min_samples} canary outcomes at {weight:.0%}")
@@ -334,14 +456,29 @@ class Ramp:
         self._seen = (len(outcomes), outcomes[-1] if outcomes else None)
         return self._cols
 
-    def observe(self, outcomes: Sequence[Outcome], health: dict[str, ArmHealth], now_s: float, probe_ok: bool = True,
-                clock_ms: int | None = None) -> Look:
+    def observe(
+        self,
+        outcomes: Sequence[Outcome],
+        health: dict[str, ArmHealth],
+        now_s: float,
+        probe_ok: bool = True,
+        clock_ms: int | None = None,
+    ) -> Look:
         """One look. clock_ms: now on Outcome.time_ms's clock (the step boundary if this look advances);
         default the latest outcome's time."""
         cols = self._columns(outcomes)
         n_canary = int(cols.canary.sum())
-        result = look(self.cfg, self.step, cols, n_canary - self.step_base_n, now_s - self.step_started_s, health,
-                      probe_ok, self.step_starts_ms, self.margins)
+        result = look(
+            self.cfg,
+            self.step,
+            cols,
+            n_canary - self.step_base_n,
+            now_s - self.step_started_s,
+            health,
+            probe_ok,
+            self.step_starts_ms,
+            self.margins,
+        )
         self.looks.append(result)
         if result.action == "advance":
             self.step, self.step_started_s, self.step_base_n = self.step + 1, now_s, n_canary

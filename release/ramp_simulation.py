@@ -56,8 +56,7 @@ class ArmModel:
     show_p: float = 1.0
 
     def __post_init__(self) -> None:
-        if (not 0 <= self.accept_p <= 1 or not 0 <= self.error_rate < 1 or self.mean_chars < 1
-                or not 0 < self.show_p <= 1):
+        if not 0 <= self.accept_p <= 1 or not 0 <= self.error_rate < 1 or self.mean_chars < 1 or not 0 < self.show_p <= 1:
             raise ValueError(f"need accept_p in [0, 1], error_rate in [0, 1), mean_chars >= 1, show_p in (0, 1]: {self}")
 
 
@@ -71,8 +70,14 @@ class Population:
 
     def __post_init__(self) -> None:
         shares = [k[1] for k in self.kinds]
-        if (self.user_spread < 0 or self.history_requests < 0 or not self.kinds or min(shares) <= 0
-                or abs(sum(shares) - 1) > 1e-9 or min(k[2] for k in self.kinds) < 0):
+        if (
+            self.user_spread < 0
+            or self.history_requests < 0
+            or not self.kinds
+            or min(shares) <= 0
+            or abs(sum(shares) - 1) > 1e-9
+            or min(k[2] for k in self.kinds) < 0
+        ):
             raise ValueError(f"need user_spread >= 0, history_requests >= 0, kind shares > 0 summing to 1, factors >= 0: {self}")
 
 
@@ -141,9 +146,17 @@ def _history(users: _Users, i: int) -> History | None:
     return users.history[i]
 
 
-def _serve(rng: np.random.Generator, arms: tuple[ArmModel, ArmModel], rule: RewardRule, users: _Users | np.ndarray,
-           weight: float, first: int, n: int, rate_rps: float, pop: Population = Population()
-           ) -> tuple[list[Outcome], np.ndarray, np.ndarray]:
+def _serve(
+    rng: np.random.Generator,
+    arms: tuple[ArmModel, ArmModel],
+    rule: RewardRule,
+    users: _Users | np.ndarray,
+    weight: float,
+    first: int,
+    n: int,
+    rate_rps: float,
+    pop: Population = Population(),
+) -> tuple[list[Outcome], np.ndarray, np.ndarray]:
     """Serve requests first .. first+n-1 at one canary weight. Returns (outcomes, is_canary, failed).
 
     Every random array is drawn for every request whatever its arm, in a fixed order, so two runs with
@@ -166,24 +179,53 @@ def _serve(rng: np.random.Generator, arms: tuple[ArmModel, ArmModel], rule: Rewa
     kept = np.where(accepted, shown, 0)
     events = np.where(silent, "none", np.where(accepted, "accepted", "rejected")).astype(object)
     rewards = rule.rewards(events, kept.astype(np.float64), shown)
-    outcomes = [Outcome(ARMS[int(canary[i])], float(rewards[i]), float(accepted[i]), float(kept[i]),
-                        float(latency[i]), int((first + i) * 1000 / rate_rps), pop.kinds[kind[i]][0],
-                        _history(users, int(who[i])))
-                for i in range(n) if not failed[i]]
+    outcomes = [
+        Outcome(
+            ARMS[int(canary[i])],
+            float(rewards[i]),
+            float(accepted[i]),
+            float(kept[i]),
+            float(latency[i]),
+            int((first + i) * 1000 / rate_rps),
+            pop.kinds[kind[i]][0],
+            _history(users, int(who[i])),
+        )
+        for i in range(n)
+        if not failed[i]
+    ]
     return outcomes, canary, failed
 
 
-def sample(arms: tuple[ArmModel, ArmModel], weight: float, n: int, seed: int, *, users: int = 100_000,
-           rule: RewardRule | None = None, population: Population = Population(), rate_rps: float = 20.0) -> list[Outcome]:
+def sample(
+    arms: tuple[ArmModel, ArmModel],
+    weight: float,
+    n: int,
+    seed: int,
+    *,
+    users: int = 100_000,
+    rule: RewardRule | None = None,
+    population: Population = Population(),
+    rate_rps: float = 20.0,
+) -> list[Outcome]:
     """n requests' outcomes at a fixed canary weight (no ramp): for measuring estimators on one sample."""
     rng, rule = np.random.default_rng(seed), rule or RewardRule()
     drawn = _draw_users(rng, users, population, arms[0], rule)
     return _serve(rng, arms, rule, drawn, weight, 0, n, rate_rps, population)[0]
 
 
-def run_ramp(cfg: CanaryConfig, arms: tuple[ArmModel, ArmModel], seed: int, rate_rps: float, look_every: int,
-             max_requests: int, *, users: int = 100_000, rule: RewardRule | None = None,
-             population: Population = Population(), margins: Margins | None = None) -> RampResult:
+def run_ramp(
+    cfg: CanaryConfig,
+    arms: tuple[ArmModel, ArmModel],
+    seed: int,
+    rate_rps: float,
+    look_every: int,
+    max_requests: int,
+    *,
+    users: int = 100_000,
+    rule: RewardRule | None = None,
+    population: Population = Population(),
+    margins: Margins | None = None,
+) -> RampResult:
     """Run one ramp of `arms` = (control, canary) from its first step until it ends or max_requests are served.
 
     `users`: population size; large by default so the realised canary share tracks the weight closely.
@@ -210,7 +252,22 @@ def run_ramp(cfg: CanaryConfig, arms: tuple[ArmModel, ArmModel], seed: int, rate
         step = ramp.step  # the step this look judges (an 'advance' moves ramp.step on)
         result = ramp.observe(outcomes, health, now_s=served / rate_rps, clock_ms=int(served * 1000 / rate_rps))
         if result.action not in ("wait", "advance"):
-            return RampResult(result.action, result.reason, served, served / rate_rps, requests["canary"], step,
-                              len(ramp.looks), {m: c.delta for m, c in result.comparisons.items()})
-    return RampResult("unfinished", f"no decision within {max_requests} requests", served, served / rate_rps,
-                      requests["canary"], ramp.step, len(ramp.looks))
+            return RampResult(
+                result.action,
+                result.reason,
+                served,
+                served / rate_rps,
+                requests["canary"],
+                step,
+                len(ramp.looks),
+                {m: c.delta for m, c in result.comparisons.items()},
+            )
+    return RampResult(
+        "unfinished",
+        f"no decision within {max_requests} requests",
+        served,
+        served / rate_rps,
+        requests["canary"],
+        ramp.step,
+        len(ramp.looks),
+    )

@@ -53,12 +53,27 @@ def _finite(x: float) -> float | None:
 
 def step_record(lk: Look) -> CanaryStep:
     return CanaryStep(
-        step=lk.step + 1, weight=lk.weight, action=lk.action, reason=lk.reason,
-        n_control=int(lk.figures.get("n_control", 0)), n_canary=int(lk.figures.get("n_canary", 0)),
-        step_canary_n=int(lk.figures.get("step_canary_n", 0)), step_elapsed_s=float(lk.figures.get("step_elapsed_s", 0.0)),
-        metrics=[MetricInterval(metric=name, control=round(c.control.mean, 6), canary=round(c.canary.mean, 6),
-                                delta=round(c.delta, 6), low=_finite(c.low), high=_finite(c.high),
-                                margin=lk.margins.get(name)) for name, c in lk.comparisons.items()])
+        step=lk.step + 1,
+        weight=lk.weight,
+        action=lk.action,
+        reason=lk.reason,
+        n_control=int(lk.figures.get("n_control", 0)),
+        n_canary=int(lk.figures.get("n_canary", 0)),
+        step_canary_n=int(lk.figures.get("step_canary_n", 0)),
+        step_elapsed_s=float(lk.figures.get("step_elapsed_s", 0.0)),
+        metrics=[
+            MetricInterval(
+                metric=name,
+                control=round(c.control.mean, 6),
+                canary=round(c.canary.mean, 6),
+                delta=round(c.delta, 6),
+                low=_finite(c.low),
+                high=_finite(c.high),
+                margin=lk.margins.get(name),
+            )
+            for name, c in lk.comparisons.items()
+        ],
+    )
 
 
 def canary_record(model: str, control: int, canary: int, looks: list[Look]) -> CanaryRecord:
@@ -77,8 +92,10 @@ def step_table(record: CanaryRecord, indent: str = "") -> str:
     """The steps as text: one line per step, one per metric with its interval and margin."""
     lines = []
     for s in record.steps:
-        lines.append(f"{indent}step {s.step} at {s.weight:.0%}: {s.action} after {s.step_elapsed_s:.0f} s "
-                     f"({s.n_control} control / {s.n_canary} canary outcomes, {s.step_canary_n} this step): {s.reason}")
+        lines.append(
+            f"{indent}step {s.step} at {s.weight:.0%}: {s.action} after {s.step_elapsed_s:.0f} s "
+            f"({s.n_control} control / {s.n_canary} canary outcomes, {s.step_canary_n} this step): {s.reason}"
+        )
         for m in s.metrics:
             bounds = "not tested yet" if m.low is None else f"delta {m.delta:+.4f} in [{m.low:+.4f}, {m.high:+.4f}]"
             margin = "" if m.margin is None else f", margin {m.margin:.4f}"

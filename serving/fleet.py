@@ -28,8 +28,9 @@ log = logging.getLogger("tidal.fleet")
 class ModelGroup:
     """One model's replicas and the versions they should serve."""
 
-    def __init__(self, settings: ModelSettings, base: VersionInfo, adapters: dict[int, VersionInfo], strategy: WeightSync,
-                 serving: int):
+    def __init__(
+        self, settings: ModelSettings, base: VersionInfo, adapters: dict[int, VersionInfo], strategy: WeightSync, serving: int
+    ):
         self.settings, self.base, self.adapters, self.strategy = settings, base, adapters, strategy
         self.serving = serving  # the serve-alias version at start: the gateway's default control arm
         self.surge: dict[int, VersionInfo] = {}  # `restart`: versions on extra replicas beside the base (a canary)
@@ -49,14 +50,21 @@ class ModelGroup:
         return [r for r in self.replicas if r.base.version == self.base.version]
 
     def status(self) -> ModelStatus:
-        return ModelStatus(strategy=self.strategy.name, base_version=self.base.version, serving_version=self.serving,
-                           adapters=sorted(self.adapters), surge_versions=sorted(self.surge), desired_replicas=self.desired,
-                           replicas=[r.status() for r in self.replicas])
+        return ModelStatus(
+            strategy=self.strategy.name,
+            base_version=self.base.version,
+            serving_version=self.serving,
+            adapters=sorted(self.adapters),
+            surge_versions=sorted(self.surge),
+            desired_replicas=self.desired,
+            replicas=[r.status() for r in self.replicas],
+        )
 
 
 class Fleet:
-    def __init__(self, settings: ServingSettings, registry: Registry, checkpoints: CheckpointCache,
-                 runtime: EngineRuntime | None = None):
+    def __init__(
+        self, settings: ServingSettings, registry: Registry, checkpoints: CheckpointCache, runtime: EngineRuntime | None = None
+    ):
         self.settings, self.registry = settings, registry
         self.runtime = runtime or runtime_for(settings)
         self.checkpoints = self.runtime.checkpoints(checkpoints)
@@ -80,10 +88,14 @@ class Fleet:
         strategy.check_engine(self.flavor)
         info = self.registry.by_alias(m.name, m.serve_alias)
         if info is None:
-            raise RegistryError(f"model {m.name!r} has no version with alias {m.serve_alias!r}; run `tidal bootstrap {m.name}` first")
+            raise RegistryError(
+                f"model {m.name!r} has no version with alias {m.serve_alias!r}; run `tidal bootstrap {m.name}` first"
+            )
         base = info if info.kind == "full" else self.registry.get(m.name, info.base_version)
         if info.kind == "lora" and m.update_strategy != "lora":
-            raise SettingsError(f"{info.served_name} is a LoRA adapter but model {m.name!r} uses '{m.update_strategy}'; set update_strategy: lora")
+            raise SettingsError(
+                f"{info.served_name} is a LoRA adapter but model {m.name!r} uses '{m.update_strategy}'; set update_strategy: lora"
+            )
         group = ModelGroup(m, base, {} if info.kind == "full" else {info.version: info}, strategy, info.version)
         self.groups[m.name] = group
         self.runtime.prepare(m.name, base.version, m.replicas)
@@ -113,7 +125,9 @@ class Fleet:
             current = len(group.base_replicas())
             if replicas > current:
                 with ThreadPoolExecutor(max_workers=replicas - current) as pool:
-                    futures = [pool.submit(self.boot_replica, group, group.base, group.adapters) for _ in range(replicas - current)]
+                    futures = [
+                        pool.submit(self.boot_replica, group, group.base, group.adapters) for _ in range(replicas - current)
+                    ]
                 errors = [f.exception() for f in futures if f.exception() is not None]
                 if errors:
                     group.desired = len(group.base_replicas())
@@ -246,8 +260,9 @@ class Fleet:
 
     # ---- state -----------------------------------------------------------------------------------
     def status(self) -> FleetState:
-        return FleetState(engine_flavor=self.flavor, runtime=self.runtime.name,
-                          models={name: g.status() for name, g in self.groups.items()})
+        return FleetState(
+            engine_flavor=self.flavor, runtime=self.runtime.name, models={name: g.status() for name, g in self.groups.items()}
+        )
 
     def _save_state(self) -> None:
         # Read by `tidal status`/`tidal down` even when this process is gone.

@@ -53,8 +53,9 @@ class Routed:
 
 
 class Gateway:
-    def __init__(self, routes: RouteTable, pool: ReplicaPool, sink, signer: RequestIdSigner, user_secret: bytes,
-                 limits: Limits, metrics):
+    def __init__(
+        self, routes: RouteTable, pool: ReplicaPool, sink, signer: RequestIdSigner, user_secret: bytes, limits: Limits, metrics
+    ):
         self.routes, self.pool, self.sink, self.signer = routes, pool, sink, signer
         self.user_key, self.limits, self.metrics = user_hash_key(user_secret), limits, metrics
         self.arm_key = arm_key(user_secret)  # keys the canary assignment (serving/routes.py assign)
@@ -67,10 +68,11 @@ class Gateway:
     async def start(self) -> None:
         # Idle connections are dropped before the engines' own keep-alive timeout (vLLM: 5 s), so a
         # request rarely meets a connection the engine is closing.
-        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=3),
-                                             timeout=aiohttp.ClientTimeout(total=self.limits.upstream_timeout_s,
-                                                                           sock_connect=self.limits.connect_timeout_s),
-                                             json_serialize=lambda o: orjson.dumps(o).decode())
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=3),
+            timeout=aiohttp.ClientTimeout(total=self.limits.upstream_timeout_s, sock_connect=self.limits.connect_timeout_s),
+            json_serialize=lambda o: orjson.dumps(o).decode(),
+        )
         self.sink.start()
         for rec in self.sink.iter_recent("feedback"):  # duplicates stay refused across restarts
             self.feedback_seen.claim(rec["request_id"], rec["time_ms"])
@@ -110,8 +112,13 @@ class Gateway:
         if version is None:
             known = sorted(set(self.routes.all()) | set(self.pool.snapshot.serving_version))
             raise GatewayError(404, f"unknown model {model!r}; served models: {known}")
-        return ModelRoutes(model=model, arms=[ArmSpec(name="control", version=version, weight=1.0)],
-                           updated_ms=0, updated_by="fleet", reason="default: the fleet's serving version")
+        return ModelRoutes(
+            model=model,
+            arms=[ArmSpec(name="control", version=version, weight=1.0)],
+            updated_ms=0,
+            updated_by="fleet",
+            reason="default: the fleet's serving version",
+        )
 
     def route(self, req: CompletionRequest | ChatRequest, client_id: str, max_tokens: int | None) -> Routed:
         t0 = time.perf_counter()
@@ -119,15 +126,28 @@ class Gateway:
         if max_tokens > self.limits.max_tokens:
             raise GatewayError(400, f"max_tokens {max_tokens} exceeds this gateway's limit of {self.limits.max_tokens}")
         arm = assign(self.model_routes(req.model), assignment_key(client_id, req.user), self.arm_key)
-        sampling = arm.apply(SamplingParams(temperature=1.0 if req.temperature is None else req.temperature,
-                                            top_p=1.0 if req.top_p is None else req.top_p, max_tokens=max_tokens,
-                                            stop=req.stops(), seed=req.seed))
+        sampling = arm.apply(
+            SamplingParams(
+                temperature=1.0 if req.temperature is None else req.temperature,
+                top_p=1.0 if req.top_p is None else req.top_p,
+                max_tokens=max_tokens,
+                stop=req.stops(),
+                seed=req.seed,
+            )
+        )
         return Routed(arm, f"{req.model}@v{arm.version}", sampling, t0, now_ms())
 
     def engine_body(self, req, routed: Routed, extra: dict) -> dict:
         s = routed.sampling
-        body = {"model": routed.served_name, "max_tokens": s.max_tokens, "temperature": s.temperature, "top_p": s.top_p,
-                "stream": req.stream, "return_token_ids": True, **extra}
+        body = {
+            "model": routed.served_name,
+            "max_tokens": s.max_tokens,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "stream": req.stream,
+            "return_token_ids": True,
+            **extra,
+        }
         if s.stop:
             body["stop"] = s.stop
         if s.seed is not None:
@@ -149,9 +169,10 @@ class Gateway:
             tried.append(ep.replica)
             token = self.pool.acquire(ep.replica)
             try:
-                resp = await asyncio.wait_for(self.session.post(ep.url + path, data=orjson.dumps(body),
-                                                                headers={"Content-Type": "application/json"}),
-                                              self.limits.first_byte_timeout_s)
+                resp = await asyncio.wait_for(
+                    self.session.post(ep.url + path, data=orjson.dumps(body), headers={"Content-Type": "application/json"}),
+                    self.limits.first_byte_timeout_s,
+                )
             except aiohttp.ServerDisconnectedError as e:
                 self.pool.release(ep.replica, token)
                 last = describe_failure(e)
@@ -184,19 +205,31 @@ class Gateway:
             await asyncio.wait_for(asyncio.shield(task), self.limits.wal_append_timeout_s)
         except TimeoutError:
             self.wal_stuck_since = self.wal_stuck_since or time.time()
-            raise GatewayError(503, f"the request log did not make this {kind} record durable within "
-                                    f"{self.limits.wal_append_timeout_s:g} s (see /health); it is written once the "
-                                    "disk recovers") from None
+            raise GatewayError(
+                503,
+                f"the request log did not make this {kind} record durable within "
+                f"{self.limits.wal_append_timeout_s:g} s (see /health); it is written once the "
+                "disk recovers",
+            ) from None
 
     def _append_done(self, task: asyncio.Future) -> None:
         if not task.cancelled() and task.exception() is None:
             self.wal_stuck_since = None
 
     def new_record(self, req, routed: Routed, client_id: str, rid: str, ep: Endpoint, prompt_text: str) -> dict:
-        return {"request_id": rid, "time_ms": routed.t0_ms, "model": req.model, "version": routed.arm.version,
-                "served_name": routed.served_name, "arm": routed.arm.name,
-                "user_hash": user_hash(req.user or client_id, self.user_key), "client_id": client_id,
-                "prompt_text": prompt_text, "replica": ep.replica, "sampling": routed.sampling.model_dump()}
+        return {
+            "request_id": rid,
+            "time_ms": routed.t0_ms,
+            "model": req.model,
+            "version": routed.arm.version,
+            "served_name": routed.served_name,
+            "arm": routed.arm.name,
+            "user_hash": user_hash(req.user or client_id, self.user_key),
+            "client_id": client_id,
+            "prompt_text": prompt_text,
+            "replica": ep.replica,
+            "sampling": routed.sampling.model_dump(),
+        }
 
     async def log_completion(self, record: dict, routed: Routed) -> None:
         record["latency_ms"] = (time.perf_counter() - routed.t0) * 1000
@@ -210,7 +243,9 @@ class Gateway:
             raise GatewayError(400, "echo=true is not supported")
         prompt_text = orjson.dumps([m.model_dump() for m in req.messages]).decode() if chat else req.prompt
         if len(prompt_text) > self.limits.max_prompt_chars:
-            raise GatewayError(413, f"prompt has {len(prompt_text)} characters; this gateway accepts at most {self.limits.max_prompt_chars}")
+            raise GatewayError(
+                413, f"prompt has {len(prompt_text)} characters; this gateway accepts at most {self.limits.max_prompt_chars}"
+            )
         routed = self.route(req, client_id, (req.max_completion_tokens or req.max_tokens) if chat else req.max_tokens)
         fmt = CHAT if chat else TEXT
         if chat:
@@ -238,9 +273,13 @@ class Gateway:
             self.pool.release(ep.replica, token)
         choice = data["choices"][0]
         text, ids, lps = fmt.extract(choice)
-        record.update(completion_text=text, completion_token_ids=ids, behaviour_logprobs=lps,
-                      prompt_token_ids=choice.get("prompt_token_ids") or data.get("prompt_token_ids") or [],
-                      finish_reason=choice.get("finish_reason") or "stop")
+        record.update(
+            completion_text=text,
+            completion_token_ids=ids,
+            behaviour_logprobs=lps,
+            prompt_token_ids=choice.get("prompt_token_ids") or data.get("prompt_token_ids") or [],
+            finish_reason=choice.get("finish_reason") or "stop",
+        )
         await self.log_completion(record, routed)  # durable before the client hears of it
         data["id"], data["model"] = rid, req.model
         data["choices"] = [fmt.for_client(choice, req)]
@@ -249,8 +288,9 @@ class Gateway:
         data["tidal"] = {"request_id": rid, "version": routed.arm.version, "arm": routed.arm.name}
         return data
 
-    async def stream(self, resp: aiohttp.ClientResponse, req, routed: Routed, record: dict, fmt, ep: Endpoint,
-                     token: int) -> AsyncIterator[bytes]:
+    async def stream(
+        self, resp: aiohttp.ClientResponse, req, routed: Routed, record: dict, fmt, ep: Endpoint, token: int
+    ) -> AsyncIterator[bytes]:
         try:
             async for chunk in self._relay(resp, req, routed, record, fmt):
                 yield chunk
@@ -282,8 +322,13 @@ class Gateway:
                 chunk.pop("prompt_token_ids", None)
                 chunk["tidal"] = {"request_id": record["request_id"], "version": routed.arm.version, "arm": routed.arm.name}
                 yield b"data: " + orjson.dumps(chunk) + b"\n\n"
-        record.update(completion_text="".join(text), completion_token_ids=ids, behaviour_logprobs=lps,
-                      prompt_token_ids=prompt_ids, finish_reason=finish)
+        record.update(
+            completion_text="".join(text),
+            completion_token_ids=ids,
+            behaviour_logprobs=lps,
+            prompt_token_ids=prompt_ids,
+            finish_reason=finish,
+        )
         await self.log_completion(record, routed)  # [DONE] only after the record is durable
         yield b"data: [DONE]\n\n"
 
@@ -296,19 +341,30 @@ class Gateway:
             raise GatewayError(400, f"unknown or forged request id ({e.reason}): {e}") from None
         if claims.client_id != client_id:
             self.metrics.feedback.labels("rejected_client").inc()
-            raise GatewayError(403, "this request id belongs to another client; feedback must come from the client that made the request")
+            raise GatewayError(
+                403, "this request id belongs to another client; feedback must come from the client that made the request"
+            )
         now = now_ms()
         if now - claims.time_ms > self.limits.feedback_window_ms:
             self.metrics.feedback.labels("rejected_late").inc()
-            raise GatewayError(410, f"feedback window closed: the completion is {(now - claims.time_ms) / 1000:.0f} s old, "
-                                    f"the window is {self.limits.feedback_window_ms / 1000:.0f} s")
+            raise GatewayError(
+                410,
+                f"feedback window closed: the completion is {(now - claims.time_ms) / 1000:.0f} s old, "
+                f"the window is {self.limits.feedback_window_ms / 1000:.0f} s",
+            )
         if req.event == "partial" and req.accepted_chars is None:
             raise GatewayError(422, "event 'partial' needs accepted_chars")
         if not self.feedback_seen.claim(req.request_id, now):  # claimed before the await: a concurrent duplicate sees it
             self.metrics.feedback.labels("rejected_duplicate").inc()
             raise GatewayError(409, "feedback for this request id was already recorded (one verdict per completion)")
-        event = FeedbackEvent(request_id=req.request_id, time_ms=now, model=claims.model, event=req.event,
-                              accepted_chars=req.accepted_chars, client_id=client_id)
+        event = FeedbackEvent(
+            request_id=req.request_id,
+            time_ms=now,
+            model=claims.model,
+            event=req.event,
+            accepted_chars=req.accepted_chars,
+            client_id=client_id,
+        )
         try:
             await self.durable("feedback", event.model_dump())
         except GatewayError:  # not durable in time, but still being written: the verdict stays claimed

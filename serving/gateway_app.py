@@ -18,8 +18,16 @@ from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
-from serving.api_models import (CanaryUpdate, CanaryWatch, ChatRequest, CompletionRequest, FeedbackRequest, FeedbackResponse,
-                                RollbackRequest, RoutesUpdate)
+from serving.api_models import (
+    CanaryUpdate,
+    CanaryWatch,
+    ChatRequest,
+    CompletionRequest,
+    FeedbackRequest,
+    FeedbackResponse,
+    RollbackRequest,
+    RoutesUpdate,
+)
 from serving.gateway import Gateway, GatewayError, Limits
 from serving.gateway_metrics import GatewayMetrics, RateLimiter
 from serving.logsink import LogSink
@@ -88,8 +96,12 @@ def direct_route(body_model: type, authenticate) -> type[APIRoute]:
                     body = body_model.model_validate_json(await request.body())
                 except ValidationError as e:
                     # without the offending input: it may be bytes, NaN or a secret, none of which belongs in a reply
-                    raise RequestValidationError([{"type": err["type"], "loc": ("body", *err["loc"]), "msg": err["msg"]}
-                                                  for err in e.errors(include_url=False, include_context=False)]) from None
+                    raise RequestValidationError(
+                        [
+                            {"type": err["type"], "loc": ("body", *err["loc"]), "msg": err["msg"]}
+                            for err in e.errors(include_url=False, include_context=False)
+                        ]
+                    ) from None
                 return await endpoint(body, client_id)
 
             return handler
@@ -114,8 +126,11 @@ def build_app(gw: Gateway, clients: dict[str, str], admin: str, limiter: RateLim
         # Labelled by route template, never the raw path: one series per random path would grow without bound.
         route = request.scope.get("route")
         gw.metrics.requests.labels(getattr(route, "path", "unmatched"), str(exc.status)).inc()
-        return JSONResponse({"error": {"message": exc.message, "type": "invalid_request_error", "code": exc.status}},
-                              status_code=exc.status, headers=exc.headers)
+        return JSONResponse(
+            {"error": {"message": exc.message, "type": "invalid_request_error", "code": exc.status}},
+            status_code=exc.status,
+            headers=exc.headers,
+        )
 
     @app.exception_handler(ValidationError)
     async def invalid_value(request: Request, exc: ValidationError):
@@ -136,8 +151,11 @@ def build_app(gw: Gateway, clients: dict[str, str], admin: str, limiter: RateLim
         wait = limiter.take(client_id)
         if wait > 0:
             gw.metrics.rate_limited.labels(client_id).inc()
-            raise GatewayError(429, f"rate limit of {limiter.rate:g} requests/s exceeded; retry in {wait * 1000:.0f} ms",
-                               {"Retry-After": str(max(1, math.ceil(wait)))})
+            raise GatewayError(
+                429,
+                f"rate limit of {limiter.rate:g} requests/s exceeded; retry in {wait * 1000:.0f} ms",
+                {"Retry-After": str(max(1, math.ceil(wait)))},
+            )
         return client_id
 
     async def admin_only(authorization: str = Header("", description="Bearer <admin token>")) -> None:
@@ -158,10 +176,12 @@ def build_app(gw: Gateway, clients: dict[str, str], admin: str, limiter: RateLim
     async def chat_completions(req: ChatRequest, client_id: str = Depends(client)):
         return answer(await gw.complete(req, client_id, chat=True), "/v1/chat/completions")
 
-    app.router.add_api_route("/v1/completions", completions, methods=["POST"],
-                             route_class_override=direct_route(CompletionRequest, client))
-    app.router.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"],
-                             route_class_override=direct_route(ChatRequest, client))
+    app.router.add_api_route(
+        "/v1/completions", completions, methods=["POST"], route_class_override=direct_route(CompletionRequest, client)
+    )
+    app.router.add_api_route(
+        "/v1/chat/completions", chat_completions, methods=["POST"], route_class_override=direct_route(ChatRequest, client)
+    )
 
     @app.post("/v1/feedback", response_model=FeedbackResponse)
     async def feedback(req: FeedbackRequest, client_id: str = Depends(client)) -> FeedbackResponse:
@@ -177,9 +197,14 @@ def build_app(gw: Gateway, clients: dict[str, str], admin: str, limiter: RateLim
     @app.get("/health")
     async def health() -> JSONResponse:
         stuck = gw.wal_stuck_since
-        body = {"ok": stuck is None, "fleet": gw.pool.last_error or "ok", "replica_names": len(gw.pool.snapshot.by_served_name),
-                "wal": "ok" if stuck is None else f"appends not durable within {gw.limits.wal_append_timeout_s:g} s "
-                                                  f"for {time.time() - stuck:.0f} s"}
+        body = {
+            "ok": stuck is None,
+            "fleet": gw.pool.last_error or "ok",
+            "replica_names": len(gw.pool.snapshot.by_served_name),
+            "wal": "ok"
+            if stuck is None
+            else f"appends not durable within {gw.limits.wal_append_timeout_s:g} s for {time.time() - stuck:.0f} s",
+        }
         return JSONResponse(body, status_code=200 if stuck is None else 503)
 
     @app.get("/metrics")
@@ -193,7 +218,9 @@ def build_app(gw: Gateway, clients: dict[str, str], admin: str, limiter: RateLim
     def require_served(model: str, versions: list[int]) -> None:
         for v in versions:
             if not gw.pool.snapshot.by_served_name.get(f"{model}@v{v}"):
-                raise GatewayError(409, f"{model}@v{v} is not served by any ready (verified) replica; deploy it to the fleet first")
+                raise GatewayError(
+                    409, f"{model}@v{v} is not served by any ready (verified) replica; deploy it to the fleet first"
+                )
 
     @app.put("/admin/routes/{model}", dependencies=[Depends(admin_only)])
     async def put_routes(model: str, body: RoutesUpdate) -> dict:
@@ -224,23 +251,50 @@ def build_gateway(settings: ServingSettings) -> tuple[FastAPI, ServingSettings]:
     sink = LogSink(settings.data_path / "wal", open_store(settings), g.logsink)
     metrics = GatewayMetrics(sink.metrics)
     key = secret(settings.data_path, "request_id", g.secret).encode()  # signs request ids and keys user hashes
-    gw = Gateway(routes=RouteTable(settings.data_path / "gateway" / "routes.json", g.route_limits),
-                 pool=ReplicaPool(f"http://{settings.fleet.host}:{settings.fleet.admin_port}", admin_token(settings),
-                                  g.fleet_poll_s, max_in_flight=g.max_in_flight_per_replica, call_limit_s=g.upstream_timeout_s),
-                 sink=sink, signer=RequestIdSigner(key), user_secret=key,
-                 limits=Limits(g.max_prompt_chars, g.max_tokens, int(g.feedback_window_s * 1000), g.upstream_timeout_s,
-                               g.connect_timeout_s, g.first_byte_timeout_s, g.wal_append_timeout_s),
-                 metrics=metrics)
+    gw = Gateway(
+        routes=RouteTable(settings.data_path / "gateway" / "routes.json", g.route_limits),
+        pool=ReplicaPool(
+            f"http://{settings.fleet.host}:{settings.fleet.admin_port}",
+            admin_token(settings),
+            g.fleet_poll_s,
+            max_in_flight=g.max_in_flight_per_replica,
+            call_limit_s=g.upstream_timeout_s,
+        ),
+        sink=sink,
+        signer=RequestIdSigner(key),
+        user_secret=key,
+        limits=Limits(
+            g.max_prompt_chars,
+            g.max_tokens,
+            int(g.feedback_window_s * 1000),
+            g.upstream_timeout_s,
+            g.connect_timeout_s,
+            g.first_byte_timeout_s,
+            g.wal_append_timeout_s,
+        ),
+        metrics=metrics,
+    )
     clients = {_digest(c.key): c.client_id for c in client_keys(settings)}
-    return build_app(gw, clients, admin_token(settings), RateLimiter(g.rate_limit_rps, g.rate_limit_burst), g.max_body_bytes), settings
+    return build_app(
+        gw, clients, admin_token(settings), RateLimiter(g.rate_limit_rps, g.rate_limit_burst), g.max_body_bytes
+    ), settings
 
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = load_serving_settings()
     app, _ = build_gateway(settings)
-    uvicorn.run(app, host=settings.gateway.host, port=settings.gateway.port, log_level="warning",
-                http="httptools", loop="uvloop", access_log=False, proxy_headers=False, server_header=False)
+    uvicorn.run(
+        app,
+        host=settings.gateway.host,
+        port=settings.gateway.port,
+        log_level="warning",
+        http="httptools",
+        loop="uvloop",
+        access_log=False,
+        proxy_headers=False,
+        server_header=False,
+    )
 
 
 if __name__ == "__main__":

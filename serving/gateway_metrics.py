@@ -15,16 +15,28 @@ class GatewayMetrics:
         r = self.registry
         self.requests = Counter("gateway_requests", "Requests answered", ["endpoint", "code"], registry=r)
         self.completions = Counter("gateway_completions", "Completions logged", ["model", "arm"], registry=r)
-        self.latency = Histogram("gateway_latency_ms", "Receive to last byte, logged completions", ["model", "arm"],
-                                 buckets=LATENCY_BUCKETS_MS, registry=r)
-        self.errors = Counter("gateway_completion_errors", "Completions routed to an arm that failed (5xx)", ["model", "arm"],
-                              registry=r)
+        self.latency = Histogram(
+            "gateway_latency_ms",
+            "Receive to last byte, logged completions",
+            ["model", "arm"],
+            buckets=LATENCY_BUCKETS_MS,
+            registry=r,
+        )
+        self.errors = Counter(
+            "gateway_completion_errors", "Completions routed to an arm that failed (5xx)", ["model", "arm"], registry=r
+        )
         self.failovers = Counter("gateway_upstream_failovers", "Replica failures before the first byte", ["model"], registry=r)
         self.feedback = Counter("gateway_feedback", "Feedback events by outcome", ["outcome"], registry=r)
-        self.watchdog = Counter("gateway_canary_watchdog_rollbacks", "Canaries rolled back because their release stopped "
-                                "checking in", ["model"], registry=r)
+        self.watchdog = Counter(
+            "gateway_canary_watchdog_rollbacks",
+            "Canaries rolled back because their release stopped checking in",
+            ["model"],
+            registry=r,
+        )
         self.rate_limited = Counter("gateway_rate_limited", "Requests refused by the rate limiter", ["client"], registry=r)
-        self._wal = Gauge("gateway_wal", "Log sink state (wal_bytes, segments_pending, wal_over_cap, ...)", ["figure"], registry=r)
+        self._wal = Gauge(
+            "gateway_wal", "Log sink state (wal_bytes, segments_pending, wal_over_cap, ...)", ["figure"], registry=r
+        )
         self._sink_metrics = sink_metrics
 
     def observe(self, model: str, arm: str, latency_ms: float) -> None:

@@ -34,31 +34,60 @@ KINDS = ("completions", "feedback")
 
 
 class LogSinkSettings(Section):
-    commit_interval_ms: float = Field(2.0, ge=0, description=(
-        "Longest an append waits for others to share its fsync (group commit). The writer only waits while "
-        "fewer appends have come than in its last batch, so a lone appender is not delayed; 0 = never wait "
-        "(appends arriving during an fsync still share the next one)."))
+    commit_interval_ms: float = Field(
+        2.0,
+        ge=0,
+        description=(
+            "Longest an append waits for others to share its fsync (group commit). The writer only waits while "
+            "fewer appends have come than in its last batch, so a lone appender is not delayed; 0 = never wait "
+            "(appends arriving during an fsync still share the next one)."
+        ),
+    )
     segment_max_bytes: int = Field(8 * 2**20, ge=1, description="A WAL segment is closed (and uploaded) once this large.")
     segment_max_age_s: float = Field(5.0, gt=0, description="…or once this old: bounds the delay until records reach the store.")
-    upload_interval_s: float = Field(1.0, gt=0, description="Seconds between upload passes; also the first retry delay after a failure.")
+    upload_interval_s: float = Field(
+        1.0, gt=0, description="Seconds between upload passes; also the first retry delay after a failure."
+    )
     upload_backoff_max_s: float = Field(30.0, gt=0, description="Cap of the doubling retry delay while the store fails.")
-    wal_cap_bytes: int = Field(2**30, ge=1, description=(
-        "Alarm threshold: over it, uploaded segments are deleted early, and if the not-yet-uploaded ones alone "
-        "exceed it `wal_over_cap` is set and a warning logged. Appends are never refused."))
-    wal_warn_fraction: float = Field(0.8, gt=0, le=1, description=(
-        "Early alarm: `wal_near_cap` is set (and a warning logged) once the not-yet-uploaded bytes pass this "
-        "share of wal_cap_bytes, while there is still room to act."))
-    retain_s: float = Field(86400.0, ge=0, description="Uploaded segments stay on local disk this long (start-up dedup reads them), then are deleted.")
+    wal_cap_bytes: int = Field(
+        2**30,
+        ge=1,
+        description=(
+            "Alarm threshold: over it, uploaded segments are deleted early, and if the not-yet-uploaded ones alone "
+            "exceed it `wal_over_cap` is set and a warning logged. Appends are never refused."
+        ),
+    )
+    wal_warn_fraction: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description=(
+            "Early alarm: `wal_near_cap` is set (and a warning logged) once the not-yet-uploaded bytes pass this "
+            "share of wal_cap_bytes, while there is still room to act."
+        ),
+    )
+    retain_s: float = Field(
+        86400.0, ge=0, description="Uploaded segments stay on local disk this long (start-up dedup reads them), then are deleted."
+    )
 
 
 class LogSink:
     def __init__(self, wal_dir: Path, store: ObjectStore, cfg: LogSinkSettings):
         self.wal_dir, self.store, self.cfg = Path(wal_dir), store, cfg
         self._stats = SinkStats(KINDS, cfg.wal_cap_bytes, cfg.wal_warn_fraction)
-        self._uploader = Uploader(self.wal_dir, KINDS, store, self._stats, cfg.upload_interval_s,
-                                  cfg.upload_backoff_max_s, cfg.retain_s, cfg.wal_cap_bytes)
-        self._writer = WalWriter(self.wal_dir, KINDS, self._stats, cfg.commit_interval_ms / 1000, cfg.segment_max_bytes,
-                                 cfg.segment_max_age_s)
+        self._uploader = Uploader(
+            self.wal_dir,
+            KINDS,
+            store,
+            self._stats,
+            cfg.upload_interval_s,
+            cfg.upload_backoff_max_s,
+            cfg.retain_s,
+            cfg.wal_cap_bytes,
+        )
+        self._writer = WalWriter(
+            self.wal_dir, KINDS, self._stats, cfg.commit_interval_ms / 1000, cfg.segment_max_bytes, cfg.segment_max_age_s
+        )
         self._started = self._stopped = False
 
     def start(self) -> None:
@@ -75,9 +104,14 @@ class LogSink:
         torn = sum(recover(self.wal_dir, kind) for kind in KINDS)
         pending = [s for k in KINDS for s in list_segments(self.wal_dir, k, (CLOSED,))]  # none open after recover
         retained = [s for k in KINDS for s in list_segments(self.wal_dir, k, (UPLOADED,))]
-        self._stats.add({"torn_lines_total": torn, "segments_pending": len(pending),
-                         "wal_pending_bytes": sum(s.path.stat().st_size for s in pending),
-                         "wal_retained_bytes": sum(s.path.stat().st_size for s in retained)})
+        self._stats.add(
+            {
+                "torn_lines_total": torn,
+                "segments_pending": len(pending),
+                "wal_pending_bytes": sum(s.path.stat().st_size for s in pending),
+                "wal_retained_bytes": sum(s.path.stat().st_size for s in retained),
+            }
+        )
         if pending:
             log.info("WAL %s: %d segments from a previous run wait for upload", self.wal_dir, len(pending))
         self._writer.start()
@@ -115,8 +149,10 @@ class LogSink:
         done = self._uploader.drain(time.monotonic() + timeout_s)
         self._uploader.stop()
         if not done:
-            log.warning("log sink stopped with %d segments not yet uploaded; the next start uploads them",
-                        self._stats.snapshot()["segments_pending"])
+            log.warning(
+                "log sink stopped with %d segments not yet uploaded; the next start uploads them",
+                self._stats.snapshot()["segments_pending"],
+            )
         return done
 
     def metrics(self) -> dict[str, int]:

@@ -28,8 +28,10 @@ class ProbeReport:
 
     def summary(self) -> str:
         verdict = "pass" if self.ok else "FAIL"
-        return (f"probe {verdict} for {self.served_name} on {self.replica}: max |Δ logprob| = {self.max_abs_diff:.2e}, "
-                f"{self.token_mismatches} of {self.items} prompts produced other tokens or non-finite log-probs")
+        return (
+            f"probe {verdict} for {self.served_name} on {self.replica}: max |Δ logprob| = {self.max_abs_diff:.2e}, "
+            f"{self.token_mismatches} of {self.items} prompts produced other tokens or non-finite log-probs"
+        )
 
 
 def compare_item(i: int, item: ProbeItem, ids: list[int], logprobs: list[float]) -> tuple[float, bool, list[str]]:
@@ -60,8 +62,9 @@ def run_probe(engine: EngineClient, served_name: str, probe: ProbeSet, atol: flo
             if NON_FINITE_JSON not in str(e):
                 raise
             mismatches += 1
-            details.append(f"prompt {i}: non-finite log-probs served (the engine could not encode them as JSON): "
-                           "broken (NaN/inf) weights")
+            details.append(
+                f"prompt {i}: non-finite log-probs served (the engine could not encode them as JSON): broken (NaN/inf) weights"
+            )
             continue
         diff, failed, why = compare_item(i, item, ids, logprobs)
         max_diff, mismatches, details = max(max_diff, diff), mismatches + failed, details + why

@@ -82,12 +82,26 @@ class Replica:
         return self.proc.poll() is not None
 
     def status(self) -> ReplicaStatus:
-        return ReplicaStatus(name=self.name, state=self.state, url=self.url, pid=self.pid, base_version=self.base.version,
-                             served=self.served(), restarts=self.restarts, last_error=self.last_error, pod=self.pod)
+        return ReplicaStatus(
+            name=self.name,
+            state=self.state,
+            url=self.url,
+            pid=self.pid,
+            base_version=self.base.version,
+            served=self.served(),
+            restarts=self.restarts,
+            last_error=self.last_error,
+            pod=self.pod,
+        )
 
 
-def boot(replica: Replica, settings: ServingSettings, checkpoints: CheckpointCache, enable_lora: bool,
-         runtime: EngineRuntime | None = None) -> None:
+def boot(
+    replica: Replica,
+    settings: ServingSettings,
+    checkpoints: CheckpointCache,
+    enable_lora: bool,
+    runtime: EngineRuntime | None = None,
+) -> None:
     """Start the engine (through `runtime`, default a local subprocess), wait for readiness, load adapters, probe
     every served version, warm it up; only then is it 'ready' (in rotation).
 

@@ -81,8 +81,10 @@ class RequestIdSigner:
         payload = _b64encode(raw)
         rid = f"{payload}.{self._sign(payload)}"
         if len(rid) > MAX_LENGTH:
-            raise ValueError(f"model and client id too long: the request id would be {len(rid)} characters "
-                             f"(at most {MAX_LENGTH}); shorten the client id")
+            raise ValueError(
+                f"model and client id too long: the request id would be {len(rid)} characters "
+                f"(at most {MAX_LENGTH}); shorten the client id"
+            )
         return rid
 
     def verify(self, request_id: str) -> RequestIdClaims:
@@ -109,9 +111,9 @@ class RequestIdSigner:
                 raise InvalidRequestId("bad_payload", f"unknown id format {fmt} (this gateway reads {FORMAT})")
             i = _HEAD.size
             m_end = i + 1 + raw[i]
-            model = raw[i + 1:m_end].decode()
+            model = raw[i + 1 : m_end].decode()
             c_end = m_end + 1 + raw[m_end]
-            client_id = raw[m_end + 1:c_end].decode()
+            client_id = raw[m_end + 1 : c_end].decode()
             if c_end != len(raw) or len(model) == 0 or len(client_id) == 0:
                 raise ValueError("length fields do not match the payload")
         except InvalidRequestId:

@@ -41,9 +41,11 @@ class RouteGuard:
             try:
                 found = RouteTable(self.table_path).get(model) if self.table_path.is_file() else None
             except RouteError as e:
-                raise RoutesUnknown(f"cannot confirm that no traffic goes to it: the gateway at {self.gateway_url} did "
-                                    f"not answer ({type(gateway_error).__name__}) and {e}; start the gateway, or unload "
-                                    "with force") from None
+                raise RoutesUnknown(
+                    f"cannot confirm that no traffic goes to it: the gateway at {self.gateway_url} did "
+                    f"not answer ({type(gateway_error).__name__}) and {e}; start the gateway, or unload "
+                    "with force"
+                ) from None
             arms = found.arms if found else None
         if arms is None:
             return {serving_version} if serving_version else set()
@@ -51,5 +53,7 @@ class RouteGuard:
 
     def check_unload(self, model: str, version: int, served_name: str, serving_version: int | None) -> None:
         if version in self.routed_versions(model, serving_version):
-            raise RoutedVersion(f"{served_name} still gets traffic from the gateway's route table: route it away first "
-                                f"(`tidal route rollback {model}` or `tidal route show`), then unload it")
+            raise RoutedVersion(
+                f"{served_name} still gets traffic from the gateway's route table: route it away first "
+                f"(`tidal route rollback {model}` or `tidal route show`), then unload it"
+            )

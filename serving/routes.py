@@ -73,10 +73,15 @@ class ModelRoutes(BaseModel):
     updated_ms: int = Field(ge=0, description="Unix epoch milliseconds of the change.")
     updated_by: str = Field(min_length=1, description="Who made the change (operator, flow or service name).")
     reason: str = Field("", description="Why the change was made.")
-    watch_until_ms: int | None = Field(None, ge=0, description=(
-        "While a release watches its canary: the Unix epoch ms by which it must check in again (RouteTable.watch); "
-        "past it the gateway rolls the canary back, so a release that died or lost the gateway cannot leave users on "
-        "a ramp nobody watches. None: nobody watches it (no canary, or one set by hand)."))
+    watch_until_ms: int | None = Field(
+        None,
+        ge=0,
+        description=(
+            "While a release watches its canary: the Unix epoch ms by which it must check in again (RouteTable.watch); "
+            "past it the gateway rolls the canary back, so a release that died or lost the gateway cannot leave users on "
+            "a ramp nobody watches. None: nobody watches it (no canary, or one set by hand)."
+        ),
+    )
 
     @field_validator("arms")
     @classmethod
@@ -131,13 +136,17 @@ class RouteLimits(BaseModel):
             where = f"model {routes.model!r}, arm {arm.name!r} (v{arm.version})"
             t, p = arm.temperature, arm.top_p
             if t is not None and not self.min_temperature <= t <= self.max_temperature:
-                raise RouteError(f"{where}: temperature override {t} is outside the limits "
-                                 f"[min_temperature={self.min_temperature}, max_temperature={self.max_temperature}]")
+                raise RouteError(
+                    f"{where}: temperature override {t} is outside the limits "
+                    f"[min_temperature={self.min_temperature}, max_temperature={self.max_temperature}]"
+                )
             if p is not None and not self.min_top_p <= p <= 1.0:
                 raise RouteError(f"{where}: top_p override {p} is outside the limits [min_top_p={self.min_top_p}, 1]")
             if arm.has_overrides and arm.weight > self.max_override_weight:
-                raise RouteError(f"{where}: an arm with sampling overrides may carry at most "
-                                 f"max_override_weight={self.max_override_weight} of traffic, got weight {arm.weight}")
+                raise RouteError(
+                    f"{where}: an arm with sampling overrides may carry at most "
+                    f"max_override_weight={self.max_override_weight} of traffic, got weight {arm.weight}"
+                )
 
 
 class RouteChange(BaseModel):
@@ -213,19 +222,35 @@ class RouteTable:
         """Replace `routes.model`'s routes; who/when/why come from `routes` itself."""
         return self._apply(routes, "set")
 
-    def set_weights(self, model: str, canary_version: int, canary_weight: float, by: str, reason: str, *,
-                    temperature: float | None = None, top_p: float | None = None,
-                    watch_s: float | None = None) -> ModelRoutes:
+    def set_weights(
+        self,
+        model: str,
+        canary_version: int,
+        canary_weight: float,
+        by: str,
+        reason: str,
+        *,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        watch_s: float | None = None,
+    ) -> ModelRoutes:
         """Control keeps its version at 1 - canary_weight; the canary serves `canary_version`. watch_s: the
         release watching it must check in (`watch`) within this many seconds, or the canary is rolled back."""
         with self._lock:
             current = self._require(model)
-            arms = [ArmSpec(name="control", version=current.control.version, weight=1.0 - canary_weight),
-                    ArmSpec(name="canary", version=canary_version, weight=canary_weight,
-                            temperature=temperature, top_p=top_p)]
+            arms = [
+                ArmSpec(name="control", version=current.control.version, weight=1.0 - canary_weight),
+                ArmSpec(name="canary", version=canary_version, weight=canary_weight, temperature=temperature, top_p=top_p),
+            ]
             t = now_ms()
-            routes = ModelRoutes(model=model, arms=arms, updated_ms=t, updated_by=by, reason=reason,
-                                 watch_until_ms=None if watch_s is None else t + int(watch_s * 1000))
+            routes = ModelRoutes(
+                model=model,
+                arms=arms,
+                updated_ms=t,
+                updated_by=by,
+                reason=reason,
+                watch_until_ms=None if watch_s is None else t + int(watch_s * 1000),
+            )
             return self._apply(routes, "set_weights")
 
     def watch(self, model: str, canary_version: int, watch_s: float) -> ModelRoutes:
@@ -254,8 +279,10 @@ class RouteTable:
             for model, r in self.all().items():
                 if r.watch_until_ms is not None and at_ms > r.watch_until_ms:
                     late_s = (at_ms - r.watch_until_ms) / 1000
-                    why = (f"release watchdog: the release watching canary v{r.canary.version} did not check in "
-                           f"(deadline passed {late_s:.1f} s ago; its run died or lost the gateway)")
+                    why = (
+                        f"release watchdog: the release watching canary v{r.canary.version} did not check in "
+                        f"(deadline passed {late_s:.1f} s ago; its run died or lost the gateway)"
+                    )
                     out.append(self.rollback(model, by="watchdog", reason=why))
         return out
 
@@ -279,13 +306,25 @@ class RouteTable:
         with self._lock:
             old = self._snap
             previous = old.routes.get(routes.model)
-            change = RouteChange(time_ms=routes.updated_ms, model=routes.model, action=action, by=routes.updated_by,
-                                 reason=routes.reason, arms=routes.arms, previous=previous.arms if previous else None)
+            change = RouteChange(
+                time_ms=routes.updated_ms,
+                model=routes.model,
+                action=action,
+                by=routes.updated_by,
+                reason=routes.reason,
+                arms=routes.arms,
+                previous=previous.arms if previous else None,
+            )
             new = _Snapshot({**old.routes, routes.model: routes}, (*old.history, change)[-HISTORY_LIMIT:])
             self._write(new)
             self._snap = new  # one reference swap: readers see the old or the new snapshot, whole
-        log.info("routes %s by %s (%s): %s", routes.model, routes.updated_by, routes.reason,
-                 ", ".join(f"{a.name}=v{a.version}@{a.weight:g}" for a in routes.arms))
+        log.info(
+            "routes %s by %s (%s): %s",
+            routes.model,
+            routes.updated_by,
+            routes.reason,
+            ", ".join(f"{a.name}=v{a.version}@{a.weight:g}" for a in routes.arms),
+        )
         return routes
 
     # ---- persistence ---------------------------------------------------------------------------
@@ -301,8 +340,10 @@ class RouteTable:
             data = _TableFile.model_validate_json(raw)
         except ValidationError as e:
             kind = "is not valid JSON (truncated?)" if _is_json_error(e) else "does not hold a valid route table"
-            raise RouteError(f"route table {self.path} {kind}: {_first_error(e)}; "
-                             f"restore it from a backup or fix it (it is not overwritten while unreadable)") from e
+            raise RouteError(
+                f"route table {self.path} {kind}: {_first_error(e)}; "
+                f"restore it from a backup or fix it (it is not overwritten while unreadable)"
+            ) from e
         for model, routes in data.routes.items():
             if model != routes.model:
                 raise RouteError(f"route table {self.path}: entry {model!r} holds routes for {routes.model!r}")

@@ -31,10 +31,22 @@ from tidal.tokens import admin_authorized, admin_token
 log = logging.getLogger("tidal.supervisor")
 
 # exception type → HTTP status; the message is the detail.
-ERRORS: dict[type[Exception], int] = {RegistryError: 404, SettingsError: 400, StrategyUnavailable: 400, ValueError: 400,
-                                      ProbeFailed: 409, NotReady: 503, PortInUse: 503, EngineError: 502,
-                                      FileNotFoundError: 404, EngineEnvironmentMissing: 500, CheckpointCorrupt: 409,
-                                      ClusterError: 502, RoutedVersion: 409, RoutesUnknown: 503}
+ERRORS: dict[type[Exception], int] = {
+    RegistryError: 404,
+    SettingsError: 400,
+    StrategyUnavailable: 400,
+    ValueError: 400,
+    ProbeFailed: 409,
+    NotReady: 503,
+    PortInUse: 503,
+    EngineError: 502,
+    FileNotFoundError: 404,
+    EngineEnvironmentMissing: 500,
+    CheckpointCorrupt: 409,
+    ClusterError: 502,
+    RoutedVersion: 409,
+    RoutesUnknown: 503,
+}
 
 
 class ScaleRequest(BaseModel):
@@ -126,8 +138,11 @@ def build_app(state: FleetState, token: str) -> FastAPI:
 def serve(settings: ServingSettings) -> None:
     store = open_store(settings)
     fleet = Fleet(settings, Registry(settings.mlflow.tracking_uri), CheckpointCache(store, settings.data_path / "cache"))
-    guard = RouteGuard(f"http://{settings.gateway.host}:{settings.gateway.port}", admin_token(settings),
-                       settings.data_path / "gateway" / "routes.json")
+    guard = RouteGuard(
+        f"http://{settings.gateway.host}:{settings.gateway.port}",
+        admin_token(settings),
+        settings.data_path / "gateway" / "routes.json",
+    )
     app = build_app(FleetState(fleet, guard), admin_token(settings))
     uvicorn.run(app, host=settings.fleet.host, port=settings.fleet.admin_port, log_level="warning")
 

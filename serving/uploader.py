@@ -88,8 +88,17 @@ class Uploader:
     """Background thread uploading closed segments every interval_s; after a failure it waits
     interval_s·2^n (capped at backoff_max_s) and tries again, forever: the WAL keeps the data meanwhile."""
 
-    def __init__(self, wal_dir: Path, kinds: tuple[str, ...], store: ObjectStore, stats: SinkStats,
-                 interval_s: float, backoff_max_s: float, retain_s: float, cap_bytes: int):
+    def __init__(
+        self,
+        wal_dir: Path,
+        kinds: tuple[str, ...],
+        store: ObjectStore,
+        stats: SinkStats,
+        interval_s: float,
+        backoff_max_s: float,
+        retain_s: float,
+        cap_bytes: int,
+    ):
         self.wal_dir, self.kinds, self.store, self.stats = wal_dir, kinds, store, stats
         self.interval_s, self.backoff_max_s, self.retain_s, self.cap_bytes = interval_s, backoff_max_s, retain_s, cap_bytes
         self._lock = threading.Lock()  # one pass at a time: the background thread or a flush
@@ -165,8 +174,11 @@ class Uploader:
                         strikes = self._strikes[segs[i].id] = self._strikes.get(segs[i].id, 0) + 1
                         if strikes >= POISON_AFTER:
                             self._strikes.pop(segs[i].id)
-                            self.set_aside(segs[i], f"upload failed on {strikes} passes in a row while the next "
-                                                    f"segment uploaded: {type(e).__name__}: {e}")
+                            self.set_aside(
+                                segs[i],
+                                f"upload failed on {strikes} passes in a row while the next "
+                                f"segment uploaded: {type(e).__name__}: {e}",
+                            )
                         else:
                             own_failure = e
                         i += 2
@@ -178,8 +190,14 @@ class Uploader:
             self.upload_segment(seg)
         except Exception as e:
             self.stats.add({"upload_errors_total": 1})
-            log.warning("upload of WAL segment %s/%s to %s failed (will retry): %s: %s",
-                        seg.kind, seg.id, self.store.url, type(e).__name__, e)
+            log.warning(
+                "upload of WAL segment %s/%s to %s failed (will retry): %s: %s",
+                seg.kind,
+                seg.id,
+                self.store.url,
+                type(e).__name__,
+                e,
+            )
             raise
         self._strikes.pop(seg.id, None)
 
@@ -195,16 +213,15 @@ class Uploader:
         os.rename(seg.path, target)
         (poison / f"{seg.id}.reason").write_text(reason + "\n")
         fsync_dir(seg.path.parent)
-        self.stats.add({"segments_pending": -1, "wal_pending_bytes": -size, "segments_poisoned_total": 1,
-                        "quarantined_total": len(lines)})
-        log.error("WAL segment %s/%s set aside as poison (%d records) at %s: %s", seg.kind, seg.id, len(lines),
-                  target, reason)
+        self.stats.add(
+            {"segments_pending": -1, "wal_pending_bytes": -size, "segments_poisoned_total": 1, "quarantined_total": len(lines)}
+        )
+        log.error("WAL segment %s/%s set aside as poison (%d records) at %s: %s", seg.kind, seg.id, len(lines), target, reason)
         try:
             self.store.put_file(target, poison_key(seg.kind, seg.id))
             self.store.put_file(poison / f"{seg.id}.reason", poison_key(seg.kind, seg.id, "reason"))
         except Exception as e:  # it stays on local disk, counted; the store may refuse exactly this object
-            log.error("poison segment %s/%s could not be copied to the store: %s: %s", seg.kind, seg.id,
-                      type(e).__name__, e)
+            log.error("poison segment %s/%s could not be copied to the store: %s: %s", seg.kind, seg.id, type(e).__name__, e)
 
     def upload_segment(self, seg: Segment) -> None:
         lines, _ = read_lines(seg.path)  # closed segments have no torn tail (recovery cut it)
@@ -223,14 +240,20 @@ class Uploader:
                 local.write_bytes(b"".join(orjson.dumps(b) + b"\n" for b in bad))
                 self.store.put_file(local, quarantine_key(seg.kind, seg.id))
                 self.stats.add({"uploads_total": 1, "quarantined_total": len(bad)})
-                log.warning("WAL segment %s/%s: %d invalid records quarantined at %s", seg.kind, seg.id,
-                            len(bad), self.store.uri(quarantine_key(seg.kind, seg.id)))
+                log.warning(
+                    "WAL segment %s/%s: %d invalid records quarantined at %s",
+                    seg.kind,
+                    seg.id,
+                    len(bad),
+                    self.store.uri(quarantine_key(seg.kind, seg.id)),
+                )
         size = seg.path.stat().st_size
         done = seg.moved(UPLOADED).path
         os.rename(seg.path, done)
         os.utime(done)  # retention counts from the upload
-        self.stats.add({"segments_pending": -1, "segments_uploaded_total": 1,
-                        "wal_pending_bytes": -size, "wal_retained_bytes": size})
+        self.stats.add(
+            {"segments_pending": -1, "segments_uploaded_total": 1, "wal_pending_bytes": -size, "wal_retained_bytes": size}
+        )
 
     def sweep(self) -> None:
         """Delete uploaded segments older than retain_s, and the oldest ones early (completions before feedback)
@@ -238,8 +261,10 @@ class Uploader:
         with self._lock:
             # Over the cap, completions go first: the retained feedback refills the gateway's duplicate check after
             # a restart, and its segments are small.
-            uploaded = sorted((s for k in self.kinds for s in list_segments(self.wal_dir, k, (UPLOADED,))),
-                              key=lambda s: (s.kind == "feedback", s.id))
+            uploaded = sorted(
+                (s for k in self.kinds for s in list_segments(self.wal_dir, k, (UPLOADED,))),
+                key=lambda s: (s.kind == "feedback", s.id),
+            )
             now = time.time()
             total = sum(self.stats.snapshot()[k] for k in ("wal_pending_bytes", "wal_retained_bytes"))
             for seg in uploaded:

@@ -51,8 +51,15 @@ class PoolSnapshot:
 class ReplicaPool:
     """A snapshot of ready replicas, refreshed every poll interval; failed replicas sit out briefly."""
 
-    def __init__(self, fleet_url: str, admin_token: str, poll_s: float, penalty_s: float = 5.0,
-                 max_in_flight: int = 64, call_limit_s: float = 120.0):
+    def __init__(
+        self,
+        fleet_url: str,
+        admin_token: str,
+        poll_s: float,
+        penalty_s: float = 5.0,
+        max_in_flight: int = 64,
+        call_limit_s: float = 120.0,
+    ):
         self.fleet_url, self.poll_s, self.penalty_s = fleet_url, poll_s, penalty_s
         # Engine calls in flight per replica: replica → {call token: monotonic start}. A call cannot outlive
         # call_limit_s (the session's total timeout), so a token a lost stream never released is dropped then.
@@ -100,11 +107,14 @@ class ReplicaPool:
         k = next(self._rr) % len(eps)
         rotated = [e for e in eps[k:] + eps[:k] if self.in_flight(e.replica) < self.max_in_flight]
         if not rotated:
-            raise Saturated(f"all {len(eps)} replica(s) serving {served_name} have {self.max_in_flight} requests in "
-                            "flight (gateway.max_in_flight_per_replica); retry shortly")
+            raise Saturated(
+                f"all {len(eps)} replica(s) serving {served_name} have {self.max_in_flight} requests in "
+                "flight (gateway.max_in_flight_per_replica); retry shortly"
+            )
         now = time.monotonic()
-        return [e for e in rotated if self._down_until.get(e.replica, 0) <= now] + \
-               [e for e in rotated if self._down_until.get(e.replica, 0) > now]
+        return [e for e in rotated if self._down_until.get(e.replica, 0) <= now] + [
+            e for e in rotated if self._down_until.get(e.replica, 0) > now
+        ]
 
     def in_flight(self, replica: str) -> int:
         calls = self._in_flight.get(replica)

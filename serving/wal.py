@@ -128,10 +128,21 @@ class SinkStats:
         self.cap_bytes, self.warn_bytes = cap_bytes, int(cap_bytes * warn_fraction)
         self.over_cap = self.near_cap = False
         self.values: dict[str, int] = dict.fromkeys(
-            ["wal_pending_bytes", "wal_retained_bytes", "segments_pending", "commits_total", "uploads_total",
-             "segments_uploaded_total", "upload_errors_total", "quarantined_total", "torn_lines_total",
-             "segments_poisoned_total"]
-            + [f"records_appended_total:{k}" for k in kinds], 0)
+            [
+                "wal_pending_bytes",
+                "wal_retained_bytes",
+                "segments_pending",
+                "commits_total",
+                "uploads_total",
+                "segments_uploaded_total",
+                "upload_errors_total",
+                "quarantined_total",
+                "torn_lines_total",
+                "segments_poisoned_total",
+            ]
+            + [f"records_appended_total:{k}" for k in kinds],
+            0,
+        )
 
     def add(self, deltas: dict[str, int]) -> None:
         with self._lock:
@@ -141,11 +152,18 @@ class SinkStats:
             was, self.over_cap = self.over_cap, pending > self.cap_bytes
             was_near, self.near_cap = self.near_cap, pending > self.warn_bytes
         if self.near_cap and not was_near and not self.over_cap:
-            log.warning("WAL holds %d bytes not yet in the object store, nearing its %d-byte cap: is the store down?",
-                        pending, self.cap_bytes)
+            log.warning(
+                "WAL holds %d bytes not yet in the object store, nearing its %d-byte cap: is the store down?",
+                pending,
+                self.cap_bytes,
+            )
         if self.over_cap and not was:
-            log.warning("WAL holds %d bytes not yet in the object store, over the %d-byte cap: is the store down? "
-                        "Appends continue; the disk fills.", pending, self.cap_bytes)
+            log.warning(
+                "WAL holds %d bytes not yet in the object store, over the %d-byte cap: is the store down? "
+                "Appends continue; the disk fills.",
+                pending,
+                self.cap_bytes,
+            )
         elif was and not self.over_cap:
             log.info("WAL back under its cap (%d bytes pending)", pending)
 
@@ -192,8 +210,15 @@ class WalWriter:
     """One thread owns the open segments: it drains the queue, writes every pending line of a kind in one
     write, fsyncs once per kind per batch, then wakes each batch's futures with one call per event loop."""
 
-    def __init__(self, wal_dir: Path, kinds: tuple[str, ...], stats: SinkStats, commit_interval_s: float,
-                 segment_max_bytes: int, segment_max_age_s: float):
+    def __init__(
+        self,
+        wal_dir: Path,
+        kinds: tuple[str, ...],
+        stats: SinkStats,
+        commit_interval_s: float,
+        segment_max_bytes: int,
+        segment_max_age_s: float,
+    ):
         self.wal_dir, self.kinds, self.stats = wal_dir, kinds, stats
         self.commit_interval_s, self.max_bytes, self.max_age_s = commit_interval_s, segment_max_bytes, segment_max_age_s
         self._q: queue.SimpleQueue[_Append | _Control] = queue.SimpleQueue()
@@ -318,7 +343,7 @@ class WalWriter:
         try:
             view = memoryview(data)
             while view:  # os.write may write less than asked
-                view = view[os.write(o.fd, view):]
+                view = view[os.write(o.fd, view) :]
             os.fsync(o.fd)
         except OSError:
             # Cut the unacknowledged bytes off so no half line precedes later acknowledged ones, and leave
@@ -343,7 +368,9 @@ class WalWriter:
             if any(seg.moved(s).path.exists() for s in (CLOSED, UPLOADED)):
                 continue
             try:
-                fd = os.open(seg.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)  # raw prompts: owner only
+                fd = os.open(
+                    seg.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600
+                )  # raw prompts: owner only
                 break
             except FileExistsError:
                 continue

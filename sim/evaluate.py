@@ -63,8 +63,7 @@ class EvalCase:
     seed: int  # sampling seed of this request (the same for every version)
 
 
-def eval_cases(cfg: SimUsersConfig, heldout_fraction: float, n: int, seed: int,
-               code_dir: Path | None = None) -> list[EvalCase]:
+def eval_cases(cfg: SimUsersConfig, heldout_fraction: float, n: int, seed: int, code_dir: Path | None = None) -> list[EvalCase]:
     """`n` held-out requests: sites of the eval split (the stdlib's held-out files, or `cfg.code_dir`'s), or, with
     `code_dir`, of every *.py file under it (a team's own code, which the sandbox's policy never saw)."""
     if code_dir is None:
@@ -116,9 +115,12 @@ def score(cases: list[EvalCase], texts: list[str], rule: RewardRule) -> dict[str
 def summarize(o: Outcomes) -> dict[str, Estimate]:
     """Per-request outcomes → the flywheel's metrics with intervals."""
     # Accepts are a subset of the suggestions shown: per suggestion, a binomial proportion.
-    return {"suggestion_rate": proportion_ci(int(o.shown.sum()), len(o)),
-            "accept_rate": proportion_ci(int(o.accepted.sum()), int(o.shown.sum())),
-            "reward_per_request": mean_ci(o.reward.tolist()), "accepted_chars_per_request": mean_ci(o.kept.tolist())}
+    return {
+        "suggestion_rate": proportion_ci(int(o.shown.sum()), len(o)),
+        "accept_rate": proportion_ci(int(o.accepted.sum()), int(o.shown.sum())),
+        "reward_per_request": mean_ci(o.reward.tolist()),
+        "accepted_chars_per_request": mean_ci(o.kept.tolist()),
+    }
 
 
 def best_truncation(cases: list[EvalCase], texts: list[str], rule: RewardRule) -> tuple[int, dict[str, Estimate]]:
@@ -128,16 +130,29 @@ def best_truncation(cases: list[EvalCase], texts: list[str], rule: RewardRule) -
     return k, scored[k]
 
 
-def complete_all(base_url: str, served_name: str, cases: list[EvalCase], max_tokens: int, temperature: float,
-                 stop: list[str], concurrency: int = 4) -> list[str]:
+def complete_all(
+    base_url: str,
+    served_name: str,
+    cases: list[EvalCase],
+    max_tokens: int,
+    temperature: float,
+    stop: list[str],
+    concurrency: int = 4,
+) -> list[str]:
     """Each case's completion from one replica (OpenAI SDK against vLLM's server, seeded per request)."""
     from openai import OpenAI
 
     client = OpenAI(base_url=base_url.rstrip("/") + "/v1", api_key="unused", max_retries=2, timeout=120)
 
     def one(case: EvalCase) -> str:
-        r = client.completions.create(model=served_name, prompt=case.site.prompt, max_tokens=max_tokens,
-                                      temperature=temperature, stop=stop or None, seed=case.seed)
+        r = client.completions.create(
+            model=served_name,
+            prompt=case.site.prompt,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            stop=stop or None,
+            seed=case.seed,
+        )
         return r.choices[0].text
 
     with ThreadPoolExecutor(concurrency) as pool:

@@ -30,8 +30,12 @@ def _metrics(o: Outcomes, idx: np.ndarray) -> dict[str, np.ndarray]:
     shown = o.shown[idx].sum(1)
     with np.errstate(invalid="ignore", divide="ignore"):
         accept = o.accepted[idx].sum(1) / shown  # NaN on a resample with no suggestion shown
-    return {"suggestion_rate": o.shown[idx].mean(1), "accept_rate": accept,
-            "reward_per_request": o.reward[idx].mean(1), "accepted_chars_per_request": o.kept[idx].mean(1)}
+    return {
+        "suggestion_rate": o.shown[idx].mean(1),
+        "accept_rate": accept,
+        "reward_per_request": o.reward[idx].mean(1),
+        "accepted_chars_per_request": o.kept[idx].mean(1),
+    }
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,9 @@ def _eval_score(rel: str) -> float:
     return corpus.unit_hash(rel, EVAL_SALT)
 
 
-def site_files(split: Split, heldout_fraction: float, eval_fraction: float = 0.5,
-               code_dir: Path | None = None) -> tuple[Path, list[Path]]:
+def site_files(
+    split: Split, heldout_fraction: float, eval_fraction: float = 0.5, code_dir: Path | None = None
+) -> tuple[Path, list[Path]]:
     """(root, files) of one split. Without `code_dir`: the stdlib's held-out files (pretraining's split with
     `heldout_fraction`), divided into traffic and eval by a second hash; with it: all *.py files there."""
     if code_dir is None:
@@ -70,8 +71,9 @@ def tail_bytes(text: str, limit: int) -> str:
     return raw[-limit:].decode("utf-8", errors="ignore")
 
 
-def cursor_sites(root: Path, files: list[Path], n: int, seed: int, context_bytes: int = 480,
-                 min_intended: int = 1) -> list[TabSite]:
+def cursor_sites(
+    root: Path, files: list[Path], n: int, seed: int, context_bytes: int = 480, min_intended: int = 1
+) -> list[TabSite]:
     """`n` sites drawn uniformly over the characters of `files` (deterministic given the seed). A site sits at
     the end of a word, mid-line, with at least `min_intended` characters left on the line."""
     rng = random.Random(seed)

@@ -35,21 +35,40 @@ class SimUsersConfig(Section):
     sites: int = Field(4000, ge=1, description="Distinct cursor sites drawn from the traffic files (re-used round-robin).")
     concurrency: int = Field(4, ge=1, description="Requests in flight at once.")
     max_tokens: int = Field(16, ge=1, description="Completion budget a Tab request asks for.")
-    temperature: float = Field(1.0, ge=0, le=2, description=(
-        "Sampling temperature of Tab requests. PPO weighs rows of any temperature above 0 correctly (the engines log "
-        "mu after the scaling); lower shows better suggestions but explores less, and greedy (0) rows are not trained on."))
-    stop: list[str] = Field(default_factory=lambda: ["\n"], description=(
-        "Stop strings of Tab requests: single-line suggestions by default, as editors ask for them. The policy "
-        "ends a suggestion by sampling a line break (a frequent token, so PPO explores where to stop); one "
-        "sampled first means nothing is shown."))
+    temperature: float = Field(
+        1.0,
+        ge=0,
+        le=2,
+        description=(
+            "Sampling temperature of Tab requests. PPO weighs rows of any temperature above 0 correctly (the engines log "
+            "mu after the scaling); lower shows better suggestions but explores less, and greedy (0) rows are not trained on."
+        ),
+    )
+    stop: list[str] = Field(
+        default_factory=lambda: ["\n"],
+        description=(
+            "Stop strings of Tab requests: single-line suggestions by default, as editors ask for them. The policy "
+            "ends a suggestion by sampling a line break (a frequent token, so PPO explores where to stop); one "
+            "sampled first means nothing is shown."
+        ),
+    )
     min_chars: tuple[int, int] = Field((3, 6), description="Range of the per-user minimum accepted length (chars), inclusive.")
     think_s: tuple[float, float] = Field((0.0, 0.5), description="Range of a user's pause before each request (typing speed).")
-    feedback_delay_s: tuple[float, float] = Field((0.2, 2.0), description="Range of a user's delay between suggestion and verdict.")
-    context_bytes: int = Field(480, ge=16, description=(
-        "Code before the cursor sent as the prompt, in UTF-8 bytes: a byte-level BPE token covers at least one byte, "
-        "so 480 bytes + max_tokens always fit the engines' 512-token context."))
+    feedback_delay_s: tuple[float, float] = Field(
+        (0.2, 2.0), description="Range of a user's delay between suggestion and verdict."
+    )
+    context_bytes: int = Field(
+        480,
+        ge=16,
+        description=(
+            "Code before the cursor sent as the prompt, in UTF-8 bytes: a byte-level BPE token covers at least one byte, "
+            "so 480 bytes + max_tokens always fit the engines' 512-token context."
+        ),
+    )
     eval_fraction: float = Field(0.5, gt=0, lt=1, description="Share of held-out files kept for evaluation (never in traffic).")
-    code_dir: Path | None = Field(None, description="A directory of Python code to draw sites from instead of the stdlib's held-out files.")
+    code_dir: Path | None = Field(
+        None, description="A directory of Python code to draw sites from instead of the stdlib's held-out files."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> SimUsersConfig:
@@ -72,8 +91,12 @@ class UserProfile:
 
 def population(cfg: SimUsersConfig) -> list[UserProfile]:
     rng = random.Random(f"users/{cfg.seed}")
-    return [UserProfile(f"sim-{cfg.seed}-{i}", rng.randint(*cfg.min_chars), rng.uniform(*cfg.think_s),
-                        rng.uniform(*cfg.feedback_delay_s)) for i in range(cfg.users)]
+    return [
+        UserProfile(
+            f"sim-{cfg.seed}-{i}", rng.randint(*cfg.min_chars), rng.uniform(*cfg.think_s), rng.uniform(*cfg.feedback_delay_s)
+        )
+        for i in range(cfg.users)
+    ]
 
 
 def verdict(suggestion: str, intended: str, min_chars: int) -> tuple[str | None, int]:
@@ -103,8 +126,9 @@ class Tally:
     feedback_acked: list[str] = field(default_factory=list)  # request ids whose feedback the gateway acknowledged
     latencies_ms: list[float] = field(default_factory=list)  # client-side, per acknowledged completion
 
-    def add(self, version: int, event: str | None, shown: bool, kept: int, request_id: str = "",
-            latency_ms: float | None = None) -> None:
+    def add(
+        self, version: int, event: str | None, shown: bool, kept: int, request_id: str = "", latency_ms: float | None = None
+    ) -> None:
         with self.lock:
             if request_id:
                 self.acked.append(request_id)
@@ -133,8 +157,15 @@ class SimTraffic(threading.Thread):
     """Users sending Tab requests through the gateway until `stop` is set (or `max_requests` sent). While `quiet`
     is set they send nothing new (the batch in flight finishes, verdicts still fall due): a traffic trough."""
 
-    def __init__(self, cfg: SimUsersConfig, gateway_url: str, api_key: str, model: str, heldout_fraction: float,
-                 max_requests: int | None = None):
+    def __init__(
+        self,
+        cfg: SimUsersConfig,
+        gateway_url: str,
+        api_key: str,
+        model: str,
+        heldout_fraction: float,
+        max_requests: int | None = None,
+    ):
         super().__init__(daemon=True, name="sim-traffic")
         from openai import (
             OpenAI,  # the official SDK, unchanged: the gateway is OpenAI-compatible
@@ -157,10 +188,15 @@ class SimTraffic(threading.Thread):
             time.sleep(user.think_s)
         t0 = time.perf_counter()
         try:
-            r = self.client.completions.create(model=self.model, prompt=site.prompt, max_tokens=self.cfg.max_tokens,
-                                               temperature=self.cfg.temperature, stop=self.cfg.stop or None,
-                                               user=user.user_id,
-                                               seed=rng.randrange(2**31))
+            r = self.client.completions.create(
+                model=self.model,
+                prompt=site.prompt,
+                max_tokens=self.cfg.max_tokens,
+                temperature=self.cfg.temperature,
+                stop=self.cfg.stop or None,
+                user=user.user_id,
+                seed=rng.randrange(2**31),
+            )
         except Exception as e:  # noqa: BLE001  a served error is counted, the users keep typing
             self.tally.error(f"completion: {e!r}"[:300])
             return
@@ -192,7 +228,11 @@ class SimTraffic(threading.Thread):
                     self._send_due()
                     self.stop.wait(0.2)
                     continue
-                n = self.cfg.concurrency * 4 if self.max_requests is None else min(self.cfg.concurrency * 4, self.max_requests - i)
+                n = (
+                    self.cfg.concurrency * 4
+                    if self.max_requests is None
+                    else min(self.cfg.concurrency * 4, self.max_requests - i)
+                )
                 list(pool.map(self.one, range(i, i + n)))
                 i += n
                 self.sent = i

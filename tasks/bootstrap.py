@@ -57,15 +57,28 @@ def compute_version_probe(model, tokenizer, heldout: list[str], cfg: BootstrapSe
 
 
 @task(cache_policy=NO_CACHE)
-def publish_base_version(registry: Registry, store: ObjectStore, model_name: str, model, tokenizer, probe: ProbeSet,
-                         result: PretrainResult, cfg: BootstrapSettings, run_id: str | None) -> VersionInfo:
+def publish_base_version(
+    registry: Registry,
+    store: ObjectStore,
+    model_name: str,
+    model,
+    tokenizer,
+    probe: ProbeSet,
+    result: PretrainResult,
+    cfg: BootstrapSettings,
+    run_id: str | None,
+) -> VersionInfo:
     """Upload the checkpoint with its probe, register it (no parent), make it the champion."""
     with tempfile.TemporaryDirectory() as tmp:
         out = save_policy(model, tokenizer, Path(tmp) / "checkpoint")
         save_probe(probe, out)
-        tags = {lineage.PARENT_VERSION: "none", lineage.ORIGIN: "bootstrap", lineage.CODE_REVISION: code_revision(PROJECT_ROOT),
-                lineage.HELDOUT_BITS_PER_BYTE: f"{result.heldout_bits_per_byte:.4f}",
-                lineage.PARAMS: str(sum(p.numel() for p in model.parameters()))}
+        tags = {
+            lineage.PARENT_VERSION: "none",
+            lineage.ORIGIN: "bootstrap",
+            lineage.CODE_REVISION: code_revision(PROJECT_ROOT),
+            lineage.HELDOUT_BITS_PER_BYTE: f"{result.heldout_bits_per_byte:.4f}",
+            lineage.PARAMS: str(sum(p.numel() for p in model.parameters())),
+        }
         info = publish(registry, store, model_name, out, "full", None, tags, run_id)
     registry.set_alias(model_name, "champion", info.version)
     return info

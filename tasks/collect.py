@@ -46,8 +46,9 @@ def read_versions(registry: Registry, model: str) -> Versions:
 
 
 @task(cache_policy=NO_CACHE)
-def load_encoder(registry: Registry, store: ObjectStore, cache_dir: Path, model: str, versions: Versions,
-                 policy: PiiPolicy) -> Encoder | None:
+def load_encoder(
+    registry: Registry, store: ObjectStore, cache_dir: Path, model: str, versions: Versions, policy: PiiPolicy
+) -> Encoder | None:
     """The champion's tokenizer, to re-encode scrubbed prompts (only needed for pii_policy 'scrub')."""
     if policy != "scrub":
         return None
@@ -88,14 +89,25 @@ def publish_data_docs(store: ObjectStore, docs_dir: Path, model: str, ds_id: str
 
 
 @task(cache_policy=NO_CACHE)
-def assemble_samples(work: Work, rule: RewardRule, versions: Versions, max_stale: int,
-                     params: ContractParams) -> tuple[Work, pa.Table]:
+def assemble_samples(
+    work: Work, rule: RewardRule, versions: Versions, max_stale: int, params: ContractParams
+) -> tuple[Work, pa.Table]:
     return pipeline.assemble_samples(work, rule, versions, max_stale, params)
 
 
 @task(cache_policy=NO_CACHE)
-def write_dataset_version(store: ObjectStore, plan: Plan, work: Work, samples: pa.Table, rule: RewardRule, cfg: CollectSettings,
-                          versions: Versions, quarantine: dict, ds_id: str, as_of_ms: int) -> tuple[DatasetManifest, Watermark]:
+def write_dataset_version(
+    store: ObjectStore,
+    plan: Plan,
+    work: Work,
+    samples: pa.Table,
+    rule: RewardRule,
+    cfg: CollectSettings,
+    versions: Versions,
+    quarantine: dict,
+    ds_id: str,
+    as_of_ms: int,
+) -> tuple[DatasetManifest, Watermark]:
     return pipeline.write_version(store, plan, work, samples, rule, cfg, versions, quarantine, ds_id, as_of_ms)
 
 
@@ -106,18 +118,34 @@ def log_to_mlflow(tracking_uri: str, manifest: DatasetManifest, samples: pa.Tabl
     mlflow.set_tracking_uri(tracking_uri)
     mlflow.set_experiment(f"{model}/collect")
     with mlflow.start_run(run_name=manifest.dataset_id) as run:
-        mlflow.set_tags({lineage.DATASET_ID: manifest.dataset_id, lineage.DATASET_DIGEST: manifest.digest,
-                         lineage.REWARD_RULE: manifest.reward_rule.id, lineage.CONTRACT_VERSION: CONTRACT_VERSION})
-        mlflow.log_params({"model": model, "reward_rule": manifest.reward_rule.id, "contract_version": CONTRACT_VERSION,
-                           "source_partitions": len(manifest.source_partitions),
-                           "watermark_after": manifest.watermark_after.hour or "none"})
+        mlflow.set_tags(
+            {
+                lineage.DATASET_ID: manifest.dataset_id,
+                lineage.DATASET_DIGEST: manifest.digest,
+                lineage.REWARD_RULE: manifest.reward_rule.id,
+                lineage.CONTRACT_VERSION: CONTRACT_VERSION,
+            }
+        )
+        mlflow.log_params(
+            {
+                "model": model,
+                "reward_rule": manifest.reward_rule.id,
+                "contract_version": CONTRACT_VERSION,
+                "source_partitions": len(manifest.source_partitions),
+                "watermark_after": manifest.watermark_after.hour or "none",
+            }
+        )
         metrics = {f"rows_{k}": v for k, v in counts.items()}
         if manifest.summary.reward_mean is not None:
             metrics["reward_mean"] = manifest.summary.reward_mean
         mlflow.log_metrics(metrics)
         mlflow.log_dict(manifest.stored(), "manifest.json")
-        data = mlflow.data.from_pandas(samples.to_pandas(), source=manifest.data_uri, name=manifest.dataset_id,
-                                       digest=manifest.digest.removeprefix("sha256:")[:16])
+        data = mlflow.data.from_pandas(
+            samples.to_pandas(),
+            source=manifest.data_uri,
+            name=manifest.dataset_id,
+            digest=manifest.digest.removeprefix("sha256:")[:16],
+        )
         mlflow.log_input(data, context="collect")
         return run.info.run_id
 
@@ -125,10 +153,16 @@ def log_to_mlflow(tracking_uri: str, manifest: DatasetManifest, samples: pa.Tabl
 @task(cache_policy=NO_CACHE)
 def publish_reports(manifest: DatasetManifest, docs_uri: str | None, run_id: str, store: ObjectStore) -> None:
     model = manifest.model
-    create_markdown_artifact(key=f"{_key(model)}-collect", description=f"Collection {manifest.dataset_id}",
-                             markdown=report_markdown(manifest, docs_uri, run_id, store))
-    create_table_artifact(key=f"{_key(model)}-collect-quarantine", table=quarantine_rows(manifest) or [{"kind": "-", "reason": "none", "rows": 0}],
-                          description=f"Quarantine reasons of {manifest.dataset_id}")
+    create_markdown_artifact(
+        key=f"{_key(model)}-collect",
+        description=f"Collection {manifest.dataset_id}",
+        markdown=report_markdown(manifest, docs_uri, run_id, store),
+    )
+    create_table_artifact(
+        key=f"{_key(model)}-collect-quarantine",
+        table=quarantine_rows(manifest) or [{"kind": "-", "reason": "none", "rows": 0}],
+        description=f"Quarantine reasons of {manifest.dataset_id}",
+    )
 
 
 @task(cache_policy=NO_CACHE)

@@ -34,8 +34,9 @@ class CycleReport(BaseModel):
     decision: Decision | None = Field(None, description="None while the cycle runs.")
     reason: str = ""
     champion_after: int = 0
-    served: dict[int, dict[str, float]] = Field(default_factory=dict, description=(
-        "Version -> METRICS over the dataset's rows that version served."))
+    served: dict[int, dict[str, float]] = Field(
+        default_factory=dict, description=("Version -> METRICS over the dataset's rows that version served.")
+    )
     canary: CanaryRecord | None = Field(None, description="The candidate's canary, if it had one (release/report.py).")
 
     def champion_metrics(self) -> dict[str, float]:
@@ -45,23 +46,34 @@ class CycleReport(BaseModel):
     def row(self) -> dict:
         """One row of the flywheel's table artifact."""
         champ = self.champion_metrics()
-        return {"cycle": self.cycle, "champion": f"v{self.champion_before}",
-                "candidate": f"v{self.candidate}" if self.candidate else "-", "dataset": self.dataset_id, "rows": self.rows,
-                **{k: round(champ.get(k, float("nan")), 4) for k in METRICS[1:]},
-                "decision": self.decision, "reason": self.reason[:200], "champion_after": f"v{self.champion_after}"}
+        return {
+            "cycle": self.cycle,
+            "champion": f"v{self.champion_before}",
+            "candidate": f"v{self.candidate}" if self.candidate else "-",
+            "dataset": self.dataset_id,
+            "rows": self.rows,
+            **{k: round(champ.get(k, float("nan")), 4) for k in METRICS[1:]},
+            "decision": self.decision,
+            "reason": self.reason[:200],
+            "champion_after": f"v{self.champion_after}",
+        }
 
 
 def cycle_table(reports: list[CycleReport]) -> str:
     """The cycles as fixed-width text: the champion's served figures, the decision and why, each canary's steps."""
     nan = float("nan")
-    lines = [f"{'cycle':>5} {'served':>7} {'rows':>6} {'sugg.rate':>9} {'accept':>7} {'reward/req':>10} {'chars/req':>9}  decision"]
+    lines = [
+        f"{'cycle':>5} {'served':>7} {'rows':>6} {'sugg.rate':>9} {'accept':>7} {'reward/req':>10} {'chars/req':>9}  decision"
+    ]
     for r in reports:
         m = r.champion_metrics()
         cand = f" v{r.candidate}" if r.candidate else ""
-        lines.append(f"{r.cycle:>5} {'v' + str(r.champion_before):>7} {r.rows:>6} {m.get('suggestion_rate', nan):>9.3f} "
-                     f"{m.get('accept_rate', nan):>7.3f} {m.get('reward_per_request', nan):>10.3f} "
-                     f"{m.get('accepted_chars_per_request', nan):>9.3f}  {r.decision}{cand} → champion v{r.champion_after}"
-                     + (f"\n{'':>24}why: {r.reason[:160]}" if r.reason else ""))
+        lines.append(
+            f"{r.cycle:>5} {'v' + str(r.champion_before):>7} {r.rows:>6} {m.get('suggestion_rate', nan):>9.3f} "
+            f"{m.get('accept_rate', nan):>7.3f} {m.get('reward_per_request', nan):>10.3f} "
+            f"{m.get('accepted_chars_per_request', nan):>9.3f}  {r.decision}{cand} → champion v{r.champion_after}"
+            + (f"\n{'':>24}why: {r.reason[:160]}" if r.reason else "")
+        )
         if r.canary is not None:
             lines.append(step_table(r.canary, indent=" " * 24))
     return "\n".join(lines)

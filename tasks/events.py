@@ -19,12 +19,16 @@ CANDIDATE_REGISTERED = "tidal.candidate.registered"
 
 
 def dataset_ready(model: str, dataset_id: str, rows: int, driver: Driver) -> None:
-    emit_event(event=DATASET_READY, resource={"prefect.resource.id": f"tidal.dataset.{model}.{dataset_id}",
-                                              "tidal.model": model, "tidal.driver": driver},
-               payload={"dataset_id": dataset_id, "rows": rows})
+    emit_event(
+        event=DATASET_READY,
+        resource={"prefect.resource.id": f"tidal.dataset.{model}.{dataset_id}", "tidal.model": model, "tidal.driver": driver},
+        payload={"dataset_id": dataset_id, "rows": rows},
+    )
 
 
 def candidate_registered(model: str, version: int, dataset_id: str, driver: Driver) -> None:
-    emit_event(event=CANDIDATE_REGISTERED, resource={"prefect.resource.id": f"tidal.model-version.{model}.{version}",
-                                                     "tidal.model": model, "tidal.driver": driver},
-               payload={"version": version, "dataset_id": dataset_id})
+    emit_event(
+        event=CANDIDATE_REGISTERED,
+        resource={"prefect.resource.id": f"tidal.model-version.{model}.{version}", "tidal.model": model, "tidal.driver": driver},
+        payload={"version": version, "dataset_id": dataset_id},
+    )

@@ -25,13 +25,18 @@ def served_metrics(samples) -> dict[int, dict[str, float]]:
     for v in sorted({s.version for s in samples}):
         rows = [s for s in samples if s.version == v]
         shown = [s for s in rows if s.completion_text]
-        kept = kept_chars(np.array([s.event for s in rows], dtype=object),
-                          np.array([np.nan if s.accepted_chars is None else s.accepted_chars for s in rows], dtype=float),
-                          np.array([len(s.completion_text) for s in rows]))
-        out[v] = {"requests": float(len(rows)), "suggestion_rate": len(shown) / len(rows),
-                  "accept_rate": sum(s.event == "accepted" for s in shown) / max(1, len(shown)),
-                  "reward_per_request": sum(s.reward for s in rows) / len(rows),
-                  "accepted_chars_per_request": float(kept.sum()) / len(rows)}
+        kept = kept_chars(
+            np.array([s.event for s in rows], dtype=object),
+            np.array([np.nan if s.accepted_chars is None else s.accepted_chars for s in rows], dtype=float),
+            np.array([len(s.completion_text) for s in rows]),
+        )
+        out[v] = {
+            "requests": float(len(rows)),
+            "suggestion_rate": len(shown) / len(rows),
+            "accept_rate": sum(s.event == "accepted" for s in shown) / max(1, len(shown)),
+            "reward_per_request": sum(s.reward for s in rows) / len(rows),
+            "accepted_chars_per_request": float(kept.sum()) / len(rows),
+        }
     return out
 
 
@@ -41,8 +46,15 @@ def open_cycle(registry: Registry, store: ObjectStore, model: str, cycle: int, d
     `no_new_data` when the champion already learned from this dataset."""
     champion = registry.by_alias(model, "champion")
     ds = load_dataset(store, model, dataset_id)
-    report = CycleReport(model=model, cycle=cycle, champion_before=champion.version, dataset_id=dataset_id,
-                         rows=len(ds.samples), served=served_metrics(ds.samples), champion_after=champion.version)
+    report = CycleReport(
+        model=model,
+        cycle=cycle,
+        champion_before=champion.version,
+        dataset_id=dataset_id,
+        rows=len(ds.samples),
+        served=served_metrics(ds.samples),
+        champion_after=champion.version,
+    )
     trained = registry.find_by_tag(model, lineage.DATASET_ID, dataset_id)
     if trained is not None and trained.parent_version == champion.version:
         report.decision, report.candidate = "no_new_data", trained.version
@@ -51,8 +63,9 @@ def open_cycle(registry: Registry, store: ObjectStore, model: str, cycle: int, d
 
 
 @task(cache_policy=NO_CACHE)
-def close_cycle(registry: Registry, report: CycleReport, decision: Decision, reason: str = "",
-                store: ObjectStore | None = None) -> CycleReport:
+def close_cycle(
+    registry: Registry, report: CycleReport, decision: Decision, reason: str = "", store: ObjectStore | None = None
+) -> CycleReport:
     """Records the decision and the champion after it; a release's reason comes from the candidate's audit tags,
     its canary's step table from the store."""
     report.decision = decision
@@ -79,8 +92,11 @@ def close_failed_training(registry: Registry, report: CycleReport, message: str)
 
 @task(cache_policy=NO_CACHE)
 def publish_cycles(model: str, reports: list[CycleReport]) -> None:
-    create_table_artifact(key=f"{model}-flywheel", table=[r.row() for r in reports],
-                          description=f"{model}: flywheel cycles (metrics: the champion's served traffic in each cycle's dataset)")
+    create_table_artifact(
+        key=f"{model}-flywheel",
+        table=[r.row() for r in reports],
+        description=f"{model}: flywheel cycles (metrics: the champion's served traffic in each cycle's dataset)",
+    )
 
 
 def cycle_key(model: str, cycle: int) -> str:

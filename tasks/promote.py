@@ -16,8 +16,20 @@ from prefect.cache_policies import NO_CACHE
 
 from data_contracts.rewards import RewardRule
 from release.live_state import LiveState, reconcile
-from release.operations import (Release, ReleaseError, arm_counters, audit, candidate_verified, check_in,
-                                counters_since, log_plan, now_ms, roll_back_canary, route_when_served, user_histories)
+from release.operations import (
+    Release,
+    ReleaseError,
+    arm_counters,
+    audit,
+    candidate_verified,
+    check_in,
+    counters_since,
+    log_plan,
+    now_ms,
+    roll_back_canary,
+    route_when_served,
+    user_histories,
+)
 from release.outcomes import LogReader, read_outcomes
 from release.policy import CanaryConfig, Look, Ramp
 from release.report import canary_key, canary_record
@@ -45,11 +57,14 @@ def reconcile_live(model: str, registry: Registry, routes: RoutesClient, fleet: 
 
 
 @task(cache_policy=NO_CACHE)
-def resolve_release(registry: Registry, model: str, candidate: str, require_gate: bool, strategy: str,
-                    live: LiveState) -> Release:
+def resolve_release(
+    registry: Registry, model: str, candidate: str, require_gate: bool, strategy: str, live: LiveState
+) -> Release:
     if live.canary is not None:
-        raise ReleaseError(f"{model}: a canary of v{live.canary} is routed already (another release is running, or an "
-                           f"operator set it); wait for it to end, or end it with `tidal rollback {model}`")
+        raise ReleaseError(
+            f"{model}: a canary of v{live.canary} is routed already (another release is running, or an "
+            f"operator set it); wait for it to end, or end it with `tidal rollback {model}`"
+        )
     champion = registry.by_alias(model, "champion")
     if champion is None:
         raise ReleaseError(f"{model} has no champion: run `tidal bootstrap {model}` first")
@@ -57,8 +72,10 @@ def resolve_release(registry: Registry, model: str, candidate: str, require_gate
     if cand.version == champion.version:
         raise ReleaseError(f"{model} v{cand.version} is already the champion; nothing to release")
     if require_gate and cand.gate_passed is not True:
-        raise ReleaseError(f"{model} v{cand.version} has not passed the offline gate "
-                           f"({cand.tags.get('tidal.gate.reason', 'no gate result')}); train it with `tidal train`")
+        raise ReleaseError(
+            f"{model} v{cand.version} has not passed the offline gate "
+            f"({cand.tags.get('tidal.gate.reason', 'no gate result')}); train it with `tidal train`"
+        )
     return Release(model, champion, cand, strategy)
 
 
@@ -78,9 +95,18 @@ def deploy_and_verify(fleet: FleetClient, registry: Registry, release: Release) 
 
 
 @task(cache_policy=NO_CACHE)
-def run_canary(release: Release, cfg: CanaryConfig, routes: RoutesClient, fleet: FleetClient, registry: Registry,
-               store: ObjectStore, rule: RewardRule, gateway_url: str, log_segment_span_s: float | None = None,
-               margins: Margins | None = None) -> Look:
+def run_canary(
+    release: Release,
+    cfg: CanaryConfig,
+    routes: RoutesClient,
+    fleet: FleetClient,
+    registry: Registry,
+    store: ObjectStore,
+    rule: RewardRule,
+    gateway_url: str,
+    log_segment_span_s: float | None = None,
+    margins: Margins | None = None,
+) -> Look:
     """Walk the ramp until it promotes, rolls back or is inconclusive; one look every poll_s. log_segment_span_s:
     the longest a gateway log segment stays open, with slack (LogReader skips segments closed before the start).
     margins: the model's guardrail margins (default cfg.margins). The step table goes to the store (canary_key)."""
@@ -101,28 +127,45 @@ def run_canary(release: Release, cfg: CanaryConfig, routes: RoutesClient, fleet:
                 return Look("rollback", gone, ramp.step, ramp.weight, figures={})
             outcomes = read_outcomes(logs, versions, rule, cfg.feedback_wait_s, now_ms(), history)
             step = ramp.step
-            result = ramp.observe(outcomes, counters_since(arm_counters(gateway_url, model), base), time.monotonic(),
-                                  probe_ok=candidate_verified(fleet, model, cand, release.strategy), clock_ms=now_ms())
+            result = ramp.observe(
+                outcomes,
+                counters_since(arm_counters(gateway_url, model), base),
+                time.monotonic(),
+                probe_ok=candidate_verified(fleet, model, cand, release.strategy),
+                clock_ms=now_ms(),
+            )
             log.info("step %d (%.0f%%): %s: %s", step + 1, ramp.cfg.steps[step] * 100, result.action, result.reason)
             if result.action == "advance":
-                routes.canary(model, cand.version, ramp.weight, by="promote",
-                              reason=f"canary step {ramp.step + 1}: {result.reason}", watch_s=cfg.watchdog_s)
+                routes.canary(
+                    model,
+                    cand.version,
+                    ramp.weight,
+                    by="promote",
+                    reason=f"canary step {ramp.step + 1}: {result.reason}",
+                    watch_s=cfg.watchdog_s,
+                )
                 audit(registry, cand, f"step_{ramp.step + 1}", weight=ramp.weight, after=result.row())
             elif result.action != "wait":
                 publish_step_table(release, ramp)
                 return result
     finally:
         try:
-            put_json(store, canary_key(model, cand.version),
-                     canary_record(model, champ.version, cand.version, ramp.looks).model_dump(mode="json"))
+            put_json(
+                store,
+                canary_key(model, cand.version),
+                canary_record(model, champ.version, cand.version, ramp.looks).model_dump(mode="json"),
+            )
         except Exception as e:  # noqa: BLE001  the decision stands; only its step table is missing from the store
             log.warning("could not store the canary's step table: %s: %s", type(e).__name__, str(e)[:200])
 
 
 def publish_step_table(release: Release, ramp: Ramp) -> None:
     rows = [lk.row() for lk in ramp.looks if lk.action != "wait"] or [lk.row() for lk in ramp.looks[-1:]]
-    create_table_artifact(key=f"{release.model.replace('_', '-')}-canary", table=rows,
-                          description=f"Canary of {release.candidate.served_name} against {release.champion.served_name}")
+    create_table_artifact(
+        key=f"{release.model.replace('_', '-')}-canary",
+        table=rows,
+        description=f"Canary of {release.candidate.served_name} against {release.champion.served_name}",
+    )
 
 
 @task(cache_policy=NO_CACHE)
@@ -147,8 +190,7 @@ def unload_after_grace(fleet: FleetClient, release: Release, grace_s: float) -> 
         return f"kept {release.champion.served_name}: {e}"
 
 
-def abandon_release(release: Release, error: BaseException, routes: RoutesClient, fleet: FleetClient,
-                    registry: Registry) -> None:
+def abandon_release(release: Release, error: BaseException, routes: RoutesClient, fleet: FleetClient, registry: Registry) -> None:
     """The release failed (an MLflow, store, gateway or supervisor error, a bug): its canary goes back to control
     now, each step on its own so that one failure does not stop the next. A step that fails here is left to the
     gateway's watchdog, which rolls the canary back once the release misses its check-in (canary.watchdog_s)."""
@@ -158,11 +200,17 @@ def abandon_release(release: Release, error: BaseException, routes: RoutesClient
     try:
         roll_back_canary(routes, model, by="promote", reason=reason, version=cand.version)
     except Exception as e:  # noqa: BLE001  the watchdog does it once the check-in deadline passes
-        log.error("could not roll back %s's canary (%s: %s); the gateway's watchdog will", cand.served_name,
-                  type(e).__name__, str(e)[:200])
+        log.error(
+            "could not roll back %s's canary (%s: %s); the gateway's watchdog will",
+            cand.served_name,
+            type(e).__name__,
+            str(e)[:200],
+        )
         return  # still routed: unloading it would be refused anyway
-    for step in (lambda: audit(registry, cand, "rolled_back", by="promote", reason=reason),
-                 lambda: fleet.undeploy(model, cand.version)):
+    for step in (
+        lambda: audit(registry, cand, "rolled_back", by="promote", reason=reason),
+        lambda: fleet.undeploy(model, cand.version),
+    ):
         try:
             step()
         except Exception as e:  # noqa: BLE001  traffic is off it; the rest is bookkeeping, reported
@@ -180,5 +228,3 @@ def roll_back_candidate(release: Release, look: Look, routes: RoutesClient, flee
         fleet.undeploy(model, cand.version)
     except Exception as e:  # noqa: BLE001  traffic is already off it; an unload failure is reported, not fatal
         get_run_logger().warning("could not unload %s: %s", cand.served_name, e)
-
-

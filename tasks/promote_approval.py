@@ -22,8 +22,11 @@ class Approval(RunInput):
     reason: str = Field(min_length=3, max_length=500, description="Why (recorded on the version).")
 
     def audit_tags(self) -> dict[str, str]:
-        return {lineage.release_tag("approved"): json.dumps({"decision": self.decision, "approver": self.approver,
-                                                      "reason": self.reason})}
+        return {
+            lineage.release_tag("approved"): json.dumps(
+                {"decision": self.decision, "approver": self.approver, "reason": self.reason}
+            )
+        }
 
     def summary(self) -> str:
         return f"{self.decision} approved by {self.approver}: {self.reason}"
@@ -32,5 +35,7 @@ class Approval(RunInput):
 def approval_description(release, look) -> str:
     """Markdown shown above the form: the figures the decision rests on."""
     rows = "\n".join(f"| {k} | {v} |" for k, v in look.row().items())
-    return (f"## {release.candidate.served_name} vs {release.champion.served_name}: inconclusive\n\n"
-            f"{look.reason}\n\n| figure | value |\n|---|---|\n{rows}\n")
+    return (
+        f"## {release.candidate.served_name} vs {release.champion.served_name}: inconclusive\n\n"
+        f"{look.reason}\n\n| figure | value |\n|---|---|\n{rows}\n"
+    )

@@ -41,16 +41,20 @@ def resume_orphaned_runs(settings: TidalSettings, deployment_names: list[str]) -
                 continue
             runs = client.read_flow_runs(
                 deployment_filter=DeploymentFilter(id={"any_": [dep.id]}),
-                flow_run_filter=FlowRunFilter(state={"type": {"any_": [StateType.RUNNING, StateType.PENDING]}}))
+                flow_run_filter=FlowRunFilter(state={"type": {"any_": [StateType.RUNNING, StateType.PENDING]}}),
+            )
             for run in runs:
-                client.set_flow_run_state(run.id, Crashed(message="its runner died; resubmitted when a runner started again"),
-                                          force=True)
+                client.set_flow_run_state(
+                    run.id, Crashed(message="its runner died; resubmitted when a runner started again"), force=True
+                )
                 if name.split("/")[0] in RESTARTS_RELEASES:
                     _roll_back_canary(settings, run.parameters.get("model", ""), run.name)
-                new = client.create_flow_run_from_deployment(dep.id, parameters=run.parameters,
-                                                             tags=sorted({*run.tags, RESUMED_TAG}))
-                log.warning("flow run %s of %s was orphaned by a dead runner: marked Crashed, resubmitted as %s",
-                            run.name, name, new.name)
+                new = client.create_flow_run_from_deployment(
+                    dep.id, parameters=run.parameters, tags=sorted({*run.tags, RESUMED_TAG})
+                )
+                log.warning(
+                    "flow run %s of %s was orphaned by a dead runner: marked Crashed, resubmitted as %s", run.name, name, new.name
+                )
                 out.append({"deployment": name, "crashed": str(run.id), "resubmitted": str(new.id)})
     return out
 
@@ -60,8 +64,9 @@ def _roll_back_canary(settings: TidalSettings, model: str, run_name: str) -> Non
     from serving.client import routes_client
 
     try:
-        roll_back_canary(routes_client(settings), model, by="runner",
-                         reason=f"release run {run_name} was orphaned by a dead runner")
+        roll_back_canary(
+            routes_client(settings), model, by="runner", reason=f"release run {run_name} was orphaned by a dead runner"
+        )
     except Exception as e:  # noqa: BLE001  the gateway may be down too: said loudly, for `tidal rollback`
         log.error("could not roll back %s's canary of orphaned run %s (%s): run `tidal rollback %s`", model, run_name, e, model)
 
@@ -86,4 +91,3 @@ def reconcile_live_state(settings: TidalSettings) -> list[dict]:
             log.warning("%s: reconciled %s", m.name, fix)
         out.append(live.model_dump())
     return out
-

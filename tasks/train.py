@@ -81,7 +81,9 @@ def resolve_dataset(store: ObjectStore, model: str, dataset_id: str | None) -> D
 
 
 @task(cache_policy=NO_CACHE)
-def plan_run(settings: TidalSettings, store: ObjectStore, model: str, champion: VersionInfo, manifest: DatasetManifest) -> TrainPlan:
+def plan_run(
+    settings: TidalSettings, store: ObjectStore, model: str, champion: VersionInfo, manifest: DatasetManifest
+) -> TrainPlan:
     """The run's key, its MLflow run (found again by a retried or resubmitted flow) and the trainer's spec file."""
     cfg, strategy = settings.train, settings.model(model).update_strategy
     if problem := model_mismatch(model, strategy, cfg.ppo.lora, "train.ppo.lora"):  # before training: it could never serve
@@ -96,16 +98,35 @@ def plan_run(settings: TidalSettings, store: ObjectStore, model: str, champion: 
     else:
         with mlflow.start_run(run_name=key) as run:
             run_id = run.info.run_id
-            mlflow.set_tags({lineage.TRAIN_RUN: key, lineage.PARENT_VERSION: str(champion.version),
-                             lineage.DATASET_ID: manifest.dataset_id, lineage.DATASET_DIGEST: manifest.digest,
-                             lineage.CODE_REVISION: code_revision(PROJECT_ROOT)})
+            mlflow.set_tags(
+                {
+                    lineage.TRAIN_RUN: key,
+                    lineage.PARENT_VERSION: str(champion.version),
+                    lineage.DATASET_ID: manifest.dataset_id,
+                    lineage.DATASET_DIGEST: manifest.digest,
+                    lineage.CODE_REVISION: code_revision(PROJECT_ROOT),
+                }
+            )
             mlflow.log_params(hyper_parameters(settings))
-            data = mlflow.data.from_pandas(read_parquet(store, manifest.data_key).to_pandas(), source=manifest.data_uri,
-                                           name=manifest.dataset_id, digest=manifest.digest.removeprefix("sha256:")[:16])
+            data = mlflow.data.from_pandas(
+                read_parquet(store, manifest.data_key).to_pandas(),
+                source=manifest.data_uri,
+                name=manifest.dataset_id,
+                digest=manifest.digest.removeprefix("sha256:")[:16],
+            )
             mlflow.log_input(data, context="train")
-    spec = TrainJob(model=model, run_key=key, dataset_id=manifest.dataset_id, dataset_digest=manifest.digest,
-                    champion_version=champion.version, tracking_uri=tracking, mlflow_run_id=run_id, train=cfg,
-                    corpus_heldout_fraction=settings.bootstrap.heldout_fraction, torch_threads=trainer_threads(settings))
+    spec = TrainJob(
+        model=model,
+        run_key=key,
+        dataset_id=manifest.dataset_id,
+        dataset_digest=manifest.digest,
+        champion_version=champion.version,
+        tracking_uri=tracking,
+        mlflow_run_id=run_id,
+        train=cfg,
+        corpus_heldout_fraction=settings.bootstrap.heldout_fraction,
+        torch_threads=trainer_threads(settings),
+    )
     spec_path = settings.run_dir / f"train-{model}-{key}.json"
     spec_path.parent.mkdir(parents=True, exist_ok=True)
     spec_path.write_text(spec.model_dump_json(indent=2))
@@ -164,8 +185,14 @@ def run_trainer(plan: TrainPlan, store: ObjectStore) -> TrainResult:
     """The PPO job, in its own process; each retry resumes from the run's last checkpoint."""
     _job(plan, "train", store)
     result = TrainResult.model_validate(get_json(store, f"{plan.spec.prefix}/result.json"))
-    get_run_logger().info("%s: %d iterations on %d rows (resumed after %s), %.0f tokens/s", plan.spec.run_key,
-                          result.iterations, result.train_rows, result.resumed_from, result.tokens_per_s)
+    get_run_logger().info(
+        "%s: %d iterations on %d rows (resumed after %s), %.0f tokens/s",
+        plan.spec.run_key,
+        result.iterations,
+        result.train_rows,
+        result.resumed_from,
+        result.tokens_per_s,
+    )
     return result
 
 
@@ -176,16 +203,25 @@ def run_offline_gate(plan: TrainPlan, store: ObjectStore) -> GateReport:
 
 
 @task(cache_policy=NO_CACHE)
-def register_candidate(registry: Registry, store: ObjectStore, cache_dir: Path, plan: TrainPlan, result: TrainResult,
-                       gate: GateReport) -> VersionInfo:
+def register_candidate(
+    registry: Registry, store: ObjectStore, cache_dir: Path, plan: TrainPlan, result: TrainResult, gate: GateReport
+) -> VersionInfo:
     """Publish the run's checkpoint as the model's next version with its lineage and gate results."""
     spec, champion = plan.spec, plan.champion
     local = download_dir(store, f"{spec.prefix}/candidate", cache_dir / spec.prefix / "candidate")
-    tags = {lineage.ORIGIN: "ppo", lineage.PARENT_VERSION: str(champion.version), lineage.TRAIN_RUN: spec.run_key,
-            lineage.DATASET_ID: spec.dataset_id, lineage.DATASET_DIGEST: spec.dataset_digest,
-            lineage.REWARD_RULE: plan.manifest.reward_rule.id, lineage.CODE_REVISION: code_revision(PROJECT_ROOT),
-            lineage.HPARAMS: spec.train.ppo.model_dump_json(), lineage.MLFLOW_RUN: spec.mlflow_run_id,
-            lineage.TRAIN_ROWS: str(result.train_rows), **gate.tags()}
+    tags = {
+        lineage.ORIGIN: "ppo",
+        lineage.PARENT_VERSION: str(champion.version),
+        lineage.TRAIN_RUN: spec.run_key,
+        lineage.DATASET_ID: spec.dataset_id,
+        lineage.DATASET_DIGEST: spec.dataset_digest,
+        lineage.REWARD_RULE: plan.manifest.reward_rule.id,
+        lineage.CODE_REVISION: code_revision(PROJECT_ROOT),
+        lineage.HPARAMS: spec.train.ppo.model_dump_json(),
+        lineage.MLFLOW_RUN: spec.mlflow_run_id,
+        lineage.TRAIN_ROWS: str(result.train_rows),
+        **gate.tags(),
+    }
     base = champion.base_version if result.kind == "lora" else None
     return publish(registry, store, spec.model, local, result.kind, base, tags, spec.mlflow_run_id)
 
@@ -199,10 +235,15 @@ def promote_to_candidate(registry: Registry, info: VersionInfo) -> None:
 def publish_train_report(plan: TrainPlan, info: VersionInfo, result: TrainResult, gate: GateReport) -> None:
     rows = "\n".join(f"| {c.name} | {'pass' if c.passed else '**FAIL**'} | {c.detail} |" for c in gate.checks)
     final = "\n".join(f"| `{k}` | {v:.4g} |" for k, v in sorted(result.final.items()))
-    create_markdown_artifact(key=f"{info.model.replace('_', '-')}-train", description=f"Training run {plan.spec.run_key}", markdown=(
-        f"# {info.model} v{info.version} from v{plan.champion.version}: gate {'passed' if gate.passed else 'FAILED'}\n\n"
-        f"Dataset `{plan.spec.dataset_id}` ({result.train_rows} training rows, {result.hindsight_rows} of them "
-        f"hindsight rows from partial verdicts, {result.heldout_rows} held out, dropped {result.dropped}); "
-        f"{result.iterations} PPO iterations; MLflow run `{plan.spec.mlflow_run_id}`.\n\n"
-        f"## Offline gate\n\n| check | result | detail |\n|---|---|---|\n{rows}\n\n"
-        f"## Last iteration\n\n| metric | value |\n|---|---|\n{final}\n"))
+    create_markdown_artifact(
+        key=f"{info.model.replace('_', '-')}-train",
+        description=f"Training run {plan.spec.run_key}",
+        markdown=(
+            f"# {info.model} v{info.version} from v{plan.champion.version}: gate {'passed' if gate.passed else 'FAILED'}\n\n"
+            f"Dataset `{plan.spec.dataset_id}` ({result.train_rows} training rows, {result.hindsight_rows} of them "
+            f"hindsight rows from partial verdicts, {result.heldout_rows} held out, dropped {result.dropped}); "
+            f"{result.iterations} PPO iterations; MLflow run `{plan.spec.mlflow_run_id}`.\n\n"
+            f"## Offline gate\n\n| check | result | detail |\n|---|---|---|\n{rows}\n\n"
+            f"## Last iteration\n\n| metric | value |\n|---|---|\n{final}\n"
+        ),
+    )

@@ -26,8 +26,16 @@ class CollectResult:
     work: Work | None = None
 
 
-def collect_once(store: ObjectStore, registry: VersionSource, model: str, cfg: CollectSettings, as_of_ms: int,
-                 include_open_hour: bool = False, encoder: Encoder | None = None, docs_dir: Path | None = None) -> CollectResult:
+def collect_once(
+    store: ObjectStore,
+    registry: VersionSource,
+    model: str,
+    cfg: CollectSettings,
+    as_of_ms: int,
+    include_open_hour: bool = False,
+    encoder: Encoder | None = None,
+    docs_dir: Path | None = None,
+) -> CollectResult:
     plan = pipeline.find_partitions(store, model, cfg, as_of_ms, include_open_hour)
     batch = pipeline.load_logs(store, plan)
     if batch.empty:

@@ -24,10 +24,17 @@ def _cuda_visible() -> bool:
 
 def pytest_addoption(parser):
     group = parser.getgroup("tidal")
-    group.addoption("--long", action="store_true",
-                    help="also run the tests marked `long` (the full chaos suite: minute-long outages, killed flows)")
-    group.addoption("--chaos-report", default=None, metavar="PATH",
-                    help="where the chaos suite writes its markdown report (default .pytest_cache/chaos-report.md)")
+    group.addoption(
+        "--long",
+        action="store_true",
+        help="also run the tests marked `long` (the full chaos suite: minute-long outages, killed flows)",
+    )
+    group.addoption(
+        "--chaos-report",
+        default=None,
+        metavar="PATH",
+        help="where the chaos suite writes its markdown report (default .pytest_cache/chaos-report.md)",
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -63,17 +70,23 @@ def s3_endpoint(tmp_path_factory):
     if not server.exists():
         pytest.fail("moto_server is not installed: run ./run.sh setup")
     with pytest.MonkeyPatch.context() as mp:
-        for k, v in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_SESSION_TOKEN": "test",
-                     "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
-                     "NO_PROXY": "127.0.0.1,localhost"}.items():
+        for k, v in {
+            "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_SESSION_TOKEN": "test",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "NO_PROXY": "127.0.0.1,localhost",
+        }.items():
             mp.setenv(k, v)
         for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
             mp.delenv(k, raising=False)
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         with open(tmp_path_factory.mktemp("moto") / "moto.log", "wb") as log:
-            proc = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                [str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
             try:
                 deadline = time.monotonic() + 30
                 while True:

@@ -20,27 +20,54 @@ from tidal.store import open_store
 @pytest.fixture(scope="session")
 def settings(tmp_path_factory) -> TidalSettings:
     root = tmp_path_factory.mktemp("tidal")
-    models = [{"name": "tab", "replicas": 2, "update_strategy": "lora"},
-              {"name": "tabfull", "replicas": 1, "update_strategy": "restart"}]
+    models = [
+        {"name": "tab", "replicas": 2, "update_strategy": "lora"},
+        {"name": "tabfull", "replicas": 1, "update_strategy": "restart"},
+    ]
     # Training sized for a test: a short run that checkpoints often (so it can be killed mid-run), a KL penalty
     # strong enough to keep the 25-second base's code modelling within the gate, whose bits/byte tolerance is
     # widened for this fragile base (a run at lr 2e-3, kl_coef 0.05 cost it 0.28 bits/byte).
-    train = {"ppo": {"learning_rate": 1.5e-3, "critic_learning_rate": 1e-2, "batch_size": 32, "minibatch_size": 8,
-                     "passes": 4, "epochs": 2, "kl_coef": 0.2},
-             "checkpoint_every": 2, "retry_delay_s": 0.0, "gate": {"eval_bytes": 20_000, "bpb_tolerance": 0.2}}
+    train = {
+        "ppo": {
+            "learning_rate": 1.5e-3,
+            "critic_learning_rate": 1e-2,
+            "batch_size": 32,
+            "minibatch_size": 8,
+            "passes": 4,
+            "epochs": 2,
+            "kl_coef": 0.2,
+        },
+        "checkpoint_every": 2,
+        "retry_delay_s": 0.0,
+        "gate": {"eval_bytes": 20_000, "bpb_tolerance": 0.2},
+    }
     # Canary sized for a test: quick looks (feedback arrives within a second here), a first step long enough to
     # judge the degraded candidate of test_promote (~15–30 canary outcomes at a few requests/s on two cores), and
     # the mSPRT mixture tuned to that large effect; a step advances once a 0.5-sd regression is excluded, and the
     # accepted-characters margin is 50% (a few hundred outcomes per arm cannot show 5%).
-    canary = {"min_samples": 150, "poll_s": 2.0, "feedback_wait_s": 5.0, "max_step_s": 900.0, "unload_grace_s": 0.0,
-              "mixture_sd": 0.5, "detect_regression_sd": 0.5, "margins": {"accepted_chars": 0.5}}
+    canary = {
+        "min_samples": 150,
+        "poll_s": 2.0,
+        "feedback_wait_s": 5.0,
+        "max_step_s": 900.0,
+        "unload_grace_s": 0.0,
+        "mixture_sd": 0.5,
+        "detect_regression_sd": 0.5,
+        "margins": {"accepted_chars": 0.5},
+    }
     # The tests drive every stage themselves: with the default 'chained' loop, a test's collect would start a
     # train run of the deployed train-tab through its event trigger, beside the test's own.
     # A hung replica (test_gateway) is failed over after 15 s instead of the production 30 s. A fixed gateway secret
     # keys the canary assignment the same way every session: it puts 25 of test_promote's 400 users (6.25%) in a 5%
     # canary, enough outcomes for its first step to judge (a generated secret gives 14 to 30 of them).
-    path = write_config(root, models, train=train, canary=canary, flywheel={"loop": "manual"},
-                        gateway={"first_byte_timeout_s": 15.0, "secret": "tidal-test-session-secret-0010"})
+    path = write_config(
+        root,
+        models,
+        train=train,
+        canary=canary,
+        flywheel={"loop": "manual"},
+        gateway={"first_byte_timeout_s": 15.0, "secret": "tidal-test-session-secret-0010"},
+    )
     with pytest.MonkeyPatch.context() as mp:
         for key in [k for k in os.environ if k.startswith("TIDAL_")]:
             mp.delenv(key)

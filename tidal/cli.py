@@ -91,8 +91,15 @@ def cmd_rollback(settings: TidalSettings, args) -> None:
     from tidal.registry import Registry
 
     platform = _platform(settings)
-    out = rollback_now(Registry(settings.mlflow.tracking_uri), platform.routes_client(), platform.fleet_client(),
-                       args.model, to=args.to, by=args.by, reason=args.reason)
+    out = rollback_now(
+        Registry(settings.mlflow.tracking_uri),
+        platform.routes_client(),
+        platform.fleet_client(),
+        args.model,
+        to=args.to,
+        by=args.by,
+        reason=args.reason,
+    )
     print(json.dumps(out, indent=2))
 
 
@@ -139,12 +146,16 @@ def print_status(status: PlatformStatus) -> None:
         if fleet.error:
             print(f"  fleet error: {fleet.error}")
         for model, group in fleet.models.items():
-            print(f"  model {model}: strategy={group.strategy} base=v{group.base_version} "
-                  f"adapters={group.adapters} replicas={len(group.replicas)}/{group.desired_replicas}")
+            print(
+                f"  model {model}: strategy={group.strategy} base=v{group.base_version} "
+                f"adapters={group.adapters} replicas={len(group.replicas)}/{group.desired_replicas}"
+            )
             for r in group.replicas:
                 served = ", ".join(sorted(r.served))
-                print(f"    {r.name:10s} {r.state:9s} {r.url:24s} pid={r.pid} serves [{served}] restarts={r.restarts}"
-                      + (f"  last error: {r.last_error}" if r.last_error else ""))
+                print(
+                    f"    {r.name:10s} {r.state:9s} {r.url:24s} pid={r.pid} serves [{served}] restarts={r.restarts}"
+                    + (f"  last error: {r.last_error}" if r.last_error else "")
+                )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -189,8 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
         v.add_argument("model")
         v.add_argument("version", help="3, v3 or @alias")
         if verb == "undeploy":
-            v.add_argument("--force", action="store_true",
-                           help="unload even if the gateway's route table sends it traffic (its users get errors)")
+            v.add_argument(
+                "--force",
+                action="store_true",
+                help="unload even if the gateway's route table sends it traffic (its users get errors)",
+            )
     for parser in fl.choices.values():
         parser.set_defaults(func=cmd_fleet)
     rt = sub.add_parser("route", help="the gateway's traffic split").add_subparsers(dest="route_cmd", required=True)
@@ -209,15 +223,25 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--cycles", type=int, default=None, help="flywheel cycles (default: demo.cycles, 3)")
     de.add_argument("--model", default=None, help="model to run (default: the first configured)")
     de.set_defaults(func=cmd_demo)
-    ev = sub.add_parser("eval", help=("replay held-out simulated users against versions: metrics with 95% CIs, and "
-                                           "each version's paired difference from the first listed"))
+    ev = sub.add_parser(
+        "eval",
+        help=(
+            "replay held-out simulated users against versions: metrics with 95% CIs, and "
+            "each version's paired difference from the first listed"
+        ),
+    )
     ev.add_argument("model")
     ev.add_argument("--versions", required=True, help="comma-separated versions, e.g. 1,4")
     ev.add_argument("--requests", type=int, default=600, help="held-out requests per version")
     ev.add_argument("--seed", type=int, default=8, help="seed of the held-out sample (same sites for every version)")
-    ev.add_argument("--code-dir", default=None, help=(
-        "draw the requests' sites from every *.py file under this directory (your own code) instead of the "
-        "held-out eval files; differences are paired against the first version listed"))
+    ev.add_argument(
+        "--code-dir",
+        default=None,
+        help=(
+            "draw the requests' sites from every *.py file under this directory (your own code) instead of the "
+            "held-out eval files; differences are paired against the first version listed"
+        ),
+    )
     ev.add_argument("--json", action="store_true")
     ev.set_defaults(func=cmd_eval)
     return p
@@ -241,8 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         from tidal.registry import RegistryError
         from tidal.section import SettingsError
 
-        if isinstance(e, (AdminError, NotReady, PortInUse, RegistryError, ServerUnavailable, SettingsError,
-                          FileNotFoundError, ValueError)):
+        if isinstance(
+            e, (AdminError, NotReady, PortInUse, RegistryError, ServerUnavailable, SettingsError, FileNotFoundError, ValueError)
+        ):
             print(f"error: {e}", file=sys.stderr)
             return 1
         raise

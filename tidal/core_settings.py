@@ -26,10 +26,14 @@ STORE_AREAS = ("logs", "quarantine", "datasets", "checkpoints", "training", "sta
 
 class StoreSettings(Section):
     url: str = Field("", description="Object store root: '' = <data_dir>/store on local disk, or s3://bucket/prefix.")
-    routes: dict[str, str] = Field(default_factory=dict, description=(
-        "Top-level areas kept in stores of their own, e.g. {logs: s3://acme-tidal-logs, checkpoints: "
-        "s3://acme-tidal-checkpoints}: one bucket (and IAM grant) per kind of data. Keys keep their area prefix "
-        f"there. Areas: {', '.join(STORE_AREAS)}; the rest stays under `url`."))
+    routes: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "Top-level areas kept in stores of their own, e.g. {logs: s3://acme-tidal-logs, checkpoints: "
+            "s3://acme-tidal-checkpoints}: one bucket (and IAM grant) per kind of data. Keys keep their area prefix "
+            f"there. Areas: {', '.join(STORE_AREAS)}; the rest stays under `url`."
+        ),
+    )
 
     @model_validator(mode="after")
     def _known_areas(self):
@@ -37,6 +41,7 @@ class StoreSettings(Section):
         if unknown:
             raise ValueError(f"store.routes: unknown areas {unknown}; expected some of {list(STORE_AREAS)}")
         return self
+
     s3_endpoint_url: str | None = Field(None, description="S3-compatible endpoint (MinIO, moto); None = AWS S3.")
     s3_region: str = Field("us-east-1", description="Region for the S3 client.")
 
@@ -46,9 +51,14 @@ class PrefectSettings(Section):
     port: int = Field(4200, ge=1, le=65535, description="Prefect API/UI port.")
     runner_port: int = Field(4201, ge=1, le=65535, description="Health port of the runner that executes scheduled flows.")
     ready_timeout_s: float = Field(180.0, gt=0, description="How long `tidal up` waits for the server.")
-    database_timeout_s: float = Field(30.0, gt=0, description=(
-        "How long the server's statements wait for its SQLite database (PREFECT_SERVER_DATABASE_TIMEOUT); Prefect's "
-        "10 s is short while a trainer holds both cores of a small machine."))
+    database_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description=(
+            "How long the server's statements wait for its SQLite database (PREFECT_SERVER_DATABASE_TIMEOUT); Prefect's "
+            "10 s is short while a trainer holds both cores of a small machine."
+        ),
+    )
 
     @property
     def api_url(self) -> str:
@@ -60,9 +70,15 @@ class MlflowSettings(Section):
     port: int = Field(5000, ge=1, le=65535, description="MLflow tracking/registry port.")
     workers: int = Field(1, ge=1, description="Server workers; 1 keeps it at ~0.5 GB and ready in ~20 s.")
     ready_timeout_s: float = Field(180.0, gt=0, description="How long `tidal up` waits for the server.")
-    request_retries: int = Field(3, ge=0, le=10, description=(
-        "Retries of a failed MLflow request (exponential back-off, ~14 s in all for 3) before a flow fails with "
-        "'MLflow ... is unavailable'; MLflow's own default, 7, waits ~4 minutes."))
+    request_retries: int = Field(
+        3,
+        ge=0,
+        le=10,
+        description=(
+            "Retries of a failed MLflow request (exponential back-off, ~14 s in all for 3) before a flow fails with "
+            "'MLflow ... is unavailable'; MLflow's own default, 7, waits ~4 minutes."
+        ),
+    )
 
     @property
     def tracking_uri(self) -> str:
@@ -77,7 +93,9 @@ class SettingsRoot(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TIDAL_", env_nested_delimiter="__", extra="ignore", env_parse_none_str="null")
 
     data_dir: Path = Field(Path(".tidal"), description="Local state: logs, pid files, SQLite DBs, the default object store.")
-    admin_token: str | None = Field(None, min_length=16, description="Fleet/route admin token; None = generated once into data_dir.")
+    admin_token: str | None = Field(
+        None, min_length=16, description="Fleet/route admin token; None = generated once into data_dir."
+    )
     models: list[ModelSettings] = Field(default_factory=lambda: [ModelSettings(name="tab")], description="Served models.")
     store: StoreSettings = Field(default_factory=StoreSettings)
     prefect: PrefectSettings = Field(default_factory=PrefectSettings)

@@ -32,13 +32,22 @@ def demo_profile(settings: TidalSettings) -> TidalSettings:
     demo, train = settings.demo, settings.demo.train
     if demo.quiet_while_training and train.torch_threads is None:
         train = train.model_copy(update={"torch_threads": os.cpu_count() or 1})  # the users are quiet: every core
-    models = settings.models if demo.update_strategy is None else [
-        m.model_copy(update={"update_strategy": demo.update_strategy}) for m in settings.models]
+    models = (
+        settings.models
+        if demo.update_strategy is None
+        else [m.model_copy(update={"update_strategy": demo.update_strategy}) for m in settings.models]
+    )
     for m in models:
         if problem := model_mismatch(m.name, m.update_strategy, train.ppo.lora, "demo.train.ppo.lora"):
             raise SettingsError(f"{problem}; or set demo.update_strategy")
-    return settings.model_copy(update={"canary": demo.canary, "train": train, "models": models,
-                                       "flywheel": FlywheelSettings(loop="manual", schedule_cron=settings.flywheel.schedule_cron)})
+    return settings.model_copy(
+        update={
+            "canary": demo.canary,
+            "train": train,
+            "models": models,
+            "flywheel": FlywheelSettings(loop="manual", schedule_cron=settings.flywheel.schedule_cron),
+        }
+    )
 
 
 def fleet_strategies(platform) -> dict[str, str] | None:
@@ -64,8 +73,9 @@ def replica_serving(fleet, model: str, version: int) -> str | None:
     return None
 
 
-def evaluate_versions(settings: TidalSettings, platform, model: str, versions: list[int], n: int, seed: int,
-                      code_dir: Path | None = None) -> dict:
+def evaluate_versions(
+    settings: TidalSettings, platform, model: str, versions: list[int], n: int, seed: int, code_dir: Path | None = None
+) -> dict:
     """{version: {"metrics": {name: Estimate}, "baseline_k": k, "baseline": {name: Estimate}, "outcomes": Outcomes,
     "baseline_outcomes": Outcomes}} on held-out users (outcomes: request by request, for paired comparisons).
     Versions not loaded are deployed for the replay and unloaded after (lora: an adapter; restart: a surge
@@ -84,15 +94,21 @@ def evaluate_versions(settings: TidalSettings, platform, model: str, versions: l
             fleet.deploy(model, v)
             url, loaded_here = replica_serving(fleet, model, v), True
         try:
-            texts = complete_all(url, info.served_name, cases, cfg.max_tokens, cfg.temperature, cfg.stop,
-                                 settings.demo.eval_concurrency)
+            texts = complete_all(
+                url, info.served_name, cases, cfg.max_tokens, cfg.temperature, cfg.stop, settings.demo.eval_concurrency
+            )
         finally:
             if loaded_here and registry.aliases(model).get("champion") != v:
                 fleet.undeploy(model, v)
         k, baseline = best_truncation(cases, texts, rule)
         served = outcomes(cases, texts, rule)  # the users' verdicts once; metrics and paired comparisons share them
-        out[v] = {"metrics": summarize(served), "baseline_k": k, "baseline": baseline, "outcomes": served,
-                  "baseline_outcomes": outcomes(cases, [t[:k] for t in texts], rule)}
+        out[v] = {
+            "metrics": summarize(served),
+            "baseline_k": k,
+            "baseline": baseline,
+            "outcomes": served,
+            "baseline_outcomes": outcomes(cases, [t[:k] for t in texts], rule),
+        }
     return out
 
 
@@ -128,21 +144,29 @@ def cmd_eval(settings: TidalSettings, args) -> None:
     code_dir = Path(args.code_dir) if args.code_dir else None
     result = evaluate_versions(settings, Platform(settings), args.model, versions, args.requests, args.seed, code_dir)
     if args.json:
-        print(json.dumps({"versions": {v: _flat(r) for v, r in result.items()}, "reference": versions[0],
-                          "paired": {v: {m: _comparison(c) for m, c in cs.items()}
-                                     for v, cs in paired(result, versions[0]).items()}}))
+        print(
+            json.dumps(
+                {
+                    "versions": {v: _flat(r) for v, r in result.items()},
+                    "reference": versions[0],
+                    "paired": {v: {m: _comparison(c) for m, c in cs.items()} for v, cs in paired(result, versions[0]).items()},
+                }
+            )
+        )
     else:
         print_eval(args.model, result, args.requests, versions[0])
 
 
 def _flat(r: dict) -> dict:
-    return {**{m: vars(e) for m, e in r["metrics"].items()}, "baseline_k": r["baseline_k"],
-            **{f"baseline_{m}": vars(e) for m, e in r["baseline"].items()}}
+    return {
+        **{m: vars(e) for m, e in r["metrics"].items()},
+        "baseline_k": r["baseline_k"],
+        **{f"baseline_{m}": vars(e) for m, e in r["baseline"].items()},
+    }
 
 
 def _comparison(c) -> dict:
-    return {"a": c.a, "b": c.b, "delta": vars(c.delta), "ratio": vars(c.ratio) if c.ratio else None,
-            "significant": c.significant}
+    return {"a": c.a, "b": c.b, "delta": vars(c.delta), "ratio": vars(c.ratio) if c.ratio else None, "significant": c.significant}
 
 
 # ---- demo ------------------------------------------------------------------------------------------
@@ -158,8 +182,14 @@ def plot_versions(rows: list[dict], path: Path) -> Path:
         for kind, style in (("version", "o-"), ("baseline", "x")):
             pts = [(i, r) for i, r in enumerate(rows) if r["kind"] == kind]
             if pts:
-                ax.errorbar([i for i, _ in pts], [r[m].mean for _, r in pts], capsize=4, fmt=style, label=kind,
-                            yerr=[[r[m].mean - r[m].low for _, r in pts], [r[m].high - r[m].mean for _, r in pts]])
+                ax.errorbar(
+                    [i for i, _ in pts],
+                    [r[m].mean for _, r in pts],
+                    capsize=4,
+                    fmt=style,
+                    label=kind,
+                    yerr=[[r[m].mean - r[m].low for _, r in pts], [r[m].high - r[m].mean for _, r in pts]],
+                )
         ax.set_xticks(range(len(rows)), [r["label"] for r in rows], rotation=30)
         ax.set_title(m.replace("_", " "))
     axes[0].legend(fontsize="small")
@@ -195,6 +225,7 @@ def stop_on_signals() -> None:
     """SIGTERM (a supervisor, `kill`) and SIGINT stop the demo as Ctrl-C does: the running cycle is cancelled and a
     canary rolled back. SIGINT is restored too: a process started in the background by a non-interactive shell
     inherits it ignored, and would otherwise never see Ctrl-C's signal."""
+
     def interrupt(signum, frame):
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
@@ -212,16 +243,18 @@ def run_cycle(model: str, n: int, quiet_while: str | None = None, traffic=None) 
     from prefect.states import Cancelling
     from tqdm import tqdm
 
-    run = run_deployment(name=f"flywheel/flywheel-{model}", timeout=0,
-                         parameters={"model": model, "cycles": 1, "include_open_hour": True})
+    run = run_deployment(
+        name=f"flywheel/flywheel-{model}", timeout=0, parameters={"model": model, "cycles": 1, "include_open_hour": True}
+    )
     names: dict = {}
     quiet_event = traffic.quiet if traffic is not None else threading.Event()  # no users: nobody to quiet
     quiet_s, last = 0.0, time.monotonic()
     with get_client(sync_client=True) as client, tqdm(desc=f"cycle {n}", bar_format="{desc} [{elapsed}]") as bar:
         try:
             while not (state := client.read_flow_run(run.id).state).is_final():
-                children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-                    parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id])))
+                children = client.read_flow_runs(
+                    flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id]))
+                )
                 stages, quiet = [], False
                 for c in sorted(children, key=lambda c: c.created):
                     names.setdefault(c.flow_id, client.read_flow(c.flow_id).name)
@@ -243,8 +276,9 @@ def run_cycle(model: str, n: int, quiet_while: str | None = None, traffic=None) 
         finally:
             quiet_event.clear()
     if not state.is_completed():
-        raise RuntimeError(f"flywheel cycle {n} ended {state.name}: {state.message}; see the flow run '{run.name}' "
-                           "in the Prefect UI")
+        raise RuntimeError(
+            f"flywheel cycle {n} ended {state.name}: {state.message}; see the flow run '{run.name}' in the Prefect UI"
+        )
     return quiet_s
 
 
@@ -282,11 +316,14 @@ def cmd_demo(settings: TidalSettings, args) -> None:
     registry, store = Registry(settings.mlflow.tracking_uri), open_store(settings)
     first = 1 + len(load_cycles(store, model))
     g = settings.gateway
-    traffic = SimTraffic(demo.users, f"http://{g.host}:{g.port}", client_keys(settings)[0].key, model,
-                         settings.bootstrap.heldout_fraction)
+    traffic = SimTraffic(
+        demo.users, f"http://{g.host}:{g.port}", client_keys(settings)[0].key, model, settings.bootstrap.heldout_fraction
+    )
     settle_s = g.logsink.segment_max_age_s + g.logsink.upload_interval_s + demo.users.feedback_delay_s[1] + 1
-    print(f"\n{model}: {cycles} flywheel cycles from champion v{registry.aliases(model)['champion']}, "
-          f"{demo.requests_per_cycle} simulated requests each ({demo.users.users} users)")
+    print(
+        f"\n{model}: {cycles} flywheel cycles from champion v{registry.aliases(model)['champion']}, "
+        f"{demo.requests_per_cycle} simulated requests each ({demo.users.users} users)"
+    )
     traffic.start()
     collected = 0  # requests sent before the last cycle collected: the users keep typing while a cycle runs
     try:
@@ -296,8 +333,12 @@ def cmd_demo(settings: TidalSettings, args) -> None:
             collected = traffic.sent
             quiet_s = run_cycle(model, n, "train" if demo.quiet_while_training else None, traffic)
             reports = load_cycles(store, model)[first - 1 :]
-            print("\n" + cycle_table(reports) + f"\n({traffic.sent} simulated requests so far"
-                  + (f"; the users were quiet for {quiet_s:.0f} s while the cycle trained)" if quiet_s else ")"))
+            print(
+                "\n"
+                + cycle_table(reports)
+                + f"\n({traffic.sent} simulated requests so far"
+                + (f"; the users were quiet for {quiet_s:.0f} s while the cycle trained)" if quiet_s else ")")
+            )
     except KeyboardInterrupt:
         leave_consistent(platform, model)
         raise
@@ -329,8 +370,16 @@ def train_seconds(settings: TidalSettings, model: str, reports: list[CycleReport
     return total
 
 
-def report_demo(settings: TidalSettings, model: str, reports: list[CycleReport], result: dict, versions: list[int], final: int,
-                elapsed_s: float, traffic) -> None:
+def report_demo(
+    settings: TidalSettings,
+    model: str,
+    reports: list[CycleReport],
+    result: dict,
+    versions: list[int],
+    final: int,
+    elapsed_s: float,
+    traffic,
+) -> None:
     import mlflow
     from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
@@ -346,17 +395,32 @@ def report_demo(settings: TidalSettings, model: str, reports: list[CycleReport],
     stored = [r.model_dump(mode="json") for r in reports]
     (settings.data_path / "demo" / f"{model}-cycles.json").write_text(json.dumps(stored, indent=2))
     first, last = result[1]["metrics"], result[final]["metrics"]
-    vs_v1, vs_cut = compare(result[1]["outcomes"], result[final]["outcomes"]), compare(
-        result[1]["baseline_outcomes"], result[final]["outcomes"])
-    report = learning_report(vs_v1, vs_cut, final, settings.demo.eval_requests,
-                             sum(r.decision == "promoted" for r in reports), elapsed_s, train_seconds(settings, model, reports))
+    vs_v1, vs_cut = (
+        compare(result[1]["outcomes"], result[final]["outcomes"]),
+        compare(result[1]["baseline_outcomes"], result[final]["outcomes"]),
+    )
+    report = learning_report(
+        vs_v1,
+        vs_cut,
+        final,
+        settings.demo.eval_requests,
+        sum(r.decision == "promoted" for r in reports),
+        elapsed_s,
+        train_seconds(settings, model, reports),
+    )
     (settings.data_path / "demo" / "report.json").write_text(report.model_dump_json(indent=2))
     mlflow.set_tracking_uri(settings.mlflow.tracking_uri)
     mlflow.set_experiment(f"{model}/demo")
     with mlflow.start_run(run_name=f"demo {len(reports)} cycles") as run:
-        mlflow.log_params({"cycles": len(reports), "requests_per_cycle": settings.demo.requests_per_cycle,
-                           "users": settings.demo.users.users, "eval_requests": settings.demo.eval_requests,
-                           "versions": ",".join(f"v{v}" for v in versions)})
+        mlflow.log_params(
+            {
+                "cycles": len(reports),
+                "requests_per_cycle": settings.demo.requests_per_cycle,
+                "users": settings.demo.users.users,
+                "eval_requests": settings.demo.eval_requests,
+                "versions": ",".join(f"v{v}" for v in versions),
+            }
+        )
         for r in reports:
             for m, x in r.champion_metrics().items():
                 mlflow.log_metric(f"cycle/{m}", x, step=r.cycle)
@@ -368,23 +432,39 @@ def report_demo(settings: TidalSettings, model: str, reports: list[CycleReport],
         mlflow.log_dict(stored, "cycles.json")
         mlflow.log_dict(report.model_dump(), "report.json")
     run_url = f"{settings.mlflow.tracking_uri}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
-    create_link_artifact(key=f"{model}-demo-plot", link=run_url, link_text=f"{model}: flywheel metrics by version (PNG in MLflow)")
-    create_markdown_artifact(key=f"{model}-demo", description="tidal demo", markdown=(
-        f"# {model}: demo, {len(reports)} cycles in {elapsed_s / 60:.1f} min\n\n```\n{cycle_table(reports)}\n```\n\n"
-        f"Held-out accept rate v1 → v{final} (final champion): {first['accept_rate']} → {last['accept_rate']}\n\n"
-        f"[plot and figures in MLflow]({run_url})\n"))
+    create_link_artifact(
+        key=f"{model}-demo-plot", link=run_url, link_text=f"{model}: flywheel metrics by version (PNG in MLflow)"
+    )
+    create_markdown_artifact(
+        key=f"{model}-demo",
+        description="tidal demo",
+        markdown=(
+            f"# {model}: demo, {len(reports)} cycles in {elapsed_s / 60:.1f} min\n\n```\n{cycle_table(reports)}\n```\n\n"
+            f"Held-out accept rate v1 → v{final} (final champion): {first['accept_rate']} → {last['accept_rate']}\n\n"
+            f"[plot and figures in MLflow]({run_url})\n"
+        ),
+    )
     if final == 1:
-        print("\nlearning claim: none — no candidate was promoted, the champion is still v1 (see each cycle's 'why' above; "
-              "the last candidate's paired differences are under the held-out table)")
+        print(
+            "\nlearning claim: none — no candidate was promoted, the champion is still v1 (see each cycle's 'why' above; "
+            "the last candidate's paired differences are under the held-out table)"
+        )
     else:
-        print("\n" + claim_line(vs_v1, "v1", f"v{final}", settings.demo.eval_requests)
-              + "\n  (Cursor reported +28% accept rate with 21% fewer suggestions)")
+        print(
+            "\n"
+            + claim_line(vs_v1, "v1", f"v{final}", settings.demo.eval_requests)
+            + "\n  (Cursor reported +28% accept rate with 21% fewer suggestions)"
+        )
     gaps = {m: vs_cut[m] for m in ("accepted_chars_per_request", "reward_per_request")}
-    print(f"against v1 cut to its best {result[1]['baseline_k']} characters: "
-          + "; ".join(f"{m} {c.delta.mean:+.4f} [{c.delta.low:+.4f}, {c.delta.high:+.4f}]" for m, c in gaps.items())
-          + ("" if report.beats_truncation else f" — v{final} does not yet match the truncation baseline"))
-    print(f"\ndemo done in {elapsed_s / 60:.1f} min; {traffic.sent} simulated requests; plot: {png}; "
-          f"report: {settings.data_path / 'demo' / 'report.json'}\n"
-          f"  Prefect UI: http://{settings.prefect.host}:{settings.prefect.port}  (flows, deployments, artifacts)\n"
-          f"  MLflow UI:  {settings.mlflow.tracking_uri}  (experiment {model}/demo; registry: model {model})\n"
-          f"  stop everything: .venv/bin/tidal down")
+    print(
+        f"against v1 cut to its best {result[1]['baseline_k']} characters: "
+        + "; ".join(f"{m} {c.delta.mean:+.4f} [{c.delta.low:+.4f}, {c.delta.high:+.4f}]" for m, c in gaps.items())
+        + ("" if report.beats_truncation else f" — v{final} does not yet match the truncation baseline")
+    )
+    print(
+        f"\ndemo done in {elapsed_s / 60:.1f} min; {traffic.sent} simulated requests; plot: {png}; "
+        f"report: {settings.data_path / 'demo' / 'report.json'}\n"
+        f"  Prefect UI: http://{settings.prefect.host}:{settings.prefect.port}  (flows, deployments, artifacts)\n"
+        f"  MLflow UI:  {settings.mlflow.tracking_uri}  (experiment {model}/demo; registry: model {model})\n"
+        f"  stop everything: .venv/bin/tidal down"
+    )

@@ -12,14 +12,27 @@ from tidal.section import Section
 
 GPU_RESOURCE = "nvidia.com/gpu"  # the NVIDIA device plugin's extended resource
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"  # Kubernetes memory/storage quantities
-_UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-          "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_UNITS = {
+    "": 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+}
 
 
 def quantity_bytes(q: str) -> float:
     """'32Gi' -> 34359738368.0 (only the forms QUANTITY admits)."""
     digits = q.rstrip("KMGTPEik")
-    return float(digits) * _UNITS[q[len(digits):]]
+    return float(digits) * _UNITS[q[len(digits) :]]
 
 
 class Toleration(Section):

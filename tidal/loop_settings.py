@@ -18,35 +18,61 @@ from training.train_settings import GateConfig, TrainSettings
 
 
 class FlywheelSettings(Section):
-    loop: Literal["chained", "flywheel", "manual"] = Field("chained", description=(
-        "How the deployed loop runs. 'chained': collect on its cron schedule, train started by each new dataset, "
-        "promote by each registered candidate (Prefect event triggers). 'flywheel': whole cycles on `schedule_cron` "
-        "(collect's schedule and the triggers are off). 'manual': no schedule or trigger is active (`tidal demo` drives "
-        "the cycles itself). Every deployment exists in each mode, for runs on demand."))
+    loop: Literal["chained", "flywheel", "manual"] = Field(
+        "chained",
+        description=(
+            "How the deployed loop runs. 'chained': collect on its cron schedule, train started by each new dataset, "
+            "promote by each registered candidate (Prefect event triggers). 'flywheel': whole cycles on `schedule_cron` "
+            "(collect's schedule and the triggers are off). 'manual': no schedule or trigger is active (`tidal demo` drives "
+            "the cycles itself). Every deployment exists in each mode, for runs on demand."
+        ),
+    )
     schedule_cron: str = Field("0 */2 * * *", description="When the flywheel deployment runs a cycle in 'flywheel' mode (UTC).")
-    work_pool: str | None = Field(None, description=(
-        "None: `python -m flows.deployments` serves the deployments in its own process (the local runner `tidal up` "
-        "starts). A name (e.g. 'tidal-kubernetes', infra/prefect/kubernetes-work-pool.json): it registers them on "
-        "that work pool and exits, and the pool's workers run each flow run (a Kubernetes Job per run)."))
-    runner_poll_s: float = Field(2.0, gt=0, description=(
-        "Without work_pool: how often the local runner asks the Prefect server for flow runs that are due; a run "
-        "started on demand (a demo cycle, a triggered train) waits half this on average before it starts. Prefect's "
-        "own default is 10 s."))
-    image: str = Field("", description=(
-        "With work_pool: the Tidal image flow runs use (repository:tag or @sha256 digest); untagged or 'latest' is "
-        "refused, so a retried run gets the same code."))
-    flows_service_account: str = Field("tidal-flows", description=(
-        "With work_pool: service account of collect, promote and flywheel runs (the chart's; its IAM role reads "
-        "logs and writes datasets and quarantine)."))
-    trainer_service_account: str = Field("tidal-trainer", description=(
-        "With work_pool: service account of train runs; it gets an API token, since the train flow creates the "
-        "trainer's Job (infra/prefect/trainer-launcher-rbac.yaml)."))
+    work_pool: str | None = Field(
+        None,
+        description=(
+            "None: `python -m flows.deployments` serves the deployments in its own process (the local runner `tidal up` "
+            "starts). A name (e.g. 'tidal-kubernetes', infra/prefect/kubernetes-work-pool.json): it registers them on "
+            "that work pool and exits, and the pool's workers run each flow run (a Kubernetes Job per run)."
+        ),
+    )
+    runner_poll_s: float = Field(
+        2.0,
+        gt=0,
+        description=(
+            "Without work_pool: how often the local runner asks the Prefect server for flow runs that are due; a run "
+            "started on demand (a demo cycle, a triggered train) waits half this on average before it starts. Prefect's "
+            "own default is 10 s."
+        ),
+    )
+    image: str = Field(
+        "",
+        description=(
+            "With work_pool: the Tidal image flow runs use (repository:tag or @sha256 digest); untagged or 'latest' is "
+            "refused, so a retried run gets the same code."
+        ),
+    )
+    flows_service_account: str = Field(
+        "tidal-flows",
+        description=(
+            "With work_pool: service account of collect, promote and flywheel runs (the chart's; its IAM role reads "
+            "logs and writes datasets and quarantine)."
+        ),
+    )
+    trainer_service_account: str = Field(
+        "tidal-trainer",
+        description=(
+            "With work_pool: service account of train runs; it gets an API token, since the train flow creates the "
+            "trainer's Job (infra/prefect/trainer-launcher-rbac.yaml)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _pool_needs_an_image(self):
         if self.work_pool and not self.image:
-            raise ValueError(f"flywheel.work_pool={self.work_pool!r} needs flywheel.image: the Tidal image its "
-                             "workers run (repository:tag)")
+            raise ValueError(
+                f"flywheel.work_pool={self.work_pool!r} needs flywheel.image: the Tidal image its workers run (repository:tag)"
+            )
         if self.work_pool and (problem := unpinned("flywheel.image", self.image)):
             raise ValueError(problem)
         return self
@@ -61,9 +87,17 @@ def _demo_canary() -> CanaryConfig:
     # quarter of control's accepted characters. The share of slow requests is known to about ±1 point from ~900
     # outcomes (a fresh surge engine answers a few slowly), so its margin is 3 points, not 1. Production traffic
     # affords the defaults.
-    return CanaryConfig(steps=[0.25, 0.5], min_samples=150, max_step_s=180.0, feedback_wait_s=5.0, poll_s=3.0,
-                        unload_grace_s=10.0, mixture_sd=0.3, detect_regression_sd=0.3,
-                        margins=Margins(accepted_chars=0.75, slow_share=0.03))
+    return CanaryConfig(
+        steps=[0.25, 0.5],
+        min_samples=150,
+        max_step_s=180.0,
+        feedback_wait_s=5.0,
+        poll_s=3.0,
+        unload_grace_s=10.0,
+        mixture_sd=0.3,
+        detect_regression_sd=0.3,
+        margins=Margins(accepted_chars=0.75, slow_share=0.03),
+    )
 
 
 def _demo_train() -> TrainSettings:
@@ -76,40 +110,85 @@ def _demo_train() -> TrainSettings:
     # gate scores bits/byte the same way, each model at its best temperature, so it charges a damaged code model,
     # not the stop decision or the sharpening. Full-weight candidates: the demo's models use a full-checkpoint
     # update strategy (DemoSettings.update_strategy).
-    return TrainSettings(ppo=PPOConfig(lora=False, learning_rate=1e-4, final_norm_learning_rate=1e-2,
-                                       critic_learning_rate=1e-2, batch_size=32, minibatch_size=8, epochs=2, passes=1,
-                                       kl_coef=0.1, stop_credit_coef=2.0, abstain_budget=0.25, kept_credit_coef=4.0,
-                                       sharpen_coef=1.0, sharpen_temperature=0.5),
-                         gate=GateConfig(eval_bytes=20_000, bpb_tolerance=0.05, bpb_stop="\n", bpb_fit_temperature=True,
-                                         max_heldout_rows=400),
-                         checkpoint_every=8)
+    return TrainSettings(
+        ppo=PPOConfig(
+            lora=False,
+            learning_rate=1e-4,
+            final_norm_learning_rate=1e-2,
+            critic_learning_rate=1e-2,
+            batch_size=32,
+            minibatch_size=8,
+            epochs=2,
+            passes=1,
+            kl_coef=0.1,
+            stop_credit_coef=2.0,
+            abstain_budget=0.25,
+            kept_credit_coef=4.0,
+            sharpen_coef=1.0,
+            sharpen_temperature=0.5,
+        ),
+        gate=GateConfig(eval_bytes=20_000, bpb_tolerance=0.05, bpb_stop="\n", bpb_fit_temperature=True, max_heldout_rows=400),
+        checkpoint_every=8,
+    )
 
 
 class DemoSettings(Section):
-    cycles: int = Field(3, ge=1, description=(
-        "Flywheel cycles `tidal demo` runs (continuing from the current champion). Three fit its 45-minute budget on 2 "
-        "cores; in two measured runs of four, only the first cycle promoted (docs/learning.md, items 27-31)."))
-    requests_per_cycle: int = Field(1200, ge=50, description=(
-        "Simulated requests served since the last cycle collected before the next one collects (the users keep "
-        "sending while a cycle runs, so after the first cycle there is rarely a wait)."))
-    eval_requests: int = Field(3000, ge=20, description=(
-        "Held-out requests replayed per version at the end (the same requests for every version: paired "
-        "differences). 3,000 resolve a doubling of a ~1% accept rate."))
-    eval_concurrency: int = Field(16, ge=1, description=(
-        "Held-out requests in flight at once during the replay (each is seeded, so the outcome does not depend on "
-        "it; the engine batches them: ~3x the throughput of 4)."))
-    quiet_while_training: bool = Field(True, description=(
-        "The users pause while a cycle trains, and the trainer gets every core (train.torch_threads unset): the "
-        "traffic trough training borrows serving's capacity in. False: they keep typing, and the trainer gets the "
-        "cores the fleet leaves free."))
-    update_strategy: UpdateStrategy | None = Field("restart", description=(
-        "How the demo's models take new versions (replaces each model's update_strategy while the demo runs). Its "
-        "training trains every weight (`demo.train.ppo.lora: false`), so it needs a full-checkpoint strategy: "
-        "'restart' boots each candidate on a surge replica (CPU engines); 'reload' or 'nccl' on 2+ GPU replicas. "
-        "None = each model's own (then the demo's lora setting must match it)."))
+    cycles: int = Field(
+        3,
+        ge=1,
+        description=(
+            "Flywheel cycles `tidal demo` runs (continuing from the current champion). Three fit its 45-minute budget on 2 "
+            "cores; in two measured runs of four, only the first cycle promoted (docs/learning.md, items 27-31)."
+        ),
+    )
+    requests_per_cycle: int = Field(
+        1200,
+        ge=50,
+        description=(
+            "Simulated requests served since the last cycle collected before the next one collects (the users keep "
+            "sending while a cycle runs, so after the first cycle there is rarely a wait)."
+        ),
+    )
+    eval_requests: int = Field(
+        3000,
+        ge=20,
+        description=(
+            "Held-out requests replayed per version at the end (the same requests for every version: paired "
+            "differences). 3,000 resolve a doubling of a ~1% accept rate."
+        ),
+    )
+    eval_concurrency: int = Field(
+        16,
+        ge=1,
+        description=(
+            "Held-out requests in flight at once during the replay (each is seeded, so the outcome does not depend on "
+            "it; the engine batches them: ~3x the throughput of 4)."
+        ),
+    )
+    quiet_while_training: bool = Field(
+        True,
+        description=(
+            "The users pause while a cycle trains, and the trainer gets every core (train.torch_threads unset): the "
+            "traffic trough training borrows serving's capacity in. False: they keep typing, and the trainer gets the "
+            "cores the fleet leaves free."
+        ),
+    )
+    update_strategy: UpdateStrategy | None = Field(
+        "restart",
+        description=(
+            "How the demo's models take new versions (replaces each model's update_strategy while the demo runs). Its "
+            "training trains every weight (`demo.train.ppo.lora: false`), so it needs a full-checkpoint strategy: "
+            "'restart' boots each candidate on a surge replica (CPU engines); 'reload' or 'nccl' on 2+ GPU replicas. "
+            "None = each model's own (then the demo's lora setting must match it)."
+        ),
+    )
     users: SimUsersConfig = Field(default_factory=SimUsersConfig, description="The simulated users sending traffic.")
-    canary: CanaryConfig = Field(default_factory=_demo_canary, description="Canary settings of the demo's cycles (replace `canary`).")
-    train: TrainSettings = Field(default_factory=_demo_train, description="Training settings of the demo's cycles (replace `train`).")
+    canary: CanaryConfig = Field(
+        default_factory=_demo_canary, description="Canary settings of the demo's cycles (replace `canary`)."
+    )
+    train: TrainSettings = Field(
+        default_factory=_demo_train, description="Training settings of the demo's cycles (replace `train`)."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -126,6 +205,8 @@ class DemoSettings(Section):
     @model_validator(mode="after")
     def _strategy_serves_the_candidates(self):
         if self.update_strategy is not None and (problem := strategy_mismatch(self.update_strategy, self.train.ppo.lora)):
-            raise ValueError(f"demo.update_strategy={self.update_strategy!r} with demo.train.ppo.lora="
-                             f"{str(self.train.ppo.lora).lower()}: {problem}")
+            raise ValueError(
+                f"demo.update_strategy={self.update_strategy!r} with demo.train.ppo.lora="
+                f"{str(self.train.ppo.lora).lower()}: {problem}"
+            )
         return self

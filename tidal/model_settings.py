@@ -16,24 +16,47 @@ class Margins(Section):
     """How much worse than control a candidate may be on each guardrail and still be promoted (non-inferiority
     margins). Set per model (`models[].canary_margins`) where a model's users tolerate more or less."""
 
-    accepted_chars: float = Field(0.05, ge=0, lt=1, description=(
-        "Accepted characters per request may be at most this share below control's: promotion needs the always-valid "
-        "lower bound of the difference above -margin x control's mean; an upper bound below it rolls back."))
-    error_rate: float = Field(0.02, ge=0, le=1, description=(
-        "The canary's error rate may exceed control's by at most this (absolute): promotion needs the upper bound "
-        "of the excess below it, a lower bound above it rolls back."))
-    slow_share: float = Field(0.01, ge=0, le=1, description=(
-        "The share of canary requests slower than max_p99_ratio x control's p99 + p99_slack_ms may exceed control's "
-        "share by at most this (0.01: the 1% a p99 allows), with the same two bounds."))
+    accepted_chars: float = Field(
+        0.05,
+        ge=0,
+        lt=1,
+        description=(
+            "Accepted characters per request may be at most this share below control's: promotion needs the always-valid "
+            "lower bound of the difference above -margin x control's mean; an upper bound below it rolls back."
+        ),
+    )
+    error_rate: float = Field(
+        0.02,
+        ge=0,
+        le=1,
+        description=(
+            "The canary's error rate may exceed control's by at most this (absolute): promotion needs the upper bound "
+            "of the excess below it, a lower bound above it rolls back."
+        ),
+    )
+    slow_share: float = Field(
+        0.01,
+        ge=0,
+        le=1,
+        description=(
+            "The share of canary requests slower than max_p99_ratio x control's p99 + p99_slack_ms may exceed control's "
+            "share by at most this (0.01: the 1% a p99 allows), with the same two bounds."
+        ),
+    )
 
 
 class ModelSettings(Section):
     name: str = Field(..., pattern=r"^[a-z][a-z0-9_-]{0,62}$", description="Registered model name; also the served name prefix.")
     replicas: int = Field(1, ge=0, description="Replicas the fleet keeps running.")
-    update_strategy: UpdateStrategy = Field("lora", description=(
-        "How new versions reach the replicas: 'lora' loads adapters beside the base; 'restart' boots replicas on a "
-        "full checkpoint; 'reload' and 'nccl' (CUDA engines only, 2+ replicas) swap a full checkpoint into running "
-        "engines in place, one replica at a time (serving/weight_sync/)."))
+    update_strategy: UpdateStrategy = Field(
+        "lora",
+        description=(
+            "How new versions reach the replicas: 'lora' loads adapters beside the base; 'restart' boots replicas on a "
+            "full checkpoint; 'reload' and 'nccl' (CUDA engines only, 2+ replicas) swap a full checkpoint into running "
+            "engines in place, one replica at a time (serving/weight_sync/)."
+        ),
+    )
     serve_alias: str = Field("champion", description="Registry alias whose version the replicas serve at start.")
-    canary_margins: Margins | None = Field(None, description=(
-        "This model's guardrail non-inferiority margins for its canaries; None = canary.margins."))
+    canary_margins: Margins | None = Field(
+        None, description=("This model's guardrail non-inferiority margins for its canaries; None = canary.margins.")
+    )

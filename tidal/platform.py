@@ -20,8 +20,20 @@ import yaml
 from pydantic import BaseModel, Field
 
 from serving.fleet_replies import FleetState, FleetStatus
-from tidal.procs import (NotReady, ProcInfo, alive, group_members, read_procinfo, require_port, save_procinfo, spawn,
-                         stop_group, tail, wait_http, wait_port_free)
+from tidal.procs import (
+    NotReady,
+    ProcInfo,
+    alive,
+    group_members,
+    read_procinfo,
+    require_port,
+    save_procinfo,
+    spawn,
+    stop_group,
+    tail,
+    wait_http,
+    wait_port_free,
+)
 from tidal.section import SettingsError
 from tidal.client_env import TELEMETRY_OFF
 from tidal.settings import TidalSettings
@@ -44,6 +56,7 @@ class PlatformStatus(BaseModel):
 
     services: dict[str, ServiceStatus]
     fleet: FleetStatus | None = None
+
 
 @dataclass
 class Service:
@@ -73,30 +86,82 @@ class Platform:
         child = {"TIDAL_CONFIG": str(self.settings_file)}
         return {
             "prefect": Service(
-                "prefect", [py, "-m", "prefect", "server", "start", "--host", s.prefect.host, "--port", str(s.prefect.port)],
-                s.prefect.host, s.prefect.port, "prefect.port", f"{s.prefect.api_url}/health", s.prefect.ready_timeout_s,
+                "prefect",
+                [py, "-m", "prefect", "server", "start", "--host", s.prefect.host, "--port", str(s.prefect.port)],
+                s.prefect.host,
+                s.prefect.port,
+                "prefect.port",
+                f"{s.prefect.api_url}/health",
+                s.prefect.ready_timeout_s,
                 f"http://{s.prefect.host}:{s.prefect.port}",
-                {**TELEMETRY_OFF, "PREFECT_HOME": str(data / "prefect"), "PREFECT_API_URL": s.prefect.api_url,
-                 "PREFECT_SERVER_DATABASE_TIMEOUT": str(s.prefect.database_timeout_s),
-                 "PREFECT_SERVER_DATABASE_CONNECTION_TIMEOUT": str(s.prefect.database_timeout_s)}),
+                {
+                    **TELEMETRY_OFF,
+                    "PREFECT_HOME": str(data / "prefect"),
+                    "PREFECT_API_URL": s.prefect.api_url,
+                    "PREFECT_SERVER_DATABASE_TIMEOUT": str(s.prefect.database_timeout_s),
+                    "PREFECT_SERVER_DATABASE_CONNECTION_TIMEOUT": str(s.prefect.database_timeout_s),
+                },
+            ),
             "mlflow": Service(
-                "mlflow", [py, "-m", "mlflow", "server", "--host", s.mlflow.host, "--port", str(s.mlflow.port),
-                           "--workers", str(s.mlflow.workers), "--backend-store-uri", f"sqlite:///{data / 'mlflow' / 'mlflow.db'}",
-                           "--artifacts-destination", f"{s.store.routes.get('mlflow-artifacts', s.store_url).rstrip('/')}/mlflow-artifacts"],
-                s.mlflow.host, s.mlflow.port, "mlflow.port", f"{s.mlflow.tracking_uri}/health", s.mlflow.ready_timeout_s,
-                s.mlflow.tracking_uri, mlflow_env, [data / "mlflow"]),
+                "mlflow",
+                [
+                    py,
+                    "-m",
+                    "mlflow",
+                    "server",
+                    "--host",
+                    s.mlflow.host,
+                    "--port",
+                    str(s.mlflow.port),
+                    "--workers",
+                    str(s.mlflow.workers),
+                    "--backend-store-uri",
+                    f"sqlite:///{data / 'mlflow' / 'mlflow.db'}",
+                    "--artifacts-destination",
+                    f"{s.store.routes.get('mlflow-artifacts', s.store_url).rstrip('/')}/mlflow-artifacts",
+                ],
+                s.mlflow.host,
+                s.mlflow.port,
+                "mlflow.port",
+                f"{s.mlflow.tracking_uri}/health",
+                s.mlflow.ready_timeout_s,
+                s.mlflow.tracking_uri,
+                mlflow_env,
+                [data / "mlflow"],
+            ),
             "fleet": Service(
-                "fleet", [py, "-m", "serving.supervisor"], s.fleet.host, s.fleet.admin_port, "fleet.admin_port",
-                f"http://{s.fleet.host}:{s.fleet.admin_port}/health", 60.0, f"http://{s.fleet.host}:{s.fleet.admin_port}",
-                child),
+                "fleet",
+                [py, "-m", "serving.supervisor"],
+                s.fleet.host,
+                s.fleet.admin_port,
+                "fleet.admin_port",
+                f"http://{s.fleet.host}:{s.fleet.admin_port}/health",
+                60.0,
+                f"http://{s.fleet.host}:{s.fleet.admin_port}",
+                child,
+            ),
             "flows": Service(
-                "flows", [py, "-m", "flows.deployments"], s.prefect.host, s.prefect.runner_port, "prefect.runner_port",
-                f"http://{s.prefect.host}:{s.prefect.runner_port}/health", 120.0, f"http://{s.prefect.host}:{s.prefect.runner_port}",
-                child),
+                "flows",
+                [py, "-m", "flows.deployments"],
+                s.prefect.host,
+                s.prefect.runner_port,
+                "prefect.runner_port",
+                f"http://{s.prefect.host}:{s.prefect.runner_port}/health",
+                120.0,
+                f"http://{s.prefect.host}:{s.prefect.runner_port}",
+                child,
+            ),
             "gateway": Service(
-                "gateway", [py, "-m", "serving.gateway_app"], s.gateway.host, s.gateway.port, "gateway.port",
-                f"http://{s.gateway.host}:{s.gateway.port}/health", 60.0, f"http://{s.gateway.host}:{s.gateway.port}",
-                child),
+                "gateway",
+                [py, "-m", "serving.gateway_app"],
+                s.gateway.host,
+                s.gateway.port,
+                "gateway.port",
+                f"http://{s.gateway.host}:{s.gateway.port}/health",
+                60.0,
+                f"http://{s.gateway.host}:{s.gateway.port}",
+                child,
+            ),
         }
 
     @property
@@ -148,8 +213,10 @@ class Platform:
     def up_flows(self) -> ProcInfo:
         """The runner of scheduled flows (deployments registered with the Prefect server)."""
         if self.settings.flywheel.work_pool:
-            raise SettingsError(f"flywheel.work_pool={self.settings.flywheel.work_pool!r}: flow runs belong to that pool's "
-                                "workers, not a local runner; register the deployments with `python -m flows.deployments`")
+            raise SettingsError(
+                f"flywheel.work_pool={self.settings.flywheel.work_pool!r}: flow runs belong to that pool's "
+                "workers, not a local runner; register the deployments with `python -m flows.deployments`"
+            )
         return self.ensure(self.services()["flows"])
 
     def up_fleet(self, timeout_s: float | None = None) -> dict:
@@ -229,8 +296,13 @@ class Platform:
                     healthy = httpx.get(svc.ready_url, timeout=2.0).is_success
                 except httpx.HTTPError:
                     pass
-            services[name] = ServiceStatus(running=info is not None, pid=info.pid if info else None, url=svc.url,
-                                           healthy=healthy, log=str(self.log_dir / f"{name}.log"))
+            services[name] = ServiceStatus(
+                running=info is not None,
+                pid=info.pid if info else None,
+                url=svc.url,
+                healthy=healthy,
+                log=str(self.log_dir / f"{name}.log"),
+            )
         fleet = self.fleet_client().status() if services["fleet"].healthy else None
         return PlatformStatus(services=services, fleet=fleet)
 

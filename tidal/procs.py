@@ -60,7 +60,9 @@ class ProcInfo:
     started: float = 0.0
 
 
-def spawn(name: str, cmd: list[str], log_path: Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[subprocess.Popen, ProcInfo]:
+def spawn(
+    name: str, cmd: list[str], log_path: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> tuple[subprocess.Popen, ProcInfo]:
     """Start cmd in its own session (so its whole process group can be stopped), output to log_path.
 
     Children get settings only through `env` (TIDAL_CONFIG): inherited TIDAL_* variables are dropped so a
@@ -69,8 +71,15 @@ def spawn(name: str, cmd: list[str], log_path: Path, env: dict[str, str] | None 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     base = {k: v for k, v in os.environ.items() if not k.startswith("TIDAL_")}
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**base, **(env or {})}, cwd=cwd, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**base, **(env or {})},
+            cwd=cwd,
+            start_new_session=True,
+        )
     return proc, ProcInfo(name, proc.pid, cmd, str(log_path), started=time.time())
 
 
@@ -138,8 +147,14 @@ def stop_group(pid: int, timeout: float = 15.0, sig: int = signal.SIGTERM) -> No
     _wait_gone(list(procs.values()), 5.0)
 
 
-def wait_http(url: str, timeout: float, what: str, proc: subprocess.Popen | None = None, log: str = "",
-              accept: Callable[[httpx.Response], bool] | None = None) -> None:
+def wait_http(
+    url: str,
+    timeout: float,
+    what: str,
+    proc: subprocess.Popen | None = None,
+    log: str = "",
+    accept: Callable[[httpx.Response], bool] | None = None,
+) -> None:
     """Poll url until it answers 2xx (and `accept` agrees it is the server we started); fail early if proc exits."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

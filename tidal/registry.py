@@ -39,8 +39,12 @@ def _unavailable(e: MlflowException) -> bool:
 
 def _cause(msg: str) -> str:
     """The useful words of a requests/urllib3 failure (its full text repeats the URL and object reprs)."""
-    for needle, said in (("Connection refused", "connection refused"), ("timed out", "timed out"),
-                         ("Name or service not known", "unknown host"), ("RemoteDisconnected", "connection dropped")):
+    for needle, said in (
+        ("Connection refused", "connection refused"),
+        ("timed out", "timed out"),
+        ("Name or service not known", "unknown host"),
+        ("RemoteDisconnected", "connection dropped"),
+    ):
         if needle in msg:
             return said
     return msg.split(" failed with ")[-1][:160]
@@ -63,9 +67,12 @@ class _GuardedClient:
                 return attr(*args, **kwargs)
             except MlflowException as e:
                 if _unavailable(e):
-                    raise RegistryUnavailable(f"MLflow at {self._uri} is unavailable ({_cause(str(e))}); start it with "
-                                              "`tidal up` (or fix mlflow.host/port), then retry") from None
+                    raise RegistryUnavailable(
+                        f"MLflow at {self._uri} is unavailable ({_cause(str(e))}); start it with "
+                        "`tidal up` (or fix mlflow.host/port), then retry"
+                    ) from None
                 raise
+
         return call
 
 
@@ -106,7 +113,8 @@ def verify_checkpoint(info: VersionInfo, path: Path) -> None:
         raise CheckpointCorrupt(
             f"checkpoint of {info.served_name} at {path} does not match the digest registered with it ({want[:19]}… "
             f"registered, {got[:19]}… found over {len(files)} files: {sorted(files)[:6]}): a file was truncated, edited "
-            "or replaced; restore it from the object store's versioned copy or publish the checkpoint again")
+            "or replaced; restore it from the object store's versioned copy or publish the checkpoint again"
+        )
 
 
 def checkpoint_key(model: str, version: int) -> str:
@@ -182,14 +190,25 @@ class Registry:
     def next_version(self, model: str) -> int:
         return max(self.versions(model), default=0) + 1
 
-    def register(self, model: str, version: int, kind: Kind, base_version: int, source: str, tags: dict[str, str], run_id: str | None = None) -> VersionInfo:
+    def register(
+        self,
+        model: str,
+        version: int,
+        kind: Kind,
+        base_version: int,
+        source: str,
+        tags: dict[str, str],
+        run_id: str | None = None,
+    ) -> VersionInfo:
         """Register the checkpoint uploaded for `version` (from next_version); fails if another writer took it."""
         self._ensure_model(model)
         all_tags = {**tags, lineage.KIND: kind, lineage.BASE_VERSION: str(base_version)}
         mv = self.client.create_model_version(model, source=source, run_id=run_id, tags=all_tags)
         if int(mv.version) != version:
             self.client.delete_model_version(model, mv.version)
-            raise RegistryError(f"{model}: expected to register version {version}, registry assigned {mv.version} (concurrent registration?)")
+            raise RegistryError(
+                f"{model}: expected to register version {version}, registry assigned {mv.version} (concurrent registration?)"
+            )
         return self.get(model, version)
 
     def get(self, model: str, version: int) -> VersionInfo:
@@ -199,7 +218,9 @@ class Registry:
             known = self.versions(model)
             raise RegistryError(f"{model} has no version {version}; registered versions: {known or 'none'}") from None
         kind = mv.tags.get(lineage.KIND, "full")
-        return VersionInfo(model, int(mv.version), kind, int(mv.tags.get(lineage.BASE_VERSION, mv.version)), mv.source, dict(mv.tags))
+        return VersionInfo(
+            model, int(mv.version), kind, int(mv.tags.get(lineage.BASE_VERSION, mv.version)), mv.source, dict(mv.tags)
+        )
 
     def by_alias(self, model: str, alias: str) -> VersionInfo | None:
         version = self.aliases(model).get(alias)
@@ -272,8 +293,16 @@ def code_revision(root: Path) -> str:
         return "unknown"
 
 
-def publish(registry: Registry, store: ObjectStore, model: str, local_dir: Path, kind: Kind, base_version: int | None,
-            tags: dict[str, str], run_id: str | None = None) -> VersionInfo:
+def publish(
+    registry: Registry,
+    store: ObjectStore,
+    model: str,
+    local_dir: Path,
+    kind: Kind,
+    base_version: int | None,
+    tags: dict[str, str],
+    run_id: str | None = None,
+) -> VersionInfo:
     """Upload a checkpoint directory (with its probe.json) and register it as the model's next version.
 
     `base_version` None means "this version itself" (a full checkpoint is its own base).
@@ -286,5 +315,6 @@ def publish(registry: Registry, store: ObjectStore, model: str, local_dir: Path,
     version = registry.next_version(model)
     key = checkpoint_key(model, version)
     upload_dir(store, local_dir, key)
-    return registry.register(model, version, kind, base_version or version, registry_source(store, key),
-                             {**tags, DIGEST_TAG: digest}, run_id)
+    return registry.register(
+        model, version, kind, base_version or version, registry_source(store, key), {**tags, DIGEST_TAG: digest}, run_id
+    )

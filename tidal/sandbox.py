@@ -50,12 +50,25 @@ def write_config(root: Path, models: list[dict], base_port: int | None = None, p
         "data_dir": str(root / "data"),
         "prefect": {"port": b, "runner_port": b + 1},
         "mlflow": {"port": b + 2},
-        "fleet": {"admin_port": b + 3, "base_port": b + 10, "port_range": 60, "health_interval_s": 1.0,
-                  "restart_backoff_s": 1.0, "ready_timeout_s": 300},
-        "gateway": {"port": b + 4, "secret": "sandbox-request-id-secret",
-                    "clients": [{"client_id": "alice", "key": "alice-key-0123456789"}, {"client_id": "bob", "key": "bob-key-0123456789ab"}],
-                    "logsink": {"segment_max_age_s": 1.0, "upload_interval_s": 0.5},
-                    "rate_limit_rps": 100_000.0, "rate_limit_burst": 100_000},  # load tests measure the gateway, not the limiter
+        "fleet": {
+            "admin_port": b + 3,
+            "base_port": b + 10,
+            "port_range": 60,
+            "health_interval_s": 1.0,
+            "restart_backoff_s": 1.0,
+            "ready_timeout_s": 300,
+        },
+        "gateway": {
+            "port": b + 4,
+            "secret": "sandbox-request-id-secret",
+            "clients": [
+                {"client_id": "alice", "key": "alice-key-0123456789"},
+                {"client_id": "bob", "key": "bob-key-0123456789ab"},
+            ],
+            "logsink": {"segment_max_age_s": 1.0, "upload_interval_s": 0.5},
+            "rate_limit_rps": 100_000.0,
+            "rate_limit_burst": 100_000,
+        },  # load tests measure the gateway, not the limiter
         "admin_token": "sandbox-admin-token",
         "models": models,
         "bootstrap": {"pretrain": {"max_seconds": pretrain_seconds, "eval_bytes": 50_000}, "probe_prompts": 3},
@@ -69,8 +82,14 @@ def write_config(root: Path, models: list[dict], base_port: int | None = None, p
 
 
 @contextmanager
-def sandbox_platform(models: list[dict], base_port: int | None = None, fleet: bool = True, gateway: bool = False,
-                     gateway_settings: dict | None = None, **config):
+def sandbox_platform(
+    models: list[dict],
+    base_port: int | None = None,
+    fleet: bool = True,
+    gateway: bool = False,
+    gateway_settings: dict | None = None,
+    **config,
+):
     """A whole platform for a benchmark: servers, a short bootstrap, fleet, gateway; always torn down.
     gateway_settings merge into the sandbox's `gateway` section (config's other sections likewise)."""
     from tidal.client_env import use_platform_env

@@ -26,12 +26,20 @@ class TidalSettings(ServingSettings):
     model_config = SettingsConfigDict(extra="forbid")
 
     bootstrap: BootstrapSettings = Field(default_factory=BootstrapSettings)
-    collect: CollectSettings = Field(default_factory=CollectSettings, description="Collection flow: contracts, reward rules, watermark timing.")
+    collect: CollectSettings = Field(
+        default_factory=CollectSettings, description="Collection flow: contracts, reward rules, watermark timing."
+    )
     train: TrainSettings = Field(default_factory=TrainSettings, description="Training plane: PPO, checkpoints, offline gate.")
-    trainer: LaunchSettings = Field(default_factory=LaunchSettings, description="Where the trainer process runs: a local subprocess or a Kubernetes Job.")
-    canary: CanaryConfig = Field(default_factory=CanaryConfig, description="Release plane: canary ramp, sequential test, guardrails.")
+    trainer: LaunchSettings = Field(
+        default_factory=LaunchSettings, description="Where the trainer process runs: a local subprocess or a Kubernetes Job."
+    )
+    canary: CanaryConfig = Field(
+        default_factory=CanaryConfig, description="Release plane: canary ramp, sequential test, guardrails."
+    )
     flywheel: FlywheelSettings = Field(default_factory=FlywheelSettings, description="How the deployed loop is scheduled.")
-    demo: DemoSettings = Field(default_factory=DemoSettings, description="What `tidal demo` runs: cycles, simulated users, its canary and training.")
+    demo: DemoSettings = Field(
+        default_factory=DemoSettings, description="What `tidal demo` runs: cycles, simulated users, its canary and training."
+    )
 
     @model_validator(mode="after")
     def _check_training(self) -> TidalSettings:
@@ -41,12 +49,16 @@ class TidalSettings(ServingSettings):
             if problems:
                 raise ValueError("trainer.launcher 'kubernetes':" + "".join(f"\n    - {p}" for p in problems))
         # every trainer process holds one tensor-parallel shard; the processes must fill whole shard groups
-        processes = self.trainer.local_processes if self.trainer.launcher == "local" else max(1, self.trainer.kubernetes.gpus_per_node)
+        processes = (
+            self.trainer.local_processes if self.trainer.launcher == "local" else max(1, self.trainer.kubernetes.gpus_per_node)
+        )
         tp = self.train.ppo.tensor_parallel
         if processes % tp:
             where = "trainer.local_processes" if self.trainer.launcher == "local" else "trainer.kubernetes.gpus_per_node"
-            raise ValueError(f"train.ppo.tensor_parallel={tp} needs a multiple of {tp} trainer processes, but {where}="
-                             f"{processes}: set {where} to {tp} (or a multiple)")
+            raise ValueError(
+                f"train.ppo.tensor_parallel={tp} needs a multiple of {tp} trainer processes, but {where}="
+                f"{processes}: set {where} to {tp} (or a multiple)"
+            )
         return self
 
 

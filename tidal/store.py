@@ -165,8 +165,9 @@ def open_store(settings: SettingsRoot) -> ObjectStore:
     default = open_url(settings.store_url, settings, "store.url")
     if not settings.store.routes:
         return default
-    return RoutedStore(default, {area: open_url(url, settings, f"store.routes.{area}")
-                                 for area, url in settings.store.routes.items()})
+    return RoutedStore(
+        default, {area: open_url(url, settings, f"store.routes.{area}") for area, url in settings.store.routes.items()}
+    )
 
 
 def open_url(url: str, settings: SettingsRoot, setting: str) -> ObjectStore:

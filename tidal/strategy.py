@@ -13,12 +13,16 @@ def strategy_mismatch(strategy: str, lora: bool) -> str | None:
     """Why candidates trained with `lora` cannot be served by `strategy`, with the fix; None when they can.
     'lora' loads adapters beside the base; the others load full checkpoints."""
     if strategy == "lora" and not lora:
-        return ("training every weight (lora=false) makes full-checkpoint candidates, which the 'lora' strategy "
-                "cannot load: serve the model with 'restart' (or 'reload'/'nccl' on GPU engines), or train an adapter "
-                "(lora=true)")
+        return (
+            "training every weight (lora=false) makes full-checkpoint candidates, which the 'lora' strategy "
+            "cannot load: serve the model with 'restart' (or 'reload'/'nccl' on GPU engines), or train an adapter "
+            "(lora=true)"
+        )
     if strategy != "lora" and lora:
-        return (f"an adapter candidate (lora=true) cannot be served by {strategy!r}, which loads full checkpoints: "
-                "train every weight (lora=false), or serve the model with 'lora'")
+        return (
+            f"an adapter candidate (lora=true) cannot be served by {strategy!r}, which loads full checkpoints: "
+            "train every weight (lora=false), or serve the model with 'lora'"
+        )
     return None
 
 

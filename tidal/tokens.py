@@ -34,8 +34,9 @@ def secret(data_path: Path, name: str, given: str | None = None) -> str:
 def _checked(value: str, what: str, fix: str) -> str:
     if len(value) < MIN_SECRET_CHARS:
         # the value itself is never echoed: a short secret is still a secret
-        raise SettingsError(f"{what} is {'empty' if not value else f'{len(value)} characters'}; a secret needs at "
-                            f"least {MIN_SECRET_CHARS}: {fix}")
+        raise SettingsError(
+            f"{what} is {'empty' if not value else f'{len(value)} characters'}; a secret needs at least {MIN_SECRET_CHARS}: {fix}"
+        )
     return value
 
 

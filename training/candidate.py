@@ -60,8 +60,7 @@ def save_candidate(model: PolicyWithValue, champion_dir: Path, base_dir: Path, o
         save_policy(policy, tokenizer, out)
     torch.save(model.value_head.state_dict(), out / CRITIC_FILE)
     prompts = [tokenizer.decode(item.prompt_token_ids) for item in load_probe(champion_dir).items]
-    probe = compute_probe(policy, tokenizer, prompts, max_new_tokens=load_probe(champion_dir).max_new_tokens,
-                          version_note=note)
+    probe = compute_probe(policy, tokenizer, prompts, max_new_tokens=load_probe(champion_dir).max_new_tokens, version_note=note)
     save_probe(probe, out)
     return out
 

@@ -75,17 +75,22 @@ def launch_env(environ: Mapping[str, str] | None = None) -> Launch:
         if missing:
             raise LaunchEnvError(
                 f"WORLD_SIZE={world} but {', '.join(missing)} not set: start several trainer processes with torchrun "
-                "(torchrun --nproc-per-node N -m training.job ...), which sets them all, or unset WORLD_SIZE for one")
+                "(torchrun --nproc-per-node N -m training.job ...), which sets them all, or unset WORLD_SIZE for one"
+            )
         launch = Launch(world, int(env["RANK"]), int(env["LOCAL_RANK"]))
     except ValueError as e:
         if isinstance(e, LaunchEnvError):
             raise
         shown = {v: env.get(v) for v in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-        raise LaunchEnvError(f"torchrun variables are not integers ({shown}): start the trainer with torchrun, or "
-                             "without WORLD_SIZE for one process") from None
+        raise LaunchEnvError(
+            f"torchrun variables are not integers ({shown}): start the trainer with torchrun, or "
+            "without WORLD_SIZE for one process"
+        ) from None
     if world < 1 or not 0 <= launch.rank < world or launch.local_rank < 0:
-        raise LaunchEnvError(f"inconsistent torchrun variables WORLD_SIZE={world}, RANK={launch.rank}, "
-                             f"LOCAL_RANK={launch.local_rank}: need 0 <= RANK < WORLD_SIZE and LOCAL_RANK >= 0")
+        raise LaunchEnvError(
+            f"inconsistent torchrun variables WORLD_SIZE={world}, RANK={launch.rank}, "
+            f"LOCAL_RANK={launch.local_rank}: need 0 <= RANK < WORLD_SIZE and LOCAL_RANK >= 0"
+        )
     return launch
 
 
@@ -96,8 +101,10 @@ def init_from_env(environ: Mapping[str, str] | None = None) -> Launch:
         return launch
     if torch.cuda.is_available():
         if launch.local_rank >= torch.cuda.device_count():
-            raise LaunchEnvError(f"LOCAL_RANK={launch.local_rank} but this node has {torch.cuda.device_count()} GPUs: "
-                                 "start at most one process per GPU (trainer.kubernetes.gpus_per_node)")
+            raise LaunchEnvError(
+                f"LOCAL_RANK={launch.local_rank} but this node has {torch.cuda.device_count()} GPUs: "
+                "start at most one process per GPU (trainer.kubernetes.gpus_per_node)"
+            )
         torch.cuda.set_device(launch.local_rank)
         backend = "nccl"
     else:

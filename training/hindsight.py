@@ -54,7 +54,7 @@ def kept_token_ids(tokenizer, token_ids: Sequence[int], kept_text: str) -> tuple
     """(token ids that decode to kept_text, how many of them are served tokens), or None when the
     tokenizer cannot reproduce kept_text exactly."""
     reused, text = served_prefix(tokenizer, token_ids, kept_text)
-    rest = tokenizer.encode(kept_text[len(text):], add_special_tokens=False) if len(text) < len(kept_text) else []
+    rest = tokenizer.encode(kept_text[len(text) :], add_special_tokens=False) if len(text) < len(kept_text) else []
     ids = list(token_ids[:reused]) + list(rest)
     return (ids, reused) if tokenizer.decode(ids) == kept_text else None
 
@@ -66,8 +66,10 @@ def hindsight_samples(samples: Sequence[RewardSample], tokenizer, rule: RewardRu
     single token of the tokenizer, so the row ends exactly as a served suggestion that stopped there."""
     stop_ids = tokenizer.encode(stop, add_special_tokens=False)
     if len(stop_ids) != 1:
-        raise ValueError(f"hindsight stop {stop!r} is {len(stop_ids)} tokens of the policy's tokenizer; "
-                         "expected exactly one (the token a served suggestion ends with)")
+        raise ValueError(
+            f"hindsight stop {stop!r} is {len(stop_ids)} tokens of the policy's tokenizer; "
+            "expected exactly one (the token a served suggestion ends with)"
+        )
     out, skipped = [], {"no_chars_kept": 0, "not_reproducible": 0}
     for s in samples:
         if s.event != "partial":
@@ -82,8 +84,18 @@ def hindsight_samples(samples: Sequence[RewardSample], tokenizer, rule: RewardRu
             continue
         ids, reused = kept
         mu = list(s.behaviour_logprobs[:reused]) + [math.nan] * (len(ids) - reused + 1)
-        out.append(HindsightSample(**{
-            **s.model_dump(), "request_id": f"{s.request_id}#hindsight", "completion_token_ids": ids + stop_ids,
-            "behaviour_logprobs": mu, "completion_text": s.completion_text[:k], "event": "accepted",
-            "accepted_chars": k, "reward": rule.reward("accepted", k, s.completion_text[:k])}))
+        out.append(
+            HindsightSample(
+                **{
+                    **s.model_dump(),
+                    "request_id": f"{s.request_id}#hindsight",
+                    "completion_token_ids": ids + stop_ids,
+                    "behaviour_logprobs": mu,
+                    "completion_text": s.completion_text[:k],
+                    "event": "accepted",
+                    "accepted_chars": k,
+                    "reward": rule.reward("accepted", k, s.completion_text[:k]),
+                }
+            )
+        )
     return HindsightRows(out, {r: n for r, n in skipped.items() if n})

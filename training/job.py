@@ -69,10 +69,12 @@ def loss_terms(cfg, tokenizer, rule, corpus_heldout_fraction: float) -> dict:
     from training.sharpen import Sharpen
     from training.stop_credit import StopCredit
 
-    return {"ptx": ptx_loss_for(cfg, tokenizer, corpus_heldout_fraction),
-            "stop": StopCredit(tokenizer, rule, cfg.hindsight_stop, cfg.stop_credit_abstain) if cfg.stop_credit_coef > 0 else None,
-            "kept": KeptCredit(tokenizer) if cfg.kept_credit_coef > 0 else None,
-            "sharpen": Sharpen(tokenizer, cfg.hindsight_stop) if cfg.sharpen_coef > 0 else None}
+    return {
+        "ptx": ptx_loss_for(cfg, tokenizer, corpus_heldout_fraction),
+        "stop": StopCredit(tokenizer, rule, cfg.hindsight_stop, cfg.stop_credit_abstain) if cfg.stop_credit_coef > 0 else None,
+        "kept": KeptCredit(tokenizer) if cfg.kept_credit_coef > 0 else None,
+        "sharpen": Sharpen(tokenizer, cfg.hindsight_stop) if cfg.sharpen_coef > 0 else None,
+    }
 
 
 def train(spec: TrainJob) -> None:
@@ -98,21 +100,35 @@ def train(spec: TrainJob) -> None:
     rows = shape_rows(spec, picked, data, tokenizer, say)
     plan = iteration_plan(len(rows.samples), cfg)
     if len(plan[0]) < world:  # every batch has min(batch_size, rows) rows
-        raise LaunchEnvError(f"batches of {len(plan[0])} rows cannot be split over {world} processes: raise "
-                             f"train.ppo.batch_size to at least {world}, or start fewer (trainer.kubernetes.gpus_per_node)")
+        raise LaunchEnvError(
+            f"batches of {len(plan[0])} rows cannot be split over {world} processes: raise "
+            f"train.ppo.batch_size to at least {world}, or start fewer (trainer.kubernetes.gpus_per_node)"
+        )
     built = build_trainer(spec, dirs, tokenizer, data)
     start, state = resume(built, store, spec, rows.samples, plan, say)
     progress = Progress(spec, store, built, len(plan))
     history = built.trainer.train(rows.samples, plan, start, progress.after_iteration)  # every rank, in step
-    publish(spec, store, dirs, built, rows, history, state, plan_len=len(plan), mlflow_s=progress.mlflow_s,
-            train_s=time.perf_counter() - started)
+    publish(
+        spec,
+        store,
+        dirs,
+        built,
+        rows,
+        history,
+        state,
+        plan_len=len(plan),
+        mlflow_s=progress.mlflow_s,
+        train_s=time.perf_counter() - started,
+    )
 
 
 def checked_dataset(store: ObjectStore, spec: TrainJob) -> RewardDataset:
     data = load_dataset(store, spec.model, spec.dataset_id)
     if data.digest != spec.dataset_digest:
-        raise DatasetError(f"dataset {spec.dataset_id} changed since the run was planned ({data.digest[:19]}… vs "
-                           f"{spec.dataset_digest[:19]}…); start a new run")
+        raise DatasetError(
+            f"dataset {spec.dataset_id} changed since the run was planned ({data.digest[:19]}… vs "
+            f"{spec.dataset_digest[:19]}…); start a new run"
+        )
     return data
 
 
@@ -140,9 +156,11 @@ def pick_rows(spec: TrainJob, data: RewardDataset) -> Picked:
     picked = select_samples(train_rows, spec.champion_version, spec.train.ppo.max_stale_versions)
     dropped = {"stale": picked.stale, "newer": picked.newer, "empty": picked.empty, "greedy": picked.greedy}
     if len(picked.kept) < spec.train.min_train_rows:
-        raise DatasetError(f"dataset {spec.dataset_id}: {len(picked.kept)} usable training rows (of {len(data.samples)}; "
-                           f"held out {len(heldout)}, dropped {dropped}) < train.min_train_rows={spec.train.min_train_rows}: "
-                           "collect more traffic with feedback")
+        raise DatasetError(
+            f"dataset {spec.dataset_id}: {len(picked.kept)} usable training rows (of {len(data.samples)}; "
+            f"held out {len(heldout)}, dropped {dropped}) < train.min_train_rows={spec.train.min_train_rows}: "
+            "collect more traffic with feedback"
+        )
     return Picked(picked.kept, len(heldout), dropped)
 
 
@@ -153,18 +171,26 @@ def shape_rows(spec: TrainJob, picked: Picked, data: RewardDataset, tokenizer, s
 
     cfg = spec.train.ppo
     if (cfg.hindsight_partials or cfg.partial_credit != "last_token" or cfg.stop_credit_coef > 0) and data.rule is None:
-        raise DatasetError(f"dataset {spec.dataset_id}: its manifest records no reward rule, which hindsight rows, "
-                           "split credit and stop credit need for their rewards; re-run collect, or set "
-                           "train.ppo.hindsight_partials=false, train.ppo.partial_credit=last_token and "
-                           "train.ppo.stop_credit_coef=0")
+        raise DatasetError(
+            f"dataset {spec.dataset_id}: its manifest records no reward rule, which hindsight rows, "
+            "split credit and stop credit need for their rewards; re-run collect, or set "
+            "train.ppo.hindsight_partials=false, train.ppo.partial_credit=last_token and "
+            "train.ppo.stop_credit_coef=0"
+        )
     shaped = partial_rows(picked.kept, tokenizer, data.rule, cfg)
     hindsight, credit = shaped.hindsight, shaped.credit
     if cfg.hindsight_partials:
-        say(f"{spec.run_key}: {len(hindsight.samples)} hindsight rows from partial verdicts"
-            + (f" (skipped {hindsight.skipped})" if hindsight.skipped else ""), flush=True)
+        say(
+            f"{spec.run_key}: {len(hindsight.samples)} hindsight rows from partial verdicts"
+            + (f" (skipped {hindsight.skipped})" if hindsight.skipped else ""),
+            flush=True,
+        )
     if credit is not None:
-        say(f"{spec.run_key}: {credit.credited} partials credited along their kept prefix ({credit.kept_tokens} "
-            "tokens kept)" + (f" (skipped {credit.skipped})" if credit.skipped else ""), flush=True)
+        say(
+            f"{spec.run_key}: {credit.credited} partials credited along their kept prefix ({credit.kept_tokens} "
+            "tokens kept)" + (f" (skipped {credit.skipped})" if credit.skipped else ""),
+            flush=True,
+        )
     return Rows(shaped.samples, picked.heldout, picked.dropped, hindsight, credit)
 
 
@@ -191,8 +217,10 @@ class Built:
 
         shards = state.get("tp_shards") or []
         if len(shards) != tensor_parallel:
-            raise LaunchEnvError(f"checkpoint {key} holds {len(shards) or 'no'} tensor-parallel shards, this run "
-                                 f"has tensor_parallel={tensor_parallel}: resume with the same layout")
+            raise LaunchEnvError(
+                f"checkpoint {key} holds {len(shards) or 'no'} tensor-parallel shards, this run "
+                f"has tensor_parallel={tensor_parallel}: resume with the same layout"
+            )
         self.trainer.load_state_dict(shards[tensor_parallel_rank()])
 
 
@@ -210,12 +238,15 @@ def build_trainer(spec: TrainJob, dirs: Checkouts, tokenizer, data: RewardDatase
         model = build_megatron_trainable(dirs.champion_dir, dirs.base_dir, cfg).to(parallel.device())
         return Built(PPOTrainer(model, cfg, tokenizer.pad_token_id, dp=data_parallel()), megatron=True)
     model = build_trainable(dirs.champion_dir, dirs.base_dir, cfg).to(distributed.device())
-    return Built(PPOTrainer(model, cfg, tokenizer.pad_token_id,
-                            **loss_terms(cfg, tokenizer, data.rule, spec.corpus_heldout_fraction)), megatron=False)
+    return Built(
+        PPOTrainer(model, cfg, tokenizer.pad_token_id, **loss_terms(cfg, tokenizer, data.rule, spec.corpus_heldout_fraction)),
+        megatron=False,
+    )
 
 
-def resume(built: Built, store: ObjectStore, spec: TrainJob, samples: list[RewardSample], plan: list,
-           say: Callable) -> tuple[int, dict | None]:
+def resume(
+    built: Built, store: ObjectStore, spec: TrainJob, samples: list[RewardSample], plan: list, say: Callable
+) -> tuple[int, dict | None]:
     """(first iteration to run, the state resumed from): after the run's last checkpoint, else from the start with
     the reference policy's log-probs computed."""
     key = distributed.broadcast(latest_state_key(store, spec.prefix))  # rank 0's pick: all resume from one state
@@ -250,12 +281,25 @@ class Progress:
         self.mlflow_s += time.perf_counter() - t
         if saved is not None:
             save_state(self.store, self.spec.prefix, it, {**saved, "final": metrics})
-        print(f"iteration {it + 1}/{self.iterations}: " + ", ".join(
-            f"{k.split('/')[1]}={v:.4g}" for k, v in metrics.items() if k in SHOWN), flush=True)
+        print(
+            f"iteration {it + 1}/{self.iterations}: "
+            + ", ".join(f"{k.split('/')[1]}={v:.4g}" for k, v in metrics.items() if k in SHOWN),
+            flush=True,
+        )
 
 
-def publish(spec: TrainJob, store: ObjectStore, dirs: Checkouts, built: Built, rows: Rows, history: list[dict],
-            state: dict | None, plan_len: int, mlflow_s: float, train_s: float) -> None:
+def publish(
+    spec: TrainJob,
+    store: ObjectStore,
+    dirs: Checkouts,
+    built: Built,
+    rows: Rows,
+    history: list[dict],
+    state: dict | None,
+    plan_len: int,
+    mlflow_s: float,
+    train_s: float,
+) -> None:
     """The candidate's files under the run's prefix, then result.json, written last: the run is complete."""
     from training.candidate import candidate_kind, save_candidate
 
@@ -271,13 +315,20 @@ def publish(spec: TrainJob, store: ObjectStore, dirs: Checkouts, built: Built, r
             return
         upload_dir(store, out, f"{spec.prefix}/candidate")
     result = TrainResult(
-        iterations=plan_len, resumed_from=None if state is None else state["iteration"],
-        train_rows=len(rows.samples), heldout_rows=rows.heldout, dropped=rows.dropped,
+        iterations=plan_len,
+        resumed_from=None if state is None else state["iteration"],
+        train_rows=len(rows.samples),
+        heldout_rows=rows.heldout,
+        dropped=rows.dropped,
         final=history[-1] if history else (state or {}).get("final", {}),
-        hindsight_rows=len(rows.hindsight.samples), hindsight_skipped=rows.hindsight.skipped,
+        hindsight_rows=len(rows.hindsight.samples),
+        hindsight_skipped=rows.hindsight.skipped,
         credited_partials=rows.credit.credited if rows.credit else 0,
         tokens_per_s=sum(h["charts/tokens_per_s"] for h in history) / max(len(history), 1),
-        kind=candidate_kind(spec.train.ppo), mlflow_s=round(mlflow_s, 3), train_s=round(train_s, 1))
+        kind=candidate_kind(spec.train.ppo),
+        mlflow_s=round(mlflow_s, 3),
+        train_s=round(train_s, 1),
+    )
     put_json(store, f"{spec.prefix}/result.json", result.model_dump())
 
 
@@ -285,9 +336,17 @@ def _silent(*args, **kwargs) -> None:
     """print() of ranks other than 0."""
 
 
-SHOWN = {"ppo/policy_loss", "ppo/value_loss", "ppo/approx_kl", "ppo/clipfrac", "ppo/is_weight_mean", "ppo/reward_mean",
-         "ppo/ptx_loss", "ppo/stop_credit_loss",
-         "charts/tokens_per_s"}
+SHOWN = {
+    "ppo/policy_loss",
+    "ppo/value_loss",
+    "ppo/approx_kl",
+    "ppo/clipfrac",
+    "ppo/is_weight_mean",
+    "ppo/reward_mean",
+    "ppo/ptx_loss",
+    "ppo/stop_credit_loss",
+    "charts/tokens_per_s",
+}
 
 
 def gate(spec: TrainJob) -> None:
@@ -310,14 +369,16 @@ def gate(spec: TrainJob) -> None:
     critic = ValueHead(int(champion.config.hidden_size))
     critic.load_state_dict(torch.load(cand_dir / CRITIC_FILE, weights_only=True))
     _, code_files = corpus.split_stdlib(spec.corpus_heldout_fraction)
-    report = evaluate(candidate, champion, critic, load_tokenizer(dirs.base_dir), heldout, corpus.read_texts(code_files),
-                      spec.train.gate)
+    report = evaluate(
+        candidate, champion, critic, load_tokenizer(dirs.base_dir), heldout, corpus.read_texts(code_files), spec.train.gate
+    )
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
     now = now_ms()
     MlflowClient(spec.tracking_uri).log_batch(
-        spec.mlflow_run_id, metrics=[Metric(f"gate/{k}", v, now, 0) for k, v in report.figures.items()])
+        spec.mlflow_run_id, metrics=[Metric(f"gate/{k}", v, now, 0) for k, v in report.figures.items()]
+    )
     put_json(store, f"{spec.prefix}/gate.json", report.model_dump())
     print(("gate passed" if report.passed else f"gate FAILED: {report.reason}"), flush=True)
 
@@ -333,8 +394,10 @@ def read_spec(ref: str) -> TrainJob:
     if ref.startswith(STORE_REF):
         key, store = ref.removeprefix(STORE_REF), open_store(core_settings())
         if not store.exists(key):
-            raise SpecError(f"no spec {key!r} in the object store {store.url}: the flow uploads it before starting the "
-                            "trainer; check that this pod's store settings (tidal.yaml) match the flow's")
+            raise SpecError(
+                f"no spec {key!r} in the object store {store.url}: the flow uploads it before starting the "
+                "trainer; check that this pod's store settings (tidal.yaml) match the flow's"
+            )
         data = get_json(store, key)
     else:
         path = Path(ref)

@@ -35,9 +35,14 @@ class TrainJob(BaseModel):
     tracking_uri: str = Field(description="MLflow server the trainer logs metrics to.")
     mlflow_run_id: str = Field(description="MLflow run of this training run (created by the flow, reused by retries).")
     train: TrainSettings = Field(description="The training settings in force.")
-    corpus_heldout_fraction: float = Field(gt=0, lt=1, description=(
-        "bootstrap.heldout_fraction: the share of the code corpus version 1 never saw (data_contracts/corpus.py). The "
-        "pretraining-mix loss reads only the other files, the gate's held-out code only these."))
+    corpus_heldout_fraction: float = Field(
+        gt=0,
+        lt=1,
+        description=(
+            "bootstrap.heldout_fraction: the share of the code corpus version 1 never saw (data_contracts/corpus.py). The "
+            "pretraining-mix loss reads only the other files, the gate's held-out code only these."
+        ),
+    )
     torch_threads: int = Field(ge=1, description="torch.set_num_threads of the trainer (train.torch_threads, or derived).")
 
     @property
@@ -45,8 +50,7 @@ class TrainJob(BaseModel):
         return f"training/model={self.model}/{self.run_key}"
 
 
-def run_key(model: str, dataset_digest: str, champion_version: int, train: TrainSettings,
-            corpus_heldout_fraction: float) -> str:
+def run_key(model: str, dataset_digest: str, champion_version: int, train: TrainSettings, corpus_heldout_fraction: float) -> str:
     """Same inputs, same key: a resubmitted run resumes (or returns) instead of training again. Every field of the
     spec that changes what the trainer computes is here; the operational ones (retries, threads) are not."""
     settings = train.model_dump(mode="json", exclude={"retries", "retry_delay_s", "torch_threads"})
@@ -66,12 +70,20 @@ class TrainResult(BaseModel):
     hindsight_rows: int = Field(0, description="Hindsight rows added from partial verdicts (part of train_rows).")
     hindsight_skipped: dict[str, int] = Field(default_factory=dict, description="Partials without a hindsight row, by reason.")
     credited_partials: int = Field(0, description="Partials whose reward was split along the kept prefix (partial_credit).")
-    train_s: float = Field(0.0, description=(
-        "Wall seconds of the process that finished the run, from its start to its result (a resumed run counts "
-        "its last attempt only)."))
-    mlflow_s: float = Field(0.0, description=(
-        "Wall seconds the last process spent in MLflow calls (its per-iteration metric batches); bench/cycle.py "
-        "counts them as orchestration time."))
+    train_s: float = Field(
+        0.0,
+        description=(
+            "Wall seconds of the process that finished the run, from its start to its result (a resumed run counts "
+            "its last attempt only)."
+        ),
+    )
+    mlflow_s: float = Field(
+        0.0,
+        description=(
+            "Wall seconds the last process spent in MLflow calls (its per-iteration metric batches); bench/cycle.py "
+            "counts them as orchestration time."
+        ),
+    )
 
 
 class GateCheck(BaseModel):

@@ -70,7 +70,7 @@ class KeptCredit:
             shown = self.tokenizer.decode(ids[:j])
             if len(shown) >= len(kept) or not kept.startswith(shown):
                 break  # past the kept characters (or a cut inside a character): nothing known from here on
-            out += [(j, v) for v in self.right_tokens(kept[len(shown):])]
+            out += [(j, v) for v in self.right_tokens(kept[len(shown) :])]
         self._cache[s.request_id] = out
         return out
 

@@ -44,14 +44,19 @@ def _completion_logits(model: PreTrainedModel, samples: Sequence[RewardSample], 
     model.eval()
     for i in range(0, len(samples), chunk):
         b = collate(samples[i : i + chunk], pad_id)
-        out = model(input_ids=b.input_ids, attention_mask=b.attention_mask,
-                    position_ids=position_ids_from_mask(b.attention_mask), use_cache=False)
+        out = model(
+            input_ids=b.input_ids,
+            attention_mask=b.attention_mask,
+            position_ids=position_ids_from_mask(b.attention_mask),
+            use_cache=False,
+        )
         yield b, b.tempered_logits(out.logits)
 
 
 @torch.no_grad()
-def kl_and_ope(candidate: PreTrainedModel, champion: PreTrainedModel, samples: Sequence[RewardSample],
-               pad_id: int) -> dict[str, float]:
+def kl_and_ope(
+    candidate: PreTrainedModel, champion: PreTrainedModel, samples: Sequence[RewardSample], pad_id: int
+) -> dict[str, float]:
     """KL(candidate || champion) per token, and SNIS reward estimates of both against the logged mu."""
     kl_sum, tokens = 0.0, 0.0
     log_w = {"candidate": [], "champion": []}
@@ -70,8 +75,11 @@ def kl_and_ope(candidate: PreTrainedModel, champion: PreTrainedModel, samples: S
             lp = token_logprobs(b.cut_to_nucleus(logits), b.completion_ids)  # (b, T) where mu was drawn
             log_w[name] += ((lp - b.behaviour_logprobs) * m).sum(1)[sampled].tolist()
         rewards += b.rewards[sampled].tolist()
-    out = {"kl_per_token": kl_sum / max(tokens, 1.0), "heldout_rows": float(len(rewards)),
-           "logged_reward": sum(rewards) / max(len(rewards), 1)}
+    out = {
+        "kl_per_token": kl_sum / max(tokens, 1.0),
+        "heldout_rows": float(len(rewards)),
+        "logged_reward": sum(rewards) / max(len(rewards), 1),
+    }
     r = torch.tensor(rewards, dtype=torch.float64)
     for name, lw in log_w.items():
         if not lw:  # only greedy rows: nothing to estimate from (ESS 0 reads as inconclusive)
@@ -92,9 +100,15 @@ def all_finite(*modules: torch.nn.Module) -> tuple[bool, str]:
     return True, "all weights finite"
 
 
-def evaluate(candidate: PreTrainedModel, champion: PreTrainedModel, critic: torch.nn.Module | None,
-             tokenizer: PreTrainedTokenizerBase, heldout_rows: Sequence[RewardSample], heldout_code: Sequence[str],
-             cfg: GateConfig) -> GateReport:
+def evaluate(
+    candidate: PreTrainedModel,
+    champion: PreTrainedModel,
+    critic: torch.nn.Module | None,
+    tokenizer: PreTrainedTokenizerBase,
+    heldout_rows: Sequence[RewardSample],
+    heldout_code: Sequence[str],
+    cfg: GateConfig,
+) -> GateReport:
     checks: list[GateCheck] = []
     ok, detail = all_finite(candidate, *([critic] if critic is not None else []))
     checks.append(GateCheck(name="finite", passed=ok, value=None, limit=None, detail=detail))
@@ -103,40 +117,79 @@ def evaluate(candidate: PreTrainedModel, champion: PreTrainedModel, critic: torc
 
     figures: dict[str, float] = {}
     if len(heldout_rows) < cfg.min_heldout_rows:
-        checks.append(GateCheck(name="heldout", passed=False, value=len(heldout_rows), limit=cfg.min_heldout_rows,
-                                detail=f"{len(heldout_rows)} held-out rows < {cfg.min_heldout_rows}: collect more traffic "
-                                       "or raise train.heldout_fraction"))
+        checks.append(
+            GateCheck(
+                name="heldout",
+                passed=False,
+                value=len(heldout_rows),
+                limit=cfg.min_heldout_rows,
+                detail=f"{len(heldout_rows)} held-out rows < {cfg.min_heldout_rows}: collect more traffic "
+                "or raise train.heldout_fraction",
+            )
+        )
     else:
         figures.update(kl_and_ope(candidate, champion, heldout_rows, tokenizer.pad_token_id))
         kl = figures["kl_per_token"]
-        checks.append(GateCheck(name="kl", passed=kl <= cfg.max_kl, value=kl, limit=cfg.max_kl,
-                                detail=f"KL {kl:.4f} nats/token vs max {cfg.max_kl}"))
+        checks.append(
+            GateCheck(
+                name="kl",
+                passed=kl <= cfg.max_kl,
+                value=kl,
+                limit=cfg.max_kl,
+                detail=f"KL {kl:.4f} nats/token vs max {cfg.max_kl}",
+            )
+        )
         ess, gain = figures["ess_candidate"], figures["ope_candidate"] - figures["ope_champion"]
         figures["ope_gain"] = gain
         if ess < cfg.min_ess:
-            checks.append(GateCheck(name="ope", passed=True, value=gain, limit=-cfg.ope_tolerance,
-                                    detail=f"inconclusive: ESS {ess:.1f} < {cfg.min_ess} (estimate gain {gain:+.4f})"))
+            checks.append(
+                GateCheck(
+                    name="ope",
+                    passed=True,
+                    value=gain,
+                    limit=-cfg.ope_tolerance,
+                    detail=f"inconclusive: ESS {ess:.1f} < {cfg.min_ess} (estimate gain {gain:+.4f})",
+                )
+            )
         else:
-            checks.append(GateCheck(name="ope", passed=gain >= -cfg.ope_tolerance, value=gain, limit=-cfg.ope_tolerance,
-                                    detail=f"reward estimate {figures['ope_candidate']:.4f} vs champion "
-                                           f"{figures['ope_champion']:.4f} (gain {gain:+.4f}, ESS {ess:.1f})"))
+            checks.append(
+                GateCheck(
+                    name="ope",
+                    passed=gain >= -cfg.ope_tolerance,
+                    value=gain,
+                    limit=-cfg.ope_tolerance,
+                    detail=f"reward estimate {figures['ope_candidate']:.4f} vs champion "
+                    f"{figures['ope_champion']:.4f} (gain {gain:+.4f}, ESS {ess:.1f})",
+                )
+            )
     stops = stop_token_ids(tokenizer, cfg.bpb_stop) if cfg.bpb_stop else []
     if cfg.bpb_fit_temperature:
-        bpb_cand, n_bytes, scale_cand, _ = fitted_bits_per_byte(candidate, tokenizer, heldout_code, cfg.eval_bytes,
-                                                                cfg.seq_len, stops)
-        bpb_champ, _, scale_champ, _ = fitted_bits_per_byte(champion, tokenizer, heldout_code, cfg.eval_bytes,
-                                                            cfg.seq_len, stops)
+        bpb_cand, n_bytes, scale_cand, _ = fitted_bits_per_byte(
+            candidate, tokenizer, heldout_code, cfg.eval_bytes, cfg.seq_len, stops
+        )
+        bpb_champ, _, scale_champ, _ = fitted_bits_per_byte(champion, tokenizer, heldout_code, cfg.eval_bytes, cfg.seq_len, stops)
         figures.update({"bpb_scale_candidate": scale_cand, "bpb_scale_champion": scale_champ})
     else:
         bpb_cand, n_bytes = bits_per_byte(candidate, tokenizer, heldout_code, cfg.eval_bytes, cfg.seq_len, stops)
         bpb_champ, _ = bits_per_byte(champion, tokenizer, heldout_code, cfg.eval_bytes, cfg.seq_len, stops)
     delta = bpb_cand - bpb_champ
     figures.update({"bpb_candidate": bpb_cand, "bpb_champion": bpb_champ, "bpb_delta": delta, "bpb_bytes": float(n_bytes)})
-    checks.append(GateCheck(name="bits_per_byte", passed=math.isfinite(delta) and delta <= cfg.bpb_tolerance,
-                            value=delta, limit=cfg.bpb_tolerance,
-                            detail=f"{bpb_cand:.4f} vs champion {bpb_champ:.4f} bits/byte (+{delta:.4f} allowed "
-                                   f"{cfg.bpb_tolerance}" + (f"; given no token holding {cfg.bpb_stop!r}" if stops else "")
-                                   + (f"; each at its best temperature, logits x{figures['bpb_scale_candidate']:.2f} and "
-                                      f"x{figures['bpb_scale_champion']:.2f}" if cfg.bpb_fit_temperature else "") + ")"))
+    checks.append(
+        GateCheck(
+            name="bits_per_byte",
+            passed=math.isfinite(delta) and delta <= cfg.bpb_tolerance,
+            value=delta,
+            limit=cfg.bpb_tolerance,
+            detail=f"{bpb_cand:.4f} vs champion {bpb_champ:.4f} bits/byte (+{delta:.4f} allowed "
+            f"{cfg.bpb_tolerance}"
+            + (f"; given no token holding {cfg.bpb_stop!r}" if stops else "")
+            + (
+                f"; each at its best temperature, logits x{figures['bpb_scale_candidate']:.2f} and "
+                f"x{figures['bpb_scale_champion']:.2f}"
+                if cfg.bpb_fit_temperature
+                else ""
+            )
+            + ")",
+        )
+    )
     return GateReport(passed=all(c.passed for c in checks), checks=checks, figures=figures)
-

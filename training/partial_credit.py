@@ -71,8 +71,7 @@ def credit_partials(samples: Sequence[RewardSample], tokenizer, rule: RewardRule
             continue
         j, _ = served_prefix(tokenizer, s.completion_token_ids, s.completion_text[:k])
         j = min(j, len(s.completion_token_ids) - 1)  # a partial's last token is never wholly kept; guard anyway
-        out.append(CreditedSample(**s.model_dump(), kept_tokens=j,
-                                  kept_reward=rule.reward("accepted", k, s.completion_text[:k])))
+        out.append(CreditedSample(**s.model_dump(), kept_tokens=j, kept_reward=rule.reward("accepted", k, s.completion_text[:k])))
         credited, kept_total = credited + 1, kept_total + j
     return CreditedRows(out, credited, kept_total, {r: n for r, n in skipped.items() if n})
 

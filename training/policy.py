@@ -28,9 +28,7 @@ ADAPTER_CONFIG = "adapter_config.json"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
-def build_policy(
-    cfg: PolicyConfig, tokenizer: PreTrainedTokenizerBase, seed: int | None = None
-) -> Qwen2ForCausalLM:
+def build_policy(cfg: PolicyConfig, tokenizer: PreTrainedTokenizerBase, seed: int | None = None) -> Qwen2ForCausalLM:
     """A freshly initialised float32 Qwen2 LM sized for ``tokenizer``.
 
     ``seed`` makes the initial weights reproducible without touching the global RNG.

@@ -44,9 +44,7 @@ class PPOConfig(BaseModel):
         description="Train a LoRA adapter on a frozen base (True) or fine-tune every weight (False). "
         "Adapters are what the `lora` update strategy serves.",
     )
-    lora_rank: int = Field(
-        8, description="LoRA rank r. Serving loads adapters up to its --max-lora-rank (8 by default)."
-    )
+    lora_rank: int = Field(8, description="LoRA rank r. Serving loads adapters up to its --max-lora-rank (8 by default).")
     lora_alpha: int = Field(16, description="LoRA scale numerator: the update is (alpha / r) * B @ A.")
     lora_targets: list[str] = Field(
         default_factory=lambda: list(LORA_TARGETS),
@@ -61,11 +59,13 @@ class PPOConfig(BaseModel):
         "same PPO loss, candidate gathered back to an HF checkpoint. Needs lora=False.",
     )
     tensor_parallel: int = Field(
-        1, description="Megatron backend: processes each layer is split over (torchrun --nproc-per-node must be a "
+        1,
+        description="Megatron backend: processes each layer is split over (torchrun --nproc-per-node must be a "
         "multiple; the rest is data parallel). Must divide the key/value heads and the MLP width.",
     )
     pipeline_parallel: int = Field(
-        1, description="Megatron backend: pipeline stages. Weight conversion supports any divisor of the layer "
+        1,
+        description="Megatron backend: pipeline stages. Weight conversion supports any divisor of the layer "
         "count; the PPO step runs one stage (1) for now.",
     )
 
@@ -105,9 +105,7 @@ class PPOConfig(BaseModel):
         description="Per-token penalty -kl_coef * (log pi_old - log pi_ref) added to the reward, pulling the "
         "policy towards the reference (the champion the run started from).",
     )
-    whiten_advantages: bool = Field(
-        True, description="Normalise advantages to mean 0, std 1 over the real tokens of each batch."
-    )
+    whiten_advantages: bool = Field(True, description="Normalise advantages to mean 0, std 1 over the real tokens of each batch.")
 
     # --- off-policy correction ------------------------------------------------------------------
     is_truncation: float = Field(
@@ -231,8 +229,7 @@ class PPOConfig(BaseModel):
         if self.batch_size >= 1 and self.minibatch_size >= 1:
             need(
                 self.minibatch_size <= self.batch_size,
-                f"minibatch_size={self.minibatch_size} > batch_size={self.batch_size}: lower minibatch_size "
-                "or raise batch_size",
+                f"minibatch_size={self.minibatch_size} > batch_size={self.batch_size}: lower minibatch_size or raise batch_size",
             )
             need(
                 self.batch_size % self.minibatch_size == 0,
@@ -269,63 +266,107 @@ class PPOConfig(BaseModel):
             self.max_stale_versions is None or self.max_stale_versions >= 0,
             f"max_stale_versions={self.max_stale_versions}: must be >= 0, or None to keep all versions",
         )
-        need(not self.hindsight_partials or bool(self.hindsight_stop),
-             "hindsight_partials=True needs hindsight_stop: the text that ends a suggestion (e.g. a line break)")
-        need(math.isfinite(self.stop_credit_coef) and self.stop_credit_coef >= 0,
-             f"stop_credit_coef={self.stop_credit_coef}: must be a finite number >= 0 (0 turns stop credit off)")
-        need(not self.stop_credit_coef or bool(self.hindsight_stop),
-             "stop_credit_coef > 0 needs hindsight_stop: the text that ends a suggestion (e.g. a line break)")
-        need(0.0 < self.abstain_budget <= 1.0, f"abstain_budget={self.abstain_budget}: must be in (0, 1] (a share of "
-             "requests; 1 = no cap)")
-        need(self.abstain_budget == 1.0 or (self.stop_credit_coef > 0 and self.stop_credit_abstain),
-             f"abstain_budget={self.abstain_budget} caps what stop credit teaches about abstaining: it needs "
-             "stop_credit_coef > 0 and stop_credit_abstain=true (or set abstain_budget=1)")
-        need(math.isfinite(self.kept_credit_coef) and self.kept_credit_coef >= 0,
-             f"kept_credit_coef={self.kept_credit_coef}: must be a finite number >= 0 (0 turns kept credit off)")
-        need(not self.kept_credit_coef or self.backend == "hf", "kept_credit_coef > 0 is implemented for "
-             "backend='hf' only (it reads the whole vocabulary's probabilities): set kept_credit_coef=0 with "
-             "backend='megatron'")
-        need(math.isfinite(self.sharpen_coef) and self.sharpen_coef >= 0,
-             f"sharpen_coef={self.sharpen_coef}: must be a finite number >= 0 (0 turns sharpening off)")
-        need(not self.sharpen_coef or bool(self.hindsight_stop),
-             "sharpen_coef > 0 sharpens given that the line continues: it needs hindsight_stop (the stop string)")
-        need(self.final_norm_learning_rate is None or (self.final_norm_learning_rate > 0 and not self.lora
-                                                        and self.backend == "hf"),
-             f"final_norm_learning_rate={self.final_norm_learning_rate}: must be > 0, and needs lora=false and "
-             "backend='hf' (an adapter run never trains the final norm); or leave it unset")
-        need(self.sharpen_temperature is None or 0 < self.sharpen_temperature < 1,
-             f"sharpen_temperature={self.sharpen_temperature}: must lie in (0, 1) (a sharper target), or None for "
-             "the entropy penalty")
-        need(not self.sharpen_coef or self.backend == "hf", "sharpen_coef > 0 is implemented for backend='hf' only "
-             "(it reads the whole vocabulary's probabilities): set sharpen_coef=0 with backend='megatron'")
-        need(math.isfinite(self.ptx_coef) and self.ptx_coef >= 0,
-             f"ptx_coef={self.ptx_coef}: must be a finite number >= 0 (0 turns the code loss off)")
-        need(not self.ptx_given_continues or (self.ptx_coef > 0 and bool(self.hindsight_stop)),
-             "ptx_given_continues=true shapes the code loss: it needs ptx_coef > 0 and hindsight_stop (the stop string)")
+        need(
+            not self.hindsight_partials or bool(self.hindsight_stop),
+            "hindsight_partials=True needs hindsight_stop: the text that ends a suggestion (e.g. a line break)",
+        )
+        need(
+            math.isfinite(self.stop_credit_coef) and self.stop_credit_coef >= 0,
+            f"stop_credit_coef={self.stop_credit_coef}: must be a finite number >= 0 (0 turns stop credit off)",
+        )
+        need(
+            not self.stop_credit_coef or bool(self.hindsight_stop),
+            "stop_credit_coef > 0 needs hindsight_stop: the text that ends a suggestion (e.g. a line break)",
+        )
+        need(
+            0.0 < self.abstain_budget <= 1.0,
+            f"abstain_budget={self.abstain_budget}: must be in (0, 1] (a share of requests; 1 = no cap)",
+        )
+        need(
+            self.abstain_budget == 1.0 or (self.stop_credit_coef > 0 and self.stop_credit_abstain),
+            f"abstain_budget={self.abstain_budget} caps what stop credit teaches about abstaining: it needs "
+            "stop_credit_coef > 0 and stop_credit_abstain=true (or set abstain_budget=1)",
+        )
+        need(
+            math.isfinite(self.kept_credit_coef) and self.kept_credit_coef >= 0,
+            f"kept_credit_coef={self.kept_credit_coef}: must be a finite number >= 0 (0 turns kept credit off)",
+        )
+        need(
+            not self.kept_credit_coef or self.backend == "hf",
+            "kept_credit_coef > 0 is implemented for "
+            "backend='hf' only (it reads the whole vocabulary's probabilities): set kept_credit_coef=0 with "
+            "backend='megatron'",
+        )
+        need(
+            math.isfinite(self.sharpen_coef) and self.sharpen_coef >= 0,
+            f"sharpen_coef={self.sharpen_coef}: must be a finite number >= 0 (0 turns sharpening off)",
+        )
+        need(
+            not self.sharpen_coef or bool(self.hindsight_stop),
+            "sharpen_coef > 0 sharpens given that the line continues: it needs hindsight_stop (the stop string)",
+        )
+        need(
+            self.final_norm_learning_rate is None
+            or (self.final_norm_learning_rate > 0 and not self.lora and self.backend == "hf"),
+            f"final_norm_learning_rate={self.final_norm_learning_rate}: must be > 0, and needs lora=false and "
+            "backend='hf' (an adapter run never trains the final norm); or leave it unset",
+        )
+        need(
+            self.sharpen_temperature is None or 0 < self.sharpen_temperature < 1,
+            f"sharpen_temperature={self.sharpen_temperature}: must lie in (0, 1) (a sharper target), or None for "
+            "the entropy penalty",
+        )
+        need(
+            not self.sharpen_coef or self.backend == "hf",
+            "sharpen_coef > 0 is implemented for backend='hf' only "
+            "(it reads the whole vocabulary's probabilities): set sharpen_coef=0 with backend='megatron'",
+        )
+        need(
+            math.isfinite(self.ptx_coef) and self.ptx_coef >= 0,
+            f"ptx_coef={self.ptx_coef}: must be a finite number >= 0 (0 turns the code loss off)",
+        )
+        need(
+            not self.ptx_given_continues or (self.ptx_coef > 0 and bool(self.hindsight_stop)),
+            "ptx_given_continues=true shapes the code loss: it needs ptx_coef > 0 and hindsight_stop (the stop string)",
+        )
         if self.ptx_coef > 0:
             need(self.ptx_batch >= 1, f"ptx_batch={self.ptx_batch}: must be >= 1 with ptx_coef > 0")
             need(self.ptx_seq_len >= 2, f"ptx_seq_len={self.ptx_seq_len}: must be >= 2 with ptx_coef > 0")
-            need(self.ptx_corpus_bytes >= 10_000, f"ptx_corpus_bytes={self.ptx_corpus_bytes}: must be >= 10000, "
-                 "enough code for distinct windows")
-            need(self.backend == "hf", "ptx_coef > 0 is implemented for backend='hf' only: set ptx_coef=0 "
-                 "with backend='megatron'")
-        need(not self.stop_credit_coef or self.backend == "hf", "stop_credit_coef > 0 is implemented for "
-             "backend='hf' only (it reads the whole vocabulary's stop probability): set stop_credit_coef=0 with "
-             "backend='megatron'")
+            need(
+                self.ptx_corpus_bytes >= 10_000,
+                f"ptx_corpus_bytes={self.ptx_corpus_bytes}: must be >= 10000, enough code for distinct windows",
+            )
+            need(
+                self.backend == "hf", "ptx_coef > 0 is implemented for backend='hf' only: set ptx_coef=0 with backend='megatron'"
+            )
+        need(
+            not self.stop_credit_coef or self.backend == "hf",
+            "stop_credit_coef > 0 is implemented for "
+            "backend='hf' only (it reads the whole vocabulary's stop probability): set stop_credit_coef=0 with "
+            "backend='megatron'",
+        )
         if self.lora:
             need(self.lora_rank >= 1, f"lora_rank={self.lora_rank}: must be >= 1")
             need(self.lora_alpha > 0, f"lora_alpha={self.lora_alpha}: must be > 0")
             need(bool(self.lora_targets), "lora_targets is empty: name modules to adapt, or set lora=False")
         if self.backend == "megatron":
-            need(not self.lora, "backend='megatron' trains every weight: set lora=False and serve the model with a "
-                 "full-weight update strategy (restart, reload or nccl)")
+            need(
+                not self.lora,
+                "backend='megatron' trains every weight: set lora=False and serve the model with a "
+                "full-weight update strategy (restart, reload or nccl)",
+            )
             need(self.tensor_parallel >= 1, f"tensor_parallel={self.tensor_parallel}: must be >= 1")
-            need(self.pipeline_parallel == 1, f"pipeline_parallel={self.pipeline_parallel}: the Megatron PPO step runs "
-                 "one pipeline stage; use tensor_parallel to split a larger policy")
+            need(
+                self.pipeline_parallel == 1,
+                f"pipeline_parallel={self.pipeline_parallel}: the Megatron PPO step runs "
+                "one pipeline stage; use tensor_parallel to split a larger policy",
+            )
         else:
-            need(self.tensor_parallel == 1 and self.pipeline_parallel == 1,
-                 f"tensor_parallel={self.tensor_parallel}, pipeline_parallel={self.pipeline_parallel}: model "
-                 "parallelism needs backend='megatron'")
+            need(
+                self.tensor_parallel == 1 and self.pipeline_parallel == 1,
+                f"tensor_parallel={self.tensor_parallel}, pipeline_parallel={self.pipeline_parallel}: model "
+                "parallelism needs backend='megatron'",
+            )
         if problems:
             raise ValueError("invalid PPOConfig:\n  - " + "\n  - ".join(problems))
         return self

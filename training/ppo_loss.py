@@ -52,7 +52,9 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
 
 
 def masked_whiten(
-    x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8,
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    eps: float = 1e-8,
     sum_all: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """(x - mean) / std over the masked positions (population std); padding stays 0. x, mask: (B, T).

@@ -116,32 +116,51 @@ class PPOTrainer:
     The model may sit on a GPU (each process of a data-parallel run on its own); batches follow it there, while
     the reference log-probs and the state_dict stay on the CPU."""
 
-    def __init__(self, model: PolicyWithValue, cfg: PPOConfig, pad_token_id: int,
-                 dp: distributed.DataParallel | None = None, ptx: PtxLoss | None = None,
-                 stop: StopCredit | None = None, kept: KeptCredit | None = None, sharpen: Sharpen | None = None):
+    def __init__(
+        self,
+        model: PolicyWithValue,
+        cfg: PPOConfig,
+        pad_token_id: int,
+        dp: distributed.DataParallel | None = None,
+        ptx: PtxLoss | None = None,
+        stop: StopCredit | None = None,
+        kept: KeptCredit | None = None,
+        sharpen: Sharpen | None = None,
+    ):
         if (cfg.ptx_coef > 0) != (ptx is not None):
-            raise ValueError(f"ptx_coef={cfg.ptx_coef} needs a PtxLoss over the training code (training/ptx.py), and "
-                             "a PtxLoss needs ptx_coef > 0: pass both or neither")
+            raise ValueError(
+                f"ptx_coef={cfg.ptx_coef} needs a PtxLoss over the training code (training/ptx.py), and "
+                "a PtxLoss needs ptx_coef > 0: pass both or neither"
+            )
         if (cfg.stop_credit_coef > 0) != (stop is not None):
-            raise ValueError(f"stop_credit_coef={cfg.stop_credit_coef} needs a StopCredit (training/stop_credit.py), "
-                             "and a StopCredit needs stop_credit_coef > 0: pass both or neither")
+            raise ValueError(
+                f"stop_credit_coef={cfg.stop_credit_coef} needs a StopCredit (training/stop_credit.py), "
+                "and a StopCredit needs stop_credit_coef > 0: pass both or neither"
+            )
         if (cfg.kept_credit_coef > 0) != (kept is not None):
-            raise ValueError(f"kept_credit_coef={cfg.kept_credit_coef} needs a KeptCredit (training/kept_credit.py), "
-                             "and a KeptCredit needs kept_credit_coef > 0: pass both or neither")
+            raise ValueError(
+                f"kept_credit_coef={cfg.kept_credit_coef} needs a KeptCredit (training/kept_credit.py), "
+                "and a KeptCredit needs kept_credit_coef > 0: pass both or neither"
+            )
         if (cfg.sharpen_coef > 0) != (sharpen is not None):
-            raise ValueError(f"sharpen_coef={cfg.sharpen_coef} needs a Sharpen (training/sharpen.py), and a Sharpen "
-                             "needs sharpen_coef > 0: pass both or neither")
+            raise ValueError(
+                f"sharpen_coef={cfg.sharpen_coef} needs a Sharpen (training/sharpen.py), and a Sharpen "
+                "needs sharpen_coef > 0: pass both or neither"
+            )
         self.model, self.cfg, self.pad_token_id, self.ptx, self.stop = model, cfg, pad_token_id, ptx, stop
         self.kept, self.sharpen = kept, sharpen
         # the frozen reference distillation sharpens from: a LoRA run's is the model with its adapter off; a
         # full-weight run keeps a copy of the policy as it starts (the champion)
-        self._reference = (copy.deepcopy(model).requires_grad_(False).eval()
-                           if cfg.sharpen_temperature is not None and not cfg.lora else None)
+        self._reference = (
+            copy.deepcopy(model).requires_grad_(False).eval() if cfg.sharpen_temperature is not None and not cfg.lora else None
+        )
         self.dp = dp if dp is not None else distributed.data_parallel()  # the processes that split each batch
         self.trainable = [p for p in model.parameters() if p.requires_grad]
-        groups = (model.param_groups(cfg.learning_rate, cfg.critic_learning_rate, cfg.final_norm_learning_rate)
-                  if cfg.final_norm_learning_rate is not None else
-                  model.param_groups(cfg.learning_rate, cfg.critic_learning_rate))
+        groups = (
+            model.param_groups(cfg.learning_rate, cfg.critic_learning_rate, cfg.final_norm_learning_rate)
+            if cfg.final_norm_learning_rate is not None
+            else model.param_groups(cfg.learning_rate, cfg.critic_learning_rate)
+        )
         self.optimizer = torch.optim.Adam(groups)
         self.ref_logprobs: dict[int, torch.Tensor] = {}  # training row -> (T_i,) log pi_ref of its tokens, on the CPU
 
@@ -173,8 +192,11 @@ class PPOTrainer:
         as one process's, so a run resumes with any number of processes."""
         rows = sorted(set(range(len(samples)) if rows is None else rows))
         mine = rows[self.dp.rank :: self.dp.size]
-        self.ref_logprobs = dict(sorted(distributed.gather_dicts(
-            dict(zip(mine, self.token_logprobs([samples[r] for r in mine]))), self.dp.group).items()))
+        self.ref_logprobs = dict(
+            sorted(
+                distributed.gather_dicts(dict(zip(mine, self.token_logprobs([samples[r] for r in mine]))), self.dp.group).items()
+            )
+        )
 
     def _ref_batch(self, rows: Sequence[int], T: int) -> torch.Tensor:
         out = torch.zeros((len(rows), T))  # (B, T), 0 on padding
@@ -188,8 +210,10 @@ class PPOTrainer:
         """Roll out this process's shard rows[rank::world] of the batch `rows` (every row for one process)."""
         cfg, world = self.cfg, self.dp.size
         if len(rows) < world:
-            raise ValueError(f"a batch of {len(rows)} rows cannot be split over {world} processes: raise "
-                             f"train.ppo.batch_size to at least {world}, or start fewer processes")
+            raise ValueError(
+                f"a batch of {len(rows)} rows cannot be split over {world} processes: raise "
+                f"train.ppo.batch_size to at least {world}, or start fewer processes"
+            )
         self.model.eval()
         mine = list(rows)[self.dp.rank :: world]
         batch = collate([samples[r] for r in mine], self.pad_token_id).to(self.device)
@@ -205,14 +229,14 @@ class PPOTrainer:
         advantages, returns = gae(rewards, values_old, mask, cfg.gamma, cfg.gae_lambda)
         if cfg.whiten_advantages:  # over the whole batch: every process's tokens
             advantages = masked_whiten(advantages, mask, sum_all=self._sum_all if world > 1 else None)
-        lengths = torch.tensor([len(samples[r].completion_token_ids) for r in rows], dtype=torch.float32,
-                               device=self.device)  # (B_all,) = the whole batch's mask.sum(1)
+        lengths = torch.tensor(
+            [len(samples[r].completion_token_ids) for r in rows], dtype=torch.float32, device=self.device
+        )  # (B_all,) = the whole batch's mask.sum(1)
         stop_adv = stop_known = None
         if self.stop is not None:
             stop_adv, stop_known = (t.to(self.device) for t in self.stop.batch([samples[r] for r in mine], mask.shape[1]))
         kept = self.kept.batch([samples[r] for r in mine]) if self.kept is not None else None
-        return Rollout(batch, lengths, logp_old, values_old, logp_ref, w, advantages, returns, stop_adv, stop_known,
-                       kept)
+        return Rollout(batch, lengths, logp_old, values_old, logp_ref, w, advantages, returns, stop_adv, stop_known, kept)
 
     def update(self, ro: Rollout, iteration: int) -> dict[str, float]:
         """`epochs` passes of minibatch PPO steps over one rollout; returns the iteration's metrics."""
@@ -233,10 +257,15 @@ class PPOTrainer:
                     logits = b.sampled_logits(logits, mine)  # (b, T, V) at each row's sampling temperature
                     parts = ppo_losses(
                         logp_new=token_logprobs(logits, b.completion_ids[mine]),
-                        logp_old=ro.logp_old[mine], advantages=ro.advantages[mine],
-                        values_new=b.completion_view(values), values_old=ro.values_old[mine],
-                        returns=ro.returns[mine], is_weight=ro.is_weight[mine], mask=b.mask[mine],
-                        clip_eps=cfg.clip_eps, value_clip_eps=cfg.value_clip_eps,
+                        logp_old=ro.logp_old[mine],
+                        advantages=ro.advantages[mine],
+                        values_new=b.completion_view(values),
+                        values_old=ro.values_old[mine],
+                        returns=ro.returns[mine],
+                        is_weight=ro.is_weight[mine],
+                        mask=b.mask[mine],
+                        clip_eps=cfg.clip_eps,
+                        value_clip_eps=cfg.value_clip_eps,
                         entropy=token_entropy(logits) if cfg.entropy_coef > 0 else None,
                         is_truncation=cfg.is_truncation,
                     )
@@ -258,15 +287,29 @@ class PPOTrainer:
                             sharpen_sum = self.sharpen.entropy_sum(logits, b.mask[mine])
                         else:
                             ref = self._reference_logits(b.input_ids[mine], b.attention_mask[mine])
-                            sharpen_sum = self.sharpen.distill_sum(logits, b.sampled_logits(ref, mine), b.mask[mine],
-                                                                   cfg.sharpen_temperature)
+                            sharpen_sum = self.sharpen.distill_sum(
+                                logits, b.sampled_logits(ref, mine), b.mask[mine], cfg.sharpen_temperature
+                            )
                         sharpen_loss = sharpen_sum / ro.lengths[mb.to(ro.lengths.device)].sum()
-                    (loss * share + cfg.stop_credit_coef * stop_loss + cfg.kept_credit_coef * kept_loss
-                     + cfg.sharpen_coef * sharpen_loss).backward()
-                    stats = torch.cat([torch.stack([loss.detach(), *(getattr(parts, k).detach() for k in _STATS)]) * share,
-                                       stop_loss.detach().view(1), kept_loss.detach().view(1), sharpen_loss.detach().view(1)])
-                    stats[0] += (cfg.stop_credit_coef * stop_loss.detach() + cfg.kept_credit_coef * kept_loss.detach()
-                                 + cfg.sharpen_coef * sharpen_loss.detach())
+                    (
+                        loss * share
+                        + cfg.stop_credit_coef * stop_loss
+                        + cfg.kept_credit_coef * kept_loss
+                        + cfg.sharpen_coef * sharpen_loss
+                    ).backward()
+                    stats = torch.cat(
+                        [
+                            torch.stack([loss.detach(), *(getattr(parts, k).detach() for k in _STATS)]) * share,
+                            stop_loss.detach().view(1),
+                            kept_loss.detach().view(1),
+                            sharpen_loss.detach().view(1),
+                        ]
+                    )
+                    stats[0] += (
+                        cfg.stop_credit_coef * stop_loss.detach()
+                        + cfg.kept_credit_coef * kept_loss.detach()
+                        + cfg.sharpen_coef * sharpen_loss.detach()
+                    )
                 else:
                     stats = torch.zeros(4 + len(_STATS), device=b.mask.device)
                 ptx = self.ptx.loss(self.model, iteration, epoch, step, rank, world) if self.ptx else None
@@ -283,7 +326,9 @@ class PPOTrainer:
                 self._check_finite(grad_norm, iteration, "gradient norm")
                 self.optimizer.step()
                 steps += 1
-                for name, value in zip((*_STATS, "stop_credit_loss", "kept_credit_loss", "sharpen_loss", "ptx_loss"), stats[1:].tolist()):
+                for name, value in zip(
+                    (*_STATS, "stop_credit_loss", "kept_credit_loss", "sharpen_loss", "ptx_loss"), stats[1:].tolist()
+                ):
                     sums[name] = sums.get(name, 0.0) + value
                 sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(grad_norm)
                 if cfg.target_kl is not None and float(stats[1 + _STATS.index("approx_kl")]) > 1.5 * cfg.target_kl:
@@ -305,19 +350,30 @@ class PPOTrainer:
         metrics = {f"ppo/{k}": v / steps for k, v in sums.items()}
         m, w = b.mask, ro.is_weight
         # sums over the whole batch's real tokens, then the means masked_mean would give on one process
-        kl_w, w_sum, value_sum, adv_sum, tokens, reward_sum = self._sum_all(torch.stack([
-            (w * (ro.logp_old - ro.logp_ref) * m).sum(), (w * m).sum(), (ro.values_old * m).sum(),
-            (ro.advantages.abs() * m).sum(), m.sum(), b.rewards.sum()])).unbind()
+        kl_w, w_sum, value_sum, adv_sum, tokens, reward_sum = self._sum_all(
+            torch.stack(
+                [
+                    (w * (ro.logp_old - ro.logp_ref) * m).sum(),
+                    (w * m).sum(),
+                    (ro.values_old * m).sum(),
+                    (ro.advantages.abs() * m).sum(),
+                    m.sum(),
+                    b.rewards.sum(),
+                ]
+            )
+        ).unbind()
         tokens = tokens.clamp_min(1.0)
-        metrics.update({
-            "ppo/early_stopped": float(stopped),
-            "ppo/epochs_done": float(epoch + 1),
-            # KL(pi_old || pi_ref) per token: the tokens were sampled from mu, so weight them by w ~ pi_old / mu
-            "ppo/kl_ref": float((kl_w / tokens) / (w_sum / tokens).clamp_min(1e-8)),
-            "ppo/reward_mean": float(reward_sum / B),
-            "ppo/value_mean": float(value_sum / tokens),
-            "ppo/advantage_abs_mean": float(adv_sum / tokens),
-        })
+        metrics.update(
+            {
+                "ppo/early_stopped": float(stopped),
+                "ppo/epochs_done": float(epoch + 1),
+                # KL(pi_old || pi_ref) per token: the tokens were sampled from mu, so weight them by w ~ pi_old / mu
+                "ppo/kl_ref": float((kl_w / tokens) / (w_sum / tokens).clamp_min(1e-8)),
+                "ppo/reward_mean": float(reward_sum / B),
+                "ppo/value_mean": float(value_sum / tokens),
+                "ppo/advantage_abs_mean": float(adv_sum / tokens),
+            }
+        )
         return metrics
 
     @torch.no_grad()
@@ -341,11 +397,17 @@ class PPOTrainer:
             raise TrainingDiverged(
                 f"PPO diverged at iteration {iteration}: the {what} is not finite (learning_rate="
                 f"{self.cfg.learning_rate}, critic_learning_rate={self.cfg.critic_learning_rate}); lower "
-                "train.ppo.learning_rate, and check the dataset's rewards and log-probs are finite")
+                "train.ppo.learning_rate, and check the dataset's rewards and log-probs are finite"
+            )
 
     # --- the loop -------------------------------------------------------------------------------------
-    def train(self, samples: Sequence[RewardSample], plan: Sequence[Sequence[int]], start: int = 0,
-              on_iteration: Callable[[int, dict[str, float]], None] | None = None) -> list[dict[str, float]]:
+    def train(
+        self,
+        samples: Sequence[RewardSample],
+        plan: Sequence[Sequence[int]],
+        start: int = 0,
+        on_iteration: Callable[[int, dict[str, float]], None] | None = None,
+    ) -> list[dict[str, float]]:
         """Run iterations start..len(plan)-1; `on_iteration(i, metrics)` after each (logging, checkpoints)."""
         history = []
         for it in range(start, len(plan)):
@@ -378,8 +440,10 @@ class PPOTrainer:
         if set(state["trainable"]) != trainable_names:
             missing = sorted(trainable_names - set(state["trainable"]))[:3]
             extra = sorted(set(state["trainable"]) - trainable_names)[:3]
-            raise ValueError(f"checkpoint does not match the model being trained (missing {missing}, unexpected {extra}); "
-                             "it belongs to another configuration: start a new run")
+            raise ValueError(
+                f"checkpoint does not match the model being trained (missing {missing}, unexpected {extra}); "
+                "it belongs to another configuration: start a new run"
+            )
         with torch.no_grad():
             for n, t in state["trainable"].items():
                 params[n].copy_(t)

@@ -44,9 +44,7 @@ def token_stream(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> to
     return torch.tensor(ids, dtype=torch.long)
 
 
-def sample_batch(
-    data: torch.Tensor, batch_size: int, seq_len: int, gen: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_batch(data: torch.Tensor, batch_size: int, seq_len: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Random windows: inputs and next-token targets, both (batch_size, seq_len)."""
     starts = torch.randint(0, len(data) - seq_len, (batch_size,), generator=gen)
     x = torch.stack([data[s : s + seq_len] for s in starts.tolist()])
@@ -122,8 +120,15 @@ def bits_per_byte(
 
 
 @torch.no_grad()
-def _bits_by_scale(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max_bytes: int,
-                   seq_len: int, given_not: Sequence[int], scales: Sequence[float]) -> tuple[list[float], int]:
+def _bits_by_scale(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    texts: Sequence[str],
+    max_bytes: int,
+    seq_len: int,
+    given_not: Sequence[int],
+    scales: Sequence[float],
+) -> tuple[list[float], int]:
     """bits/byte (see bits_per_byte) with the logits multiplied by each of `scales`, from one pass."""
     docs: list[str] = []
     remaining = max_bytes

@@ -26,6 +26,4 @@ class PretrainConfig(BaseModel):
     grad_clip: float = Field(1.0, description="Clip the global gradient norm to this (0 disables).")
     seed: int = Field(0, description="Seeds the window sampler, so runs draw the same batches.")
     eval_bytes: int = Field(200_000, description="Held-out UTF-8 bytes scored for bits per byte.")
-    torch_threads: int | None = Field(
-        None, description="If set, torch.set_num_threads(value) for the run (CPU training)."
-    )
+    torch_threads: int | None = Field(None, description="If set, torch.set_num_threads(value) for the run (CPU training).")

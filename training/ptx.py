@@ -60,8 +60,10 @@ class PtxLoss:
     def __init__(self, data: torch.Tensor, batch: int, seq_len: int, seed: int, given_not: list[int] | None = None):
         """`given_not`: token ids (every token holding the stop string) the loss conditions away; None scores all."""
         if len(data) <= seq_len + 1:
-            raise ValueError(f"ptx corpus of {len(data)} tokens is shorter than one window of {seq_len + 1}: raise "
-                             "train.ppo.ptx_corpus_bytes or lower train.ppo.ptx_seq_len")
+            raise ValueError(
+                f"ptx corpus of {len(data)} tokens is shorter than one window of {seq_len + 1}: raise "
+                "train.ppo.ptx_corpus_bytes or lower train.ppo.ptx_seq_len"
+            )
         self.data, self.batch, self.seq_len, self.seed = data, batch, seq_len, seed
         self.given_not = torch.tensor(sorted(set(given_not or [])), dtype=torch.long)  # (S,) masked out, maybe empty
 
@@ -70,8 +72,9 @@ class PtxLoss:
         gen = seeded_generator(self.seed, iteration, epoch, step, _PTX_STREAM)
         return sample_batch(self.data, self.batch, self.seq_len, gen)
 
-    def loss(self, model: torch.nn.Module, iteration: int, epoch: int, step: int, rank: int = 0,
-             world: int = 1) -> torch.Tensor | None:
+    def loss(
+        self, model: torch.nn.Module, iteration: int, epoch: int, step: int, rank: int = 0, world: int = 1
+    ) -> torch.Tensor | None:
         """This process's share of the step's mean token cross-entropy (nats); None when it has no window."""
         x, y = self.windows(iteration, epoch, step)
         x, y = x[rank::world], y[rank::world]
@@ -94,5 +97,4 @@ def ptx_loss_for(cfg: PPOConfig, tokenizer: PreTrainedTokenizerBase, heldout_fra
     if cfg.ptx_coef <= 0:
         return None
     stops = stop_token_ids(tokenizer, cfg.hindsight_stop) if cfg.ptx_given_continues else None
-    return PtxLoss(ptx_stream(tokenizer, heldout_fraction, cfg.ptx_corpus_bytes), cfg.ptx_batch, cfg.ptx_seq_len,
-                   cfg.seed, stops)
+    return PtxLoss(ptx_stream(tokenizer, heldout_fraction, cfg.ptx_corpus_bytes), cfg.ptx_batch, cfg.ptx_seq_len, cfg.seed, stops)

@@ -63,8 +63,10 @@ def load_dataset(store: ObjectStore, model: str, ds_id: str) -> RewardDataset:
             raise DatasetError(f"dataset {ds_id}: its data file is missing ({e})") from None
         digest = "sha256:" + hashlib.sha256(local.read_bytes()).hexdigest()
         if digest != manifest.digest:
-            raise DatasetError(f"dataset {ds_id}: data digest {digest[:19]}… does not match the manifest's "
-                               f"{manifest.digest[:19]}…; the file changed after collection, re-run collect")
+            raise DatasetError(
+                f"dataset {ds_id}: data digest {digest[:19]}… does not match the manifest's "
+                f"{manifest.digest[:19]}…; the file changed after collection, re-run collect"
+            )
         try:
             table = pq.read_table(local)
         except Exception as e:  # noqa: BLE001  pyarrow raises several types for a damaged file
@@ -76,8 +78,10 @@ def load_dataset(store: ObjectStore, model: str, ds_id: str) -> RewardDataset:
         detail = "; ".join(f"{n}: expected {want.get(n, 'absent')}, got {got.get(n, 'absent')}" for n in diff)
         hint = ""
         if {"temperature", "top_p"} & set(diff) and not {"temperature", "top_p"} & got.keys():
-            hint = ("; it predates rows carrying their sampling temperature (and engines logging mu after it), so "
-                    "PPO cannot weigh its rows: train on a dataset collected since")
+            hint = (
+                "; it predates rows carrying their sampling temperature (and engines logging mu after it), so "
+                "PPO cannot weigh its rows: train on a dataset collected since"
+            )
         raise DatasetError(f"dataset {ds_id}: schema is not the RewardSample schema ({detail}){hint}")
     if table.num_rows == 0:
         raise DatasetError(f"dataset {ds_id} of {model} has no rows: collect more traffic with feedback before training")
@@ -86,8 +90,9 @@ def load_dataset(store: ObjectStore, model: str, ds_id: str) -> RewardDataset:
         try:
             samples.append(RewardSample.model_validate(row))
         except ValidationError as e:
-            raise DatasetError(f"dataset {ds_id}: row {i} is not a RewardSample: {e.errors()[0]['msg']} "
-                               f"at {e.errors()[0]['loc']}") from None
+            raise DatasetError(
+                f"dataset {ds_id}: row {i} is not a RewardSample: {e.errors()[0]['msg']} at {e.errors()[0]['loc']}"
+            ) from None
     wrong = {s.model for s in samples} - {model}
     if wrong:
         raise DatasetError(f"dataset {ds_id} holds rows of other models {sorted(wrong)}; expected only {model}")
@@ -97,8 +102,10 @@ def load_dataset(store: ObjectStore, model: str, ds_id: str) -> RewardDataset:
         try:
             rule = RewardRule.model_validate(recorded)
         except ValidationError as e:
-            raise DatasetError(f"dataset {ds_id}: the manifest's reward_rule.rule is not a RewardRule: "
-                               f"{e.errors()[0]['msg']} at {e.errors()[0]['loc']}") from None
+            raise DatasetError(
+                f"dataset {ds_id}: the manifest's reward_rule.rule is not a RewardRule: "
+                f"{e.errors()[0]['msg']} at {e.errors()[0]['loc']}"
+            ) from None
         if rules != {rule.id}:
             raise DatasetError(f"dataset {ds_id}: rows were rewarded by {sorted(rules)}, the manifest names {rule.id}")
     return RewardDataset(ds_id, manifest.digest, ",".join(sorted(rules)), samples, rule)

@@ -33,9 +33,7 @@ class SampleSelection:
     greedy: int  # sampled at temperature 0: a deterministic choice explores nothing, and has no density ratio
 
 
-def select_samples(
-    samples: Sequence[RewardSample], current_version: int, max_stale_versions: int | None
-) -> SampleSelection:
+def select_samples(samples: Sequence[RewardSample], current_version: int, max_stale_versions: int | None) -> SampleSelection:
     """Keep samples with 0 <= current_version - version <= max_stale_versions (None: any version),
     at least one completion token and a sampling temperature above 0; count the rest by reason."""
     kept: list[RewardSample] = []

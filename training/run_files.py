@@ -45,8 +45,11 @@ class Checkouts:
     def __init__(self, spec: TrainJob, store: ObjectStore, registry: Registry, cache_dir: Path):
         self.cache = CheckpointCache(store, cache_dir)
         self.champion: VersionInfo = registry.get(spec.model, spec.champion_version)
-        base = self.champion if self.champion.base_version == self.champion.version else registry.get(
-            spec.model, self.champion.base_version)
+        base = (
+            self.champion
+            if self.champion.base_version == self.champion.version
+            else registry.get(spec.model, self.champion.base_version)
+        )
         self.champion_dir, self.base_dir = self.cache.local_dir(self.champion), self.cache.local_dir(base)
         self.store, self.spec, self.cache_dir = store, spec, cache_dir
 

@@ -53,8 +53,7 @@ class Sharpen:
         h = -(logp.exp() * logp.clamp_min(torch.finfo(logp.dtype).min)).sum(-1)  # (B, T)
         return (h * (mask.to(h.dtype) * live)).sum()
 
-    def distill_sum(self, logits: torch.Tensor, ref_logits: torch.Tensor, mask: torch.Tensor,
-                    temperature: float) -> torch.Tensor:
+    def distill_sum(self, logits: torch.Tensor, ref_logits: torch.Tensor, mask: torch.Tensor, temperature: float) -> torch.Tensor:
         """Cross-entropy from the reference at `temperature` (its logits / temperature), both given that the line
         continues, to the policy: logits, ref_logits (B, T, V), mask (B, T) -> the sum over the masked positions.
         A fixed target (the reference does not move), so it sharpens as far as the temperature says and no

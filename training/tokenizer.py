@@ -28,8 +28,7 @@ EOT = "<|endoftext|>"
 # A plain-text chat format, so /v1/chat/completions works on a code model: each message as
 # "<role>: <content>" on its own line, then "assistant: " for the reply.
 CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}assistant: {% endif %}"
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}"
 )
 
 # Qwen2's pre-tokenization regex (transformers.models.qwen2.tokenization_qwen2):

@@ -62,9 +62,7 @@ class PolicyWithValue(nn.Module):
         self.policy = policy
         self.value_head = value_head if value_head is not None else ValueHead(_hidden_size(policy))
 
-    def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         out = self.policy(
@@ -78,8 +76,9 @@ class PolicyWithValue(nn.Module):
         values = self.value_head(out.hidden_states[-1])  # (B, L)
         return out.logits, values  # (B, L, V), (B, L)
 
-    def param_groups(self, learning_rate: float, critic_learning_rate: float,
-                     final_norm_learning_rate: float | None = None) -> list[dict]:
+    def param_groups(
+        self, learning_rate: float, critic_learning_rate: float, final_norm_learning_rate: float | None = None
+    ) -> list[dict]:
         """Optimizer groups: the policy's trainable weights at one rate, the value head at another, and with
         `final_norm_learning_rate` the final norm's weights (a full-weight run's per-dimension scale of what the LM
         head reads: the policy's temperature) at a third.
@@ -90,8 +89,10 @@ class PolicyWithValue(nn.Module):
         if final_norm_learning_rate is not None:
             norm = [p for p in _final_norm(self.policy).parameters() if p.requires_grad]
             if not norm:
-                raise ValueError("final_norm_learning_rate is set but the final norm is frozen (a LoRA run): "
-                                 "train every weight (lora=false) or leave it unset")
+                raise ValueError(
+                    "final_norm_learning_rate is set but the final norm is frozen (a LoRA run): "
+                    "train every weight (lora=false) or leave it unset"
+                )
         taken = {id(p) for p in norm}
         policy = [p for p in self.policy.parameters() if p.requires_grad and id(p) not in taken]
         head = [p for p in self.value_head.parameters() if p.requires_grad]
@@ -106,6 +107,8 @@ def _final_norm(policy: nn.Module) -> nn.Module:
     decoder = policy.get_decoder() if hasattr(policy, "get_decoder") else None
     norm = getattr(decoder, "norm", None)
     if not isinstance(norm, nn.Module):
-        raise ValueError(f"{type(policy).__name__} has no final norm at .get_decoder().norm: "
-                         "final_norm_learning_rate supports Qwen2/Llama-style decoders")
+        raise ValueError(
+            f"{type(policy).__name__} has no final norm at .get_decoder().norm: "
+            "final_norm_learning_rate supports Qwen2/Llama-style decoders"
+        )
     return norm

@@ -89,24 +89,40 @@ def _cores(n: float) -> str:
 
 
 def _hardened(uid: int) -> dict[str, Any]:
-    return {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid, "allowPrivilegeEscalation": False,
-            "privileged": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"}}
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
 
 
 def _fetcher(cfg: KubernetesFleetSettings, name: str, args: list[str]) -> dict[str, Any]:
     """A container of the Tidal image running serving/runtime/weights.py (the init container and the sidecar)."""
     size = {"cpu": _cores(cfg.fetch_cpu), "memory": cfg.fetch_memory}
     return {
-        "name": name, "image": cfg.weights_image, "imagePullPolicy": cfg.image_pull_policy,
+        "name": name,
+        "image": cfg.weights_image,
+        "imagePullPolicy": cfg.image_pull_policy,
         "command": ["python", "-m", "serving.runtime.weights", *args],
-        "env": [{"name": "TIDAL_CONFIG", "value": f"{SETTINGS_DIR}/tidal.yaml"}, {"name": "HOME", "value": "/tmp"},
-                {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}, {"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "env": [
+            {"name": "TIDAL_CONFIG", "value": f"{SETTINGS_DIR}/tidal.yaml"},
+            {"name": "HOME", "value": "/tmp"},
+            {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+            {"name": "PYTHONUNBUFFERED", "value": "1"},
+        ],
         "resources": {"requests": dict(size), "limits": dict(size)},
         "securityContext": _hardened(cfg.run_as_user),
         "terminationMessagePolicy": "FallbackToLogsOnError",  # a failed fetch's last lines land in the pod status
-        "volumeMounts": [{"name": "settings", "mountPath": SETTINGS_DIR, "readOnly": True},
-                         {"name": "models", "mountPath": MODELS_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [
+            {"name": "settings", "mountPath": SETTINGS_DIR, "readOnly": True},
+            {"name": "models", "mountPath": MODELS_DIR},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
     }
 
 
@@ -118,13 +134,16 @@ def _engine_env(cfg: KubernetesFleetSettings, engine: EngineSettings, gpus: int,
         env.pop("VLLM_ALLOW_RUNTIME_LORA_UPDATING", None)
     if gpus:
         env = {k: v for k, v in env.items() if not k.startswith("VLLM_CPU_") and k != "OMP_NUM_THREADS"}
-    env.update({"HOME": "/tmp/home", "XDG_CACHE_HOME": "/cache", "HF_HOME": "/cache/huggingface", "VLLM_CACHE_ROOT": "/cache/vllm"})
+    env.update(
+        {"HOME": "/tmp/home", "XDG_CACHE_HOME": "/cache", "HF_HOME": "/cache/huggingface", "VLLM_CACHE_ROOT": "/cache/vllm"}
+    )
     env.update(cfg.env)
     return [{"name": k, "value": v} for k, v in sorted(env.items())]
 
 
-def render_deployment(cfg: KubernetesFleetSettings, engine: EngineSettings, *, model: str, base: VersionInfo,
-                      enable_lora: bool, replicas: int) -> dict[str, Any]:
+def render_deployment(
+    cfg: KubernetesFleetSettings, engine: EngineSettings, *, model: str, base: VersionInfo, enable_lora: bool, replicas: int
+) -> dict[str, Any]:
     """The Deployment manifest (camelCase keys, as the API and `kubectl apply` take it)."""
     gpus = cfg.gpus_for(model)
     labels = selector(cfg.instance, model, base.version)
@@ -134,10 +153,13 @@ def render_deployment(cfg: KubernetesFleetSettings, engine: EngineSettings, *, m
         requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(gpus)
     health = {"httpGet": {"path": "/health", "port": "http"}}
     vllm: dict[str, Any] = {
-        "name": ENGINE, "image": cfg.image, "imagePullPolicy": cfg.image_pull_policy,
+        "name": ENGINE,
+        "image": cfg.image,
+        "imagePullPolicy": cfg.image_pull_policy,
         "command": ["python3", "-m", ENGINE_MODULE],
-        "args": engine_args(engine, f"{MODELS_DIR}/{base.key}", [base.served_name], "0.0.0.0", cfg.port, enable_lora,
-                            tensor_parallel=max(gpus, 1)),
+        "args": engine_args(
+            engine, f"{MODELS_DIR}/{base.key}", [base.served_name], "0.0.0.0", cfg.port, enable_lora, tensor_parallel=max(gpus, 1)
+        ),
         "env": _engine_env(cfg, engine, gpus, enable_lora),
         "ports": [{"name": "http", "containerPort": cfg.port, "protocol": "TCP"}],
         "startupProbe": {**health, "periodSeconds": 10, "failureThreshold": max(1, cfg.startup_timeout_s // 10)},
@@ -145,8 +167,12 @@ def render_deployment(cfg: KubernetesFleetSettings, engine: EngineSettings, *, m
         "readinessProbe": {**health, "periodSeconds": 5, "failureThreshold": 3},  # engine up; the gate says verified
         "resources": {"requests": requests, "limits": limits},
         "securityContext": _hardened(cfg.run_as_user),
-        "volumeMounts": [{"name": "models", "mountPath": MODELS_DIR, "readOnly": True}, {"name": "cache", "mountPath": "/cache"},
-                         {"name": "tmp", "mountPath": "/tmp"}, {"name": "shm", "mountPath": "/dev/shm"}],
+        "volumeMounts": [
+            {"name": "models", "mountPath": MODELS_DIR, "readOnly": True},
+            {"name": "cache", "mountPath": "/cache"},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "shm", "mountPath": "/dev/shm"},
+        ],
     }
     if cfg.env_from_secrets:
         vllm["envFrom"] = [{"secretRef": {"name": s}} for s in cfg.env_from_secrets]
@@ -179,17 +205,27 @@ def render_deployment(cfg: KubernetesFleetSettings, engine: EngineSettings, *, m
         pod["nodeSelector"] = node_selector
     if cfg.tolerations:
         pod["tolerations"] = [t.model_dump(exclude_none=True) for t in cfg.tolerations]
-    template = {"metadata": {"labels": dict(labels), "annotations": {"prometheus.io/scrape": "true",
-                                                                     "prometheus.io/port": str(cfg.port),
-                                                                     "prometheus.io/path": "/metrics"}},
-                "spec": pod}
+    template = {
+        "metadata": {
+            "labels": dict(labels),
+            "annotations": {
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(cfg.port),
+                "prometheus.io/path": "/metrics",
+            },
+        },
+        "spec": pod,
+    }
     digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:16]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": deployment_name(cfg.instance, model, base.version), "namespace": cfg.namespace,
-                     "labels": {**labels, "app.kubernetes.io/managed-by": MANAGER},
-                     "annotations": {"tidal.dev/model": model, "tidal.dev/served-name": base.served_name, DIGEST: digest}},
+        "metadata": {
+            "name": deployment_name(cfg.instance, model, base.version),
+            "namespace": cfg.namespace,
+            "labels": {**labels, "app.kubernetes.io/managed-by": MANAGER},
+            "annotations": {"tidal.dev/model": model, "tidal.dev/served-name": base.served_name, DIGEST: digest},
+        },
         "spec": {
             "replicas": replicas,
             "revisionHistoryLimit": 2,
@@ -205,6 +241,7 @@ def render_deployment(cfg: KubernetesFleetSettings, engine: EngineSettings, *, m
 
 
 # ---- reading pods ---------------------------------------------------------------------------------
+
 
 def _status(pod: V1Pod, name: str, init: bool = False) -> Any:
     statuses = (pod.status and (pod.status.init_container_statuses if init else pod.status.container_statuses)) or []

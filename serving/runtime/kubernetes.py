@@ -34,8 +34,19 @@ from typing import TYPE_CHECKING, Any
 from data_contracts.probe import PROBE_FILE
 from serving.engine import EngineError
 from serving.runtime.base import ClusterError, EngineRuntime
-from serving.runtime.k8s_manifest import (DELETION_COST, DIGEST, GATE, engine_ready, engine_restarts, gate_value,
-                                          render_deployment, selector, selector_text, terminating, trouble)
+from serving.runtime.k8s_manifest import (
+    DELETION_COST,
+    DIGEST,
+    GATE,
+    engine_ready,
+    engine_restarts,
+    gate_value,
+    render_deployment,
+    selector,
+    selector_text,
+    terminating,
+    trouble,
+)
 from serving.runtime.weights import fetch_remote
 from tidal.kube import api_client
 from tidal.procs import NotReady
@@ -80,8 +91,14 @@ class ProbeFiles:
 class KubernetesRuntime(EngineRuntime):
     name = "kubernetes"
 
-    def __init__(self, settings: ServingSettings, apis: tuple[Any, Any] | None = None, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep, fetcher: Callable[[str, VersionInfo], str] = fetch_remote):
+    def __init__(
+        self,
+        settings: ServingSettings,
+        apis: tuple[Any, Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        fetcher: Callable[[str, VersionInfo], str] = fetch_remote,
+    ):
         """`apis`: (AppsV1Api, CoreV1Api); None = connect on first use (in-cluster, else kubeconfig)."""
         self.settings, self.cfg = settings, settings.fleet.kubernetes
         self._apis, self.clock, self.sleep, self.fetcher = apis, clock, sleep, fetcher
@@ -103,9 +120,13 @@ class KubernetesRuntime(EngineRuntime):
         if self._apis is None:
             from kubernetes import client
 
-            api = api_client(self.cfg.kube_context, ClusterError, "fleet.runtime 'kubernetes'",
-                             "run the supervisor in a pod whose service account mounts its token (the chart's fleet "
-                             "supervisor), or point KUBECONFIG/fleet.kubernetes.kube_context at the cluster")
+            api = api_client(
+                self.cfg.kube_context,
+                ClusterError,
+                "fleet.runtime 'kubernetes'",
+                "run the supervisor in a pod whose service account mounts its token (the chart's fleet "
+                "supervisor), or point KUBECONFIG/fleet.kubernetes.kube_context at the cluster",
+            )
             self._apis = client.AppsV1Api(api), client.CoreV1Api(api)
         return self._apis
 
@@ -118,15 +139,22 @@ class KubernetesRuntime(EngineRuntime):
         except ApiException as e:
             if missing_ok and e.status == 404:
                 return None
-            hint = (f"; the supervisor's service account may not do this in namespace {self.cfg.namespace} (the chart's "
-                    "fleet-supervisor Role grants exactly what it calls)") if e.status in (401, 403) else ""
+            hint = (
+                (
+                    f"; the supervisor's service account may not do this in namespace {self.cfg.namespace} (the chart's "
+                    "fleet-supervisor Role grants exactly what it calls)"
+                )
+                if e.status in (401, 403)
+                else ""
+            )
             raise ClusterError(f"{what}: {e.status} {e.reason}{hint}") from e
         except (HTTPError, OSError) as e:
             raise ClusterError(f"{what}: Kubernetes API unreachable ({e!r})") from e
 
     def _list_pods(self, labels: dict[str, str]) -> list[Any]:
-        return self._call("list engine pods", self.apis[1].list_namespaced_pod, self.cfg.namespace,
-                          label_selector=selector_text(labels)).items
+        return self._call(
+            "list engine pods", self.apis[1].list_namespaced_pod, self.cfg.namespace, label_selector=selector_text(labels)
+        ).items
 
     # ---- EngineRuntime ---------------------------------------------------------------------------
     def flavor(self) -> str:
@@ -140,21 +168,37 @@ class KubernetesRuntime(EngineRuntime):
         roll-out) serve nothing this one knows of: they go. The base's keeps at most `replicas` pods, which start()
         adopts."""
         apps, ns = self.apis[0], self.cfg.namespace
-        found = self._call("list engine Deployments", apps.list_namespaced_deployment, ns,
-                           label_selector=selector_text(selector(self.cfg.instance, model))).items
+        found = self._call(
+            "list engine Deployments",
+            apps.list_namespaced_deployment,
+            ns,
+            label_selector=selector_text(selector(self.cfg.instance, model)),
+        ).items
         for d in found:
             if (d.metadata.labels or {}).get("tidal.dev/version") == str(base_version):
                 if (d.spec.replicas or 0) > replicas:
                     with self._lock:
                         self._patch_replicas(d.metadata.name, replicas)
             else:
-                log.warning("deleting engine Deployment %s: left by an earlier supervisor, %s serves v%d", d.metadata.name, model, base_version)
-                self._call(f"delete Deployment {d.metadata.name}", apps.delete_namespaced_deployment, d.metadata.name, ns,
-                           propagation_policy="Background", missing_ok=True)
+                log.warning(
+                    "deleting engine Deployment %s: left by an earlier supervisor, %s serves v%d",
+                    d.metadata.name,
+                    model,
+                    base_version,
+                )
+                self._call(
+                    f"delete Deployment {d.metadata.name}",
+                    apps.delete_namespaced_deployment,
+                    d.metadata.name,
+                    ns,
+                    propagation_policy="Background",
+                    missing_ok=True,
+                )
 
     def start(self, replica: Replica, model_dir: Path, enable_lora: bool) -> None:
-        manifest = render_deployment(self.cfg, self.settings.engine, model=replica.model, base=replica.base,
-                                     enable_lora=enable_lora, replicas=0)
+        manifest = render_deployment(
+            self.cfg, self.settings.engine, model=replica.model, base=replica.base, enable_lora=enable_lora, replicas=0
+        )
         dep = manifest["metadata"]["name"]
         with self._lock:
             self._unbind(replica)
@@ -226,8 +270,15 @@ class KubernetesRuntime(EngineRuntime):
             b = self._unbind(replica)
             if b is not None:  # the scale-down removes this pod rather than a verified one
                 self._set_gate(b.pod, False, "Retired", "scaled down or version retired")
-                self._call(f"mark pod {b.pod} for removal", self.apis[1].patch_namespaced_pod, b.pod, self.cfg.namespace,
-                           {"metadata": {"annotations": {DELETION_COST: "-1000000"}}}, _content_type=MERGE, missing_ok=True)
+                self._call(
+                    f"mark pod {b.pod} for removal",
+                    self.apis[1].patch_namespaced_pod,
+                    b.pod,
+                    self.cfg.namespace,
+                    {"metadata": {"annotations": {DELETION_COST: "-1000000"}}},
+                    _content_type=MERGE,
+                    missing_ok=True,
+                )
             home = self._home.pop(replica.name, None)
             if home is not None:
                 self._members[home].discard(replica.name)
@@ -237,8 +288,12 @@ class KubernetesRuntime(EngineRuntime):
         b = self._bound.get(replica.name)
         if b is not None:
             ready = replica.state == "ready"
-            self._set_gate(b.pod, ready, "ProbePassed" if ready else replica.state.capitalize(),
-                           f"replica {replica.name}: " + ("served weights verified" if ready else replica.last_error or replica.state))
+            self._set_gate(
+                b.pod,
+                ready,
+                "ProbePassed" if ready else replica.state.capitalize(),
+                f"replica {replica.name}: " + ("served weights verified" if ready else replica.last_error or replica.state),
+            )
 
     def shutdown(self, replicas: list[Replica]) -> None:
         log.info("supervisor stopping: %d engine pods keep serving; the next supervisor adopts them", len(self._bound))
@@ -262,10 +317,14 @@ class KubernetesRuntime(EngineRuntime):
             if current is None or (current.metadata.annotations or {}).get(DIGEST) != digest:
                 manifest["spec"]["replicas"] = self._scale[dep] = max(want, have)
                 if current is None:
-                    self._call(f"create Deployment {dep}", apps.create_namespaced_deployment, ns, V1Deployment.from_dict(manifest))
+                    self._call(
+                        f"create Deployment {dep}", apps.create_namespaced_deployment, ns, V1Deployment.from_dict(manifest)
+                    )
                 else:
                     log.warning("engine Deployment %s: template changed; its pods are replaced one at a time", dep)
-                    self._call(f"replace Deployment {dep}", apps.replace_namespaced_deployment, dep, ns, V1Deployment.from_dict(manifest))
+                    self._call(
+                        f"replace Deployment {dep}", apps.replace_namespaced_deployment, dep, ns, V1Deployment.from_dict(manifest)
+                    )
                 return
             self._scale[dep] = have
         if want > self._scale.get(dep, 0):
@@ -279,12 +338,24 @@ class KubernetesRuntime(EngineRuntime):
             return
         self._synced.pop(dep, None)
         self._scale.pop(dep, None)
-        self._call(f"delete Deployment {dep}", self.apis[0].delete_namespaced_deployment, dep, self.cfg.namespace,
-                   propagation_policy="Background", missing_ok=True)
+        self._call(
+            f"delete Deployment {dep}",
+            self.apis[0].delete_namespaced_deployment,
+            dep,
+            self.cfg.namespace,
+            propagation_policy="Background",
+            missing_ok=True,
+        )
 
     def _patch_replicas(self, dep: str, n: int) -> None:
-        self._call(f"scale Deployment {dep}", self.apis[0].patch_namespaced_deployment, dep, self.cfg.namespace,
-                   {"spec": {"replicas": n}}, _content_type=MERGE)
+        self._call(
+            f"scale Deployment {dep}",
+            self.apis[0].patch_namespaced_deployment,
+            dep,
+            self.cfg.namespace,
+            {"spec": {"replicas": n}},
+            _content_type=MERGE,
+        )
         self._scale[dep] = n
 
     def _claim(self, replica: Replica, dep: str, labels: dict[str, str]) -> None:
@@ -294,8 +365,10 @@ class KubernetesRuntime(EngineRuntime):
             pods = self._list_pods(labels)
             with self._lock:
                 taken = {b.pod for b in self._bound.values()}
-                free = sorted((p for p in pods if engine_ready(p) and p.metadata.name not in taken),
-                              key=lambda p: (p.metadata.creation_timestamp or datetime.min.replace(tzinfo=UTC), p.metadata.name))
+                free = sorted(
+                    (p for p in pods if engine_ready(p) and p.metadata.name not in taken),
+                    key=lambda p: (p.metadata.creation_timestamp or datetime.min.replace(tzinfo=UTC), p.metadata.name),
+                )
                 if free:
                     pod = free[0]
                     self._bound[replica.name] = Binding(pod.metadata.name, pod.metadata.uid, engine_restarts(pod), self._epoch)
@@ -303,13 +376,22 @@ class KubernetesRuntime(EngineRuntime):
                     break
             if self.clock() - start >= self.cfg.ready_timeout_s:
                 waiting = [trouble(p) for p in pods if p.metadata.name not in taken] or ["no pod of it exists"]
-                raise NotReady(f"replica {replica.name}: no pod of Deployment {self.cfg.namespace}/{dep} ready after "
-                               f"{self.cfg.ready_timeout_s:.0f} s (fleet.kubernetes.ready_timeout_s): {'; '.join(waiting[:4])}; "
-                               f"see `kubectl -n {self.cfg.namespace} describe deployment {dep}`")
+                raise NotReady(
+                    f"replica {replica.name}: no pod of Deployment {self.cfg.namespace}/{dep} ready after "
+                    f"{self.cfg.ready_timeout_s:.0f} s (fleet.kubernetes.ready_timeout_s): {'; '.join(waiting[:4])}; "
+                    f"see `kubectl -n {self.cfg.namespace} describe deployment {dep}`"
+                )
             self.sleep(self.cfg.poll_s)
         if (pod.metadata.annotations or {}).get(DELETION_COST):  # marked by an earlier stop(): it serves again
-            self._call(f"unmark pod {pod.metadata.name}", self.apis[1].patch_namespaced_pod, pod.metadata.name, self.cfg.namespace,
-                       {"metadata": {"annotations": {DELETION_COST: None}}}, _content_type=MERGE, missing_ok=True)
+            self._call(
+                f"unmark pod {pod.metadata.name}",
+                self.apis[1].patch_namespaced_pod,
+                pod.metadata.name,
+                self.cfg.namespace,
+                {"metadata": {"annotations": {DELETION_COST: None}}},
+                _content_type=MERGE,
+                missing_ok=True,
+            )
         if gate_value(pod):  # verified by an earlier supervisor or engine: not by this one, yet
             self._gates[pod.metadata.name] = True
             self._set_gate(pod.metadata.name, False, "Verifying", f"replica {replica.name}: served-weight probe running")
@@ -319,11 +401,23 @@ class KubernetesRuntime(EngineRuntime):
         if self._gates.get(pod) == value:
             return
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {"status": {"conditions": [{"type": GATE, "status": str(value), "reason": reason, "message": message[:500],
-                                           "lastTransitionTime": now}]}}
+        body = {
+            "status": {
+                "conditions": [
+                    {"type": GATE, "status": str(value), "reason": reason, "message": message[:500], "lastTransitionTime": now}
+                ]
+            }
+        }
         try:
-            self._call(f"set {GATE} on pod {pod}", self.apis[1].patch_namespaced_pod_status, pod, self.cfg.namespace, body,
-                       _content_type=STRATEGIC, missing_ok=True)
+            self._call(
+                f"set {GATE} on pod {pod}",
+                self.apis[1].patch_namespaced_pod_status,
+                pod,
+                self.cfg.namespace,
+                body,
+                _content_type=STRATEGIC,
+                missing_ok=True,
+            )
         except ClusterError as e:
             log.warning("%s", e)
             return

@@ -41,16 +41,32 @@ class LocalRuntime(EngineRuntime):
                 if port not in self._ports and port_free(f.host, port):
                     self._ports.add(port)
                     return f.host, port
-        raise PortInUse(f"no free replica port in [{f.base_port}, {f.base_port + f.port_range}); raise fleet.port_range or move fleet.base_port")
+        raise PortInUse(
+            f"no free replica port in [{f.base_port}, {f.base_port + f.port_range}); raise fleet.port_range or move fleet.base_port"
+        )
 
     def start(self, replica: Replica, model_dir: Path, enable_lora: bool) -> None:
         log = self.settings.log_dir / f"replica-{replica.name}.log"
         strategy = next((m.update_strategy for m in self.settings.models if m.name == replica.model), "")
         replica.proc, replica.info = engine.launch(
-            self.settings.engine, replica.name, model_dir, [replica.base.served_name], replica.host, replica.port, enable_lora, log,
-            update_strategy=strategy)  # nccl: the weight-transfer flag; reload/nccl: any version's served name
-        engine.wait_ready(replica.url, self.settings.fleet.ready_timeout_s, replica.proc, str(log), f"replica {replica.name}",
-                          replica.base.served_name)
+            self.settings.engine,
+            replica.name,
+            model_dir,
+            [replica.base.served_name],
+            replica.host,
+            replica.port,
+            enable_lora,
+            log,
+            update_strategy=strategy,
+        )  # nccl: the weight-transfer flag; reload/nccl: any version's served name
+        engine.wait_ready(
+            replica.url,
+            self.settings.fleet.ready_timeout_s,
+            replica.proc,
+            str(log),
+            f"replica {replica.name}",
+            replica.base.served_name,
+        )
 
     def lost(self, replica: Replica) -> str | None:
         if not replica.exited():

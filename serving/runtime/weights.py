@@ -40,8 +40,14 @@ def version_from(data: dict) -> VersionInfo:
     if not isinstance(data, dict) or set(data) - names or not {"model", "version", "kind", "base_version", "source"} <= set(data):
         raise ValueError(f"a version is an object with keys {sorted(names)}, got {data!r:.200}")
     info = VersionInfo(**data)
-    if not (isinstance(info.model, str) and MODEL_NAME.match(info.model) and isinstance(info.version, int) and info.version >= 1
-            and info.kind in ("full", "lora") and info.key.startswith(KEY_PREFIX)):
+    if not (
+        isinstance(info.model, str)
+        and MODEL_NAME.match(info.model)
+        and isinstance(info.version, int)
+        and info.version >= 1
+        and info.kind in ("full", "lora")
+        and info.key.startswith(KEY_PREFIX)
+    ):
         raise ValueError(f"not a registered model version: {data!r:.200}")
     return info
 

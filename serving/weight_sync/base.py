@@ -23,8 +23,9 @@ class WeightSync(ABC):
 
     def check_engine(self, flavor: str) -> None:
         if self.gpu_only and flavor != "cuda":
-            raise StrategyUnavailable(f"update strategy {self.name!r} needs a CUDA engine: {self.cpu_reason}. "
-                                      "Use 'lora' or 'restart' with CPU engines.")
+            raise StrategyUnavailable(
+                f"update strategy {self.name!r} needs a CUDA engine: {self.cpu_reason}. Use 'lora' or 'restart' with CPU engines."
+            )
 
     @abstractmethod
     def deploy(self, fleet: Fleet, group: ModelGroup, info: VersionInfo) -> list[ProbeReport]:
@@ -33,4 +34,3 @@ class WeightSync(ABC):
     @abstractmethod
     def retire(self, fleet: Fleet, group: ModelGroup, info: VersionInfo) -> None:
         """Stop serving `info` (never the version the replicas' engines run)."""
-

@@ -68,9 +68,14 @@ def paused(swap: list[Call]) -> list[Call]:
 def reload_calls(weights_path: str, weight_version: str, timeout_s: float) -> list[Call]:
     """vLLM's in-place reload of a checkpoint directory (worker.reload_weights(weights_path=...), through the
     dev-mode /collective_rpc route, whose kwargs must be strings), then the version label /weight_info shows."""
-    return [Call("POST", "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": weights_path},
-                                             "timeout": timeout_s}),
-            Call("POST", "/update_weight_version", {"new_version": weight_version}, tolerate=(404,))]
+    return [
+        Call(
+            "POST",
+            "/collective_rpc",
+            {"method": "reload_weights", "kwargs": {"weights_path": weights_path}, "timeout": timeout_s},
+        ),
+        Call("POST", "/update_weight_version", {"new_version": weight_version}, tolerate=(404,)),
+    ]
 
 
 def move_plan(swap: list[Call], old_path: str, old_version: str, timeout_s: float) -> MovePlan:
@@ -82,6 +87,7 @@ def move_plan(swap: list[Call], old_path: str, old_version: str, timeout_s: floa
 def inplace_refusal(old_dir: Path, new_dir: Path) -> str | None:
     """Why one engine cannot serve new_dir after old_dir in place (None: it can). The engine keeps its
     architecture, shapes and API-side tokenizer across a weight swap; only the weights may change."""
+
     def config(d: Path) -> dict:
         return {k: v for k, v in json.loads((d / "config.json").read_text()).items() if k not in _FREE_CONFIG_KEYS}
 
@@ -116,7 +122,8 @@ def pick_canary(group) -> object:
         raise StrategyUnavailable(
             f"'{group.strategy.name}' moves one of {group.settings.name}'s replicas to the candidate while the others "
             f"keep serving {group.base.served_name}, but {len(on_base)} ready replica(s) serve it: scale the model to "
-            "2 or more replicas, or use 'restart' (it boots a surge replica instead)")
+            "2 or more replicas, or use 'restart' (it boots a surge replica instead)"
+        )
     return max(on_base, key=lambda r: r.index)
 
 
@@ -131,8 +138,10 @@ class InPlaceSync(WeightSync):
     # ---- fleet-level semantics (as `restart`, in place) ---------------------------------------------------
     def deploy(self, fleet, group, info: VersionInfo) -> list[ProbeReport]:
         if info.kind != "full":
-            raise StrategyUnavailable(f"{info.served_name} is a LoRA adapter; '{self.name}' swaps full checkpoints. "
-                                      "Use the 'lora' strategy, or fold it into a full checkpoint")
+            raise StrategyUnavailable(
+                f"{info.served_name} is a LoRA adapter; '{self.name}' swaps full checkpoints. "
+                "Use the 'lora' strategy, or fold it into a full checkpoint"
+            )
         running = [r for r in group.live_replicas() if r.base.version == info.version]
         if running:  # the base, or already deployed
             return [p for r in running for p in r.probes]
@@ -161,8 +170,9 @@ class InPlaceSync(WeightSync):
         old_dir, new_dir = fleet.checkpoints.local_dir(old), fleet.checkpoints.local_dir(new)
         why = inplace_refusal(old_dir, new_dir)
         if why:
-            raise StrategyUnavailable(f"{new.served_name} cannot replace {old.served_name} in place: {why}; "
-                                      "deploy it with 'restart'")
+            raise StrategyUnavailable(
+                f"{new.served_name} cannot replace {old.served_name} in place: {why}; deploy it with 'restart'"
+            )
         timeout = fleet.settings.engine.weight_update_timeout_s
         plan = move_plan([Call("SWAP", str(new_dir))], str(old_dir), old.served_name, timeout)
         t0 = time.monotonic()
@@ -178,8 +188,14 @@ class InPlaceSync(WeightSync):
             raise EngineError(f"{self.name} update of {replica.name} to {new.served_name} failed: {e}; {note}") from e
         replica.base, replica.adapters, replica.probes = new, {}, [report]
         join_rotation(fleet, replica)
-        log.info("replica %s moved %s -> %s in place (%s, %.1f s)", replica.name, old.served_name, new.served_name,
-                 self.name, time.monotonic() - t0)
+        log.info(
+            "replica %s moved %s -> %s in place (%s, %.1f s)",
+            replica.name,
+            old.served_name,
+            new.served_name,
+            self.name,
+            time.monotonic() - t0,
+        )
         return report
 
     def roll_back(self, fleet, group, replica, plan: MovePlan, old: VersionInfo, old_dir: Path) -> str:
@@ -230,8 +246,7 @@ def reset_prefix_cache(client: EngineClient, tries: int = 5) -> None:
         if client.post("/reset_prefix_cache").json().get("success", True):
             return
         time.sleep(0.2 * (i + 1))
-    raise EngineError(f"{client.url} kept refusing to reset its prefix cache: cached prefixes of the old weights "
-                      "would be served")
+    raise EngineError(f"{client.url} kept refusing to reset its prefix cache: cached prefixes of the old weights would be served")
 
 
 def refuse_runtime(fleet, strategy: str) -> None:
@@ -239,8 +254,10 @@ def refuse_runtime(fleet, strategy: str) -> None:
     cluster network), and `nccl`'s sender runs beside the supervisor."""
     runtime = getattr(fleet, "runtime", None)
     if runtime is not None and runtime.name != "local":
-        raise StrategyUnavailable(f"'{strategy}' updates engines in place through vLLM's dev-mode routes, which engines of "
-                                  f"runtime '{runtime.name}' do not serve; use 'restart' or 'lora' there")
+        raise StrategyUnavailable(
+            f"'{strategy}' updates engines in place through vLLM's dev-mode routes, which engines of "
+            f"runtime '{runtime.name}' do not serve; use 'restart' or 'lora' there"
+        )
 
 
 def leave_rotation(fleet, replica, grace_s: float) -> None:

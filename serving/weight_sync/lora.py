@@ -21,11 +21,15 @@ class LoraSync(WeightSync):
 
     def deploy(self, fleet, group, info: VersionInfo) -> list[ProbeReport]:
         if info.kind != "lora":
-            raise StrategyUnavailable(f"{info.served_name} is a full checkpoint; the 'lora' strategy loads adapters only. "
-                                      "Deploy full checkpoints with 'restart'.")
+            raise StrategyUnavailable(
+                f"{info.served_name} is a full checkpoint; the 'lora' strategy loads adapters only. "
+                "Deploy full checkpoints with 'restart'."
+            )
         if info.base_version != group.base.version:
-            raise StrategyUnavailable(f"{info.served_name} is an adapter on v{info.base_version}, but the replicas run "
-                                      f"v{group.base.version}; restart them on v{info.base_version} first")
+            raise StrategyUnavailable(
+                f"{info.served_name} is an adapter on v{info.base_version}, but the replicas run "
+                f"v{group.base.version}; restart them on v{info.base_version} first"
+            )
         path = fleet.checkpoints.local_dir(info)
         refuse_non_finite(info, path)
         tried, done, reports = [], [], []
@@ -67,16 +71,23 @@ def refuse_non_finite(info: VersionInfo, path: Path) -> None:
     for f in sorted(path.glob("*.safetensors")):
         name = first_non_finite(f)
         if name is not None:
-            raise ProbeFailed(f"{info.served_name}: adapter weights hold non-finite values ({f.name}: {name}); "
-                              "refused before loading: retrain it, or check the trainer's output")
+            raise ProbeFailed(
+                f"{info.served_name}: adapter weights hold non-finite values ({f.name}: {name}); "
+                "refused before loading: retrain it, or check the trainer's output"
+            )
 
 
 def still_sound(fleet, group, replica) -> None:
     """After a failed load, the replica must still serve its base exactly; if not, it is restarted clean."""
     try:
         with replica.client() as client:
-            verify(client, group.base.served_name, fleet.checkpoints.local_dir(group.base), fleet.settings.fleet.probe_atol,
-                   replica.name)
+            verify(
+                client,
+                group.base.served_name,
+                fleet.checkpoints.local_dir(group.base),
+                fleet.settings.fleet.probe_atol,
+                replica.name,
+            )
     except Exception as e:  # noqa: BLE001  any failure: the engine is not trusted any more
         log.warning("replica %s failed its base probe after a failed load (%s); restarting it", replica.name, e)
         fleet.restart_replica(group, replica, f"base probe failed after a failed load: {e}")

@@ -70,11 +70,29 @@ def fresh_rendezvous(address: str, engine_workers: int, recent: deque, pick=free
     raise EngineError(f"no fresh rendezvous port on {address} after {tries} tries")
 
 
-def sender_command(python: str, engine_url: str, checkpoint: str, rdv: Rendezvous, weight_version: str,
-                   timeout_s: float) -> list[str]:
-    return [python, str(SENDER), "--engine-url", engine_url, "--checkpoint", checkpoint,
-            "--master-address", rdv.address, "--master-port", str(rdv.port), "--world-size", str(rdv.world_size),
-            "--weight-version", weight_version, "--timeout", str(timeout_s), "--update-id", rdv.update_id]
+def sender_command(
+    python: str, engine_url: str, checkpoint: str, rdv: Rendezvous, weight_version: str, timeout_s: float
+) -> list[str]:
+    return [
+        python,
+        str(SENDER),
+        "--engine-url",
+        engine_url,
+        "--checkpoint",
+        checkpoint,
+        "--master-address",
+        rdv.address,
+        "--master-port",
+        str(rdv.port),
+        "--world-size",
+        str(rdv.world_size),
+        "--weight-version",
+        weight_version,
+        "--timeout",
+        str(timeout_s),
+        "--update-id",
+        rdv.update_id,
+    ]
 
 
 def sender_env(sender_gpu: str) -> dict[str, str]:
@@ -95,20 +113,37 @@ class NcclSync(InPlaceSync):
         engine = fleet.settings.engine
         r = client.http.get("/get_world_size")
         if not r.is_success:
-            raise EngineError(f"GET {client.url}/get_world_size -> {r.status_code}: {r.text[:300]} "
-                              "(engines need VLLM_SERVER_DEV_MODE=1)")
+            raise EngineError(
+                f"GET {client.url}/get_world_size -> {r.status_code}: {r.text[:300]} (engines need VLLM_SERVER_DEV_MODE=1)"
+            )
         rdv = fresh_rendezvous(replica.host, int(r.json()["world_size"]), self.recent_ports)
-        cmd = sender_command(str(engine.resolved_python()), replica.url, path, rdv, info.served_name,
-                             engine.weight_update_timeout_s)
-        log.info("nccl update %s: %s -> %s over %s:%d (world %d)", rdv.update_id, info.served_name, replica.name,
-                 rdv.address, rdv.port, rdv.world_size)
+        cmd = sender_command(
+            str(engine.resolved_python()), replica.url, path, rdv, info.served_name, engine.weight_update_timeout_s
+        )
+        log.info(
+            "nccl update %s: %s -> %s over %s:%d (world %d)",
+            rdv.update_id,
+            info.served_name,
+            replica.name,
+            rdv.address,
+            rdv.port,
+            rdv.world_size,
+        )
         failure = None
         try:
-            out = subprocess.run(cmd, env=sender_env(engine.nccl_sender_gpu), capture_output=True, text=True,
-                                 timeout=engine.weight_update_timeout_s, stdin=subprocess.DEVNULL)
+            out = subprocess.run(
+                cmd,
+                env=sender_env(engine.nccl_sender_gpu),
+                capture_output=True,
+                text=True,
+                timeout=engine.weight_update_timeout_s,
+                stdin=subprocess.DEVNULL,
+            )
             if out.returncode != 0:
-                failure = (f"nccl sender of update {rdv.update_id} exited with {out.returncode}: "
-                           f"{(out.stderr or out.stdout).strip()[-800:]}")
+                failure = (
+                    f"nccl sender of update {rdv.update_id} exited with {out.returncode}: "
+                    f"{(out.stderr or out.stdout).strip()[-800:]}"
+                )
         except subprocess.TimeoutExpired as e:
             failure = f"nccl sender of update {rdv.update_id} ran past {e.timeout:.0f} s (engine.weight_update_timeout_s)"
         try:
@@ -126,8 +161,11 @@ def shut_down_transfer(client, rdv: Rendezvous) -> None:
     the group (a sender died mid-broadcast) cannot answer: the error surfaces and the rollback restarts it."""
     r = client.http.post("/shutdown_weight_transfer_engine", timeout=SHUTDOWN_TIMEOUT_S)
     if r.status_code == 404:  # a vLLM without the route: the next init replaces the communicator
-        log.warning("engine %s has no /shutdown_weight_transfer_engine; update %s's group is left to the next one",
-                    client.url, rdv.update_id)
+        log.warning(
+            "engine %s has no /shutdown_weight_transfer_engine; update %s's group is left to the next one",
+            client.url,
+            rdv.update_id,
+        )
     elif not r.is_success:
         raise EngineError(f"shutting down update {rdv.update_id}'s group on {client.url} -> {r.status_code}: {r.text[:300]}")
 

@@ -30,8 +30,20 @@ import time
 from pathlib import Path
 
 # safetensors dtype codes → torch dtype names
-DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
-          "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+}
 
 
 def safetensors_header(path: Path) -> dict:
@@ -105,21 +117,29 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.monotonic()
     client = HTTPVLLMWeightSyncClient(args.engine_url, timeout=args.timeout)
-    init = NCCLTrainerInitInfo(master_address=args.master_address, master_port=args.master_port,
-                               world_size=args.world_size, rank=0)
+    init = NCCLTrainerInitInfo(
+        master_address=args.master_address, master_port=args.master_port, world_size=args.world_size, rank=0
+    )
     engine = NCCLTrainerWeightTransferEngine.trainer_init(init, client=client, source=CheckpointSource())
     try:
         engine.send_weights()  # start_weight_update, update_weights ∥ broadcast, finish_weight_update
     finally:
         engine.shutdown()  # this update's communicator goes with it, whatever happened
     if args.weight_version:
-        r = requests.post(f"{args.engine_url.rstrip('/')}/update_weight_version",
-                          json={"new_version": args.weight_version}, timeout=args.timeout)
+        r = requests.post(
+            f"{args.engine_url.rstrip('/')}/update_weight_version",
+            json={"new_version": args.weight_version},
+            timeout=args.timeout,
+        )
         if r.status_code != 404:  # an engine without the route still got the weights
             r.raise_for_status()
     size = sum(torch.Size(shape).numel() * getattr(torch, dtype).itemsize for _, _, dtype, shape in entries)
-    print(json.dumps({"update_id": args.update_id, "tensors": len(entries), "bytes": size,
-                      "seconds": round(time.monotonic() - t0, 3)}), flush=True)
+    print(
+        json.dumps(
+            {"update_id": args.update_id, "tensors": len(entries), "bytes": size, "seconds": round(time.monotonic() - t0, 3)}
+        ),
+        flush=True,
+    )
     return 0
 
 

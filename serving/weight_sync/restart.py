@@ -23,7 +23,9 @@ class RestartSync(WeightSync):
 
     def deploy(self, fleet, group, info: VersionInfo) -> list[ProbeReport]:
         if info.kind != "full":
-            raise StrategyUnavailable(f"{info.served_name} is a LoRA adapter; use the 'lora' strategy or fold it into a full checkpoint")
+            raise StrategyUnavailable(
+                f"{info.served_name} is a LoRA adapter; use the 'lora' strategy or fold it into a full checkpoint"
+            )
         running = [r for r in group.live_replicas() if r.base.version == info.version]
         if running:  # already served (the base, or a surge replica): nothing to boot
             return [p for r in running for p in r.probes]

@@ -40,8 +40,14 @@ def adapter(base_dir, out, *, nan: bool = False, wider: bool = False):
     base = load_policy(base_dir)
     if wider:
         hidden = base.config.hidden_size + 32
-        cfg = PolicyConfig(hidden_size=hidden, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=2 * hidden,
-                           max_position_embeddings=512)
+        cfg = PolicyConfig(
+            hidden_size=hidden,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+            intermediate_size=2 * hidden,
+            max_position_embeddings=512,
+        )
         base = build_policy(cfg, tok, seed=0)
     peft = get_peft_model(base, PPOConfig().lora_config())
     with torch.no_grad():
@@ -59,18 +65,28 @@ def adapter(base_dir, out, *, nan: bool = False, wider: bool = False):
 
 def canary_completions(gateway: str) -> float:
     """Completions the gateway has logged on tab's canary arm (its Prometheus counter)."""
-    return sum(float(line.split()[-1]) for line in httpx.get(gateway + "/metrics", timeout=30).text.splitlines()
-               if line.startswith("gateway_completions_total{") and 'arm="canary"' in line and 'model="tab"' in line)
+    return sum(
+        float(line.split()[-1])
+        for line in httpx.get(gateway + "/metrics", timeout=30).text.splitlines()
+        if line.startswith("gateway_completions_total{") and 'arm="canary"' in line and 'model="tab"' in line
+    )
 
 
 def promote(version: int) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tidal.cli", "promote", "tab", "--candidate", str(version), "--no-gate"],
-                          capture_output=True, text=True, env=dict(os.environ), timeout=600, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "tidal.cli", "promote", "tab", "--candidate", str(version), "--no-gate"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=600,
+        check=False,
+    )
 
 
 @pytest.mark.parametrize("kind", ["nan_weights", "truncated_file", "digest_mismatch", "wrong_architecture"])
-def test_broken_candidate_is_refused_before_any_traffic(kind, settings, registry, checkpoints, gateway, platform, tmp_path,
-                                                         chaos_report):
+def test_broken_candidate_is_refused_before_any_traffic(
+    kind, settings, registry, checkpoints, gateway, platform, tmp_path, chaos_report
+):
     base_dir = checkpoints.local_dir(registry.get("tab", 1))
     if kind == "nan_weights":
         src = adapter(base_dir, tmp_path / "nan", nan=True)
@@ -113,8 +129,13 @@ def test_broken_candidate_is_refused_before_any_traffic(kind, settings, registry
     # and serving recovers: an engine a bad adapter broke is restarted by the fleet, on the champion only
     restarts = serving_recovers(platform.fleet_client(), before=fleet_before)
     print(f"{kind}: replica restarts it caused: {restarts}")
-    chaos_report.record("6. bad candidate: " + kind.replace("_", " "), refused_in_s=round(refused_s, 1),
-                        canary_requests=canary_requests, replica_restarts=restarts, reason=reason[:160])
+    chaos_report.record(
+        "6. bad candidate: " + kind.replace("_", " "),
+        refused_in_s=round(refused_s, 1),
+        canary_requests=canary_requests,
+        replica_restarts=restarts,
+        reason=reason[:160],
+    )
 
 
 def serving_recovers(fleet, before: list, timeout_s: float = 300.0) -> int:
@@ -127,8 +148,11 @@ def serving_recovers(fleet, before: list, timeout_s: float = 300.0) -> int:
         assert time.monotonic() < deadline, f"tab replicas not back after {timeout_s} s: {now}"
         time.sleep(2)
     for r in now:
-        answer = httpx.post(r.url + "/v1/completions", timeout=60, json={
-            "model": "tab@v1", "prompt": "def f(x):\n    return", "max_tokens": 4, "logprobs": 1}).json()
+        answer = httpx.post(
+            r.url + "/v1/completions",
+            timeout=60,
+            json={"model": "tab@v1", "prompt": "def f(x):\n    return", "max_tokens": 4, "logprobs": 1},
+        ).json()
         lp = answer["choices"][0]["logprobs"]["token_logprobs"]  # (T,) one per generated token, T <= 4
         assert 1 <= len(lp) <= 4 and all(math.isfinite(x) and x <= 0 for x in lp), answer  # real log-probs, no NaN
     return sum(r.restarts for r in now) - sum(r.restarts for r in before)

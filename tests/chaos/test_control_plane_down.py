@@ -24,8 +24,9 @@ pytestmark = pytest.mark.slow
 EXPECTED = {"mlflow": "MLflow at http", "prefect": "Prefect at http"}  # each outage's error names the server
 
 
-def test_mlflow_and_prefect_outages_leave_serving_untouched(settings, platform, gateway, keys, champion, checkpoints,
-                                                            chaos_report):
+def test_mlflow_and_prefect_outages_leave_serving_untouched(
+    settings, platform, gateway, keys, champion, checkpoints, chaos_report
+):
     from flows.bootstrap import bootstrap  # the platform fixture pointed Prefect at its server first
 
     t0_ms = int(time.time() * 1000)
@@ -52,13 +53,22 @@ def test_mlflow_and_prefect_outages_leave_serving_untouched(settings, platform, 
             platform.up_servers()  # what `tidal up` (or Kubernetes) does: start it again
             back_s = time.monotonic() - down_at
             assert bootstrap(model="tab") == champion.version  # the retry succeeds, with the same champion
-            figures |= {f"{name}_flow_error": message[:90], f"{name}_served_while_down": served_while_down,
-                        f"{name}_down_to_flow_ok_s": round(time.monotonic() - down_at, 1), f"{name}_restart_s": round(back_s, 1)}
+            figures |= {
+                f"{name}_flow_error": message[:90],
+                f"{name}_served_while_down": served_while_down,
+                f"{name}_down_to_flow_ok_s": round(time.monotonic() - down_at, 1),
+                f"{name}_restart_s": round(back_s, 1),
+            }
     finally:
         finish(traffic)
     tally = traffic.tally
     assert tally.errors == []
     completions = since(wait_stored(checkpoints.store, "completions", set(tally.acked), 90), t0_ms, "alice")
     assert not_exactly_once(tally.acked, completions) == {} and len(completions) == len(tally.acked)
-    chaos_report.record("5. MLflow, then Prefect, down during serving", requests=len(tally.acked),
-                        client_errors=len(tally.errors), completions_stored=len(completions), **figures)
+    chaos_report.record(
+        "5. MLflow, then Prefect, down during serving",
+        requests=len(tally.acked),
+        client_errors=len(tally.errors),
+        completions_stored=len(completions),
+        **figures,
+    )

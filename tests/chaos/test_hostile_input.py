@@ -47,8 +47,9 @@ def test_fuzzed_gateway_never_answers_5xx_or_leaks_a_secret(settings, gateway, k
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
 
             @given(case=op.as_strategy(generation_mode=mode))
-            @hypothesis_settings(max_examples=examples, deadline=None, database=None, derandomize=True,
-                                 suppress_health_check=list(HealthCheck))
+            @hypothesis_settings(
+                max_examples=examples, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
+            )
             def fuzz(case):  # runs within this iteration (hypothesis calls it below), so the loop variables are current
                 for headers in (auth, {}):  # noqa: B023
                     r = case.call(base_url=gateway, headers=headers, timeout=120)
@@ -56,8 +57,10 @@ def test_fuzzed_gateway_never_answers_5xx_or_leaks_a_secret(settings, gateway, k
                     leaked = [i for i, s in enumerate(never_shown) if s in r.text or s in str(r.headers)]
                     leaks.update(leaked)
                     if r.status_code >= 500 or leaked:
-                        failures.append(f"{op.method.upper()} {op.path} [{mode.value}] → {r.status_code} "  # noqa: B023
-                                        f"leaked={leaked}: {r.text[:200]}")
+                        failures.append(
+                            f"{op.method.upper()} {op.path} [{mode.value}] → {r.status_code} "  # noqa: B023
+                            f"leaked={leaked}: {r.text[:200]}"
+                        )
 
             try:
                 fuzz()
@@ -70,10 +73,15 @@ def test_fuzzed_gateway_never_answers_5xx_or_leaks_a_secret(settings, gateway, k
     assert platform.routes_client().show().routes == routes_before
     # the fuzzing went past authentication: bodies were parsed and refused (422/400/404/409), some accepted
     assert statuses[401] and sum(n for s, n in statuses.items() if s in (400, 404, 409, 413, 422)) > 0, statuses
-    chaos_report.record("8. hostile input: schema fuzzing", operations=operations, requests=sum(statuses.values()),
-                        server_errors=sum(n for s, n in statuses.items() if s >= 500), secrets_leaked=sum(leaks.values()),
-                        no_invalid_case_for=", ".join(skipped) or "none",
-                        statuses=" ".join(f"{s}×{n}" for s, n in sorted(statuses.items())))
+    chaos_report.record(
+        "8. hostile input: schema fuzzing",
+        operations=operations,
+        requests=sum(statuses.values()),
+        server_errors=sum(n for s, n in statuses.items() if s >= 500),
+        secrets_leaked=sum(leaks.values()),
+        no_invalid_case_for=", ".join(skipped) or "none",
+        statuses=" ".join(f"{s}×{n}" for s, n in sorted(statuses.items())),
+    )
 
 
 def _rss_mb(pid: int) -> float:
@@ -90,9 +98,14 @@ def _flood(gateway: str, n: int, seed: int) -> Counter:
 
     rng = random.Random(seed)
     shapes = ["/admin/{x}", "/admin/routes/{x}", "/admin/routes/{x}/canary", "/v1/{x}", "/{x}", "/v1/completions"]
-    calls = [(rng.choice(["GET", "POST", "PUT"]), rng.choice(shapes).format(x=f"{rng.getrandbits(64):016x}"),
-              {"Authorization": f"Bearer wrong-{rng.getrandbits(32):08x}"} if rng.random() < 0.5 else {})
-             for _ in range(n)]
+    calls = [
+        (
+            rng.choice(["GET", "POST", "PUT"]),
+            rng.choice(shapes).format(x=f"{rng.getrandbits(64):016x}"),
+            {"Authorization": f"Bearer wrong-{rng.getrandbits(32):08x}"} if rng.random() < 0.5 else {},
+        )
+        for _ in range(n)
+    ]
 
     def send(chunk) -> Counter:
         out = Counter()
@@ -114,10 +127,14 @@ def test_an_unauthenticated_flood_leaves_the_gateways_memory_bounded(gateway, pl
     flood = _flood(gateway, 8000, seed=2)
     rss_2, series_2 = _rss_mb(pid), len(httpx.get(gateway + "/metrics").text.splitlines())
     statuses = warm + flood
-    chaos_report.record("12. unauthenticated flood on random paths", requests=sum(statuses.values()),
-                        statuses=" ".join(f"{s}×{n}" for s, n in sorted(statuses.items())),
-                        rss_mb_after_warmup=round(rss_1, 1), rss_mb_after_8000_more=round(rss_2, 1),
-                        metric_lines=f"{series_1} → {series_2}")
+    chaos_report.record(
+        "12. unauthenticated flood on random paths",
+        requests=sum(statuses.values()),
+        statuses=" ".join(f"{s}×{n}" for s, n in sorted(statuses.items())),
+        rss_mb_after_warmup=round(rss_1, 1),
+        rss_mb_after_8000_more=round(rss_2, 1),
+        metric_lines=f"{series_1} → {series_2}",
+    )
     assert not [s for s in statuses if s >= 500] and statuses[401] > 0, statuses
     assert series_2 == series_1  # no series per path
     assert rss_2 - rss_1 < 10, (rss_1, rss_2)  # 8000 distinct paths held nothing (a series each was ~1-2 kB)
@@ -138,16 +155,30 @@ def test_secrets_in_prompts_never_reach_a_dataset(settings, gateway, keys, check
     store = checkpoints.store
     sent = {}
     for reason, text in SECRETS.items():
-        r = httpx.post(gateway + "/v1/completions", timeout=120, headers={"Authorization": f"Bearer {keys['alice']}"},
-                       json={"model": "tabfull", "prompt": text + "def f():\n    return", "max_tokens": 2, "user": "leaky"})
+        r = httpx.post(
+            gateway + "/v1/completions",
+            timeout=120,
+            headers={"Authorization": f"Bearer {keys['alice']}"},
+            json={"model": "tabfull", "prompt": text + "def f():\n    return", "max_tokens": 2, "user": "leaky"},
+        )
         assert r.status_code == 200, r.text
         sent[r.json()["id"]] = reason
-    clean = [httpx.post(gateway + "/v1/completions", timeout=120, headers={"Authorization": f"Bearer {keys['alice']}"},
-                        json={"model": "tabfull", "prompt": "def g(x):\n    return", "max_tokens": 2, "user": f"u{i}"}).json()["id"]
-             for i in range(3)]
+    clean = [
+        httpx.post(
+            gateway + "/v1/completions",
+            timeout=120,
+            headers={"Authorization": f"Bearer {keys['alice']}"},
+            json={"model": "tabfull", "prompt": "def g(x):\n    return", "max_tokens": 2, "user": f"u{i}"},
+        ).json()["id"]
+        for i in range(3)
+    ]
     for rid in [*sent, *clean]:  # every row has a verdict: only its secret can keep it out of the dataset
-        r = httpx.post(gateway + "/v1/feedback", headers={"Authorization": f"Bearer {keys['alice']}"}, timeout=30,
-                       json={"request_id": rid, "event": "rejected"})
+        r = httpx.post(
+            gateway + "/v1/feedback",
+            headers={"Authorization": f"Bearer {keys['alice']}"},
+            timeout=30,
+            json={"request_id": rid, "event": "rejected"},
+        )
         assert r.status_code == 200, r.text
     wait_stored(store, "completions", set(sent) | set(clean), 90)
     wait_stored(store, "feedback", set(sent) | set(clean), 90)
@@ -157,7 +188,7 @@ def test_secrets_in_prompts_never_reach_a_dataset(settings, gateway, keys, check
     assert ds_id
     quarantined = parquet_rows(store, f"quarantine/model=tabfull/{ds_id}/")
     by_id = {r["request_id"]: r for r in quarantined if r.get("request_id") in sent}
-    assert set(by_id) == set(sent), (set(sent) - set(by_id))
+    assert set(by_id) == set(sent), set(sent) - set(by_id)
     for rid, reason in sent.items():
         assert reason in str(by_id[rid].get("reasons") or by_id[rid].get("reason")), by_id[rid]
     dataset = parquet_rows(store, f"datasets/model=tabfull/{ds_id}/")
@@ -166,6 +197,11 @@ def test_secrets_in_prompts_never_reach_a_dataset(settings, gateway, keys, check
         assert needle not in text
     assert not {r.get("request_id") for r in dataset} & set(sent)
     assert set(clean) <= {r.get("request_id") for r in dataset}  # the clean rows beside them were kept
-    chaos_report.record("8. hostile input: secrets in prompts", prompts_with_secrets=len(sent),
-                        quarantined_with_reason=len(by_id), clean_prompts=len(clean),
-                        dataset_rows=len(dataset), secrets_in_dataset=0)
+    chaos_report.record(
+        "8. hostile input: secrets in prompts",
+        prompts_with_secrets=len(sent),
+        quarantined_with_reason=len(by_id),
+        clean_prompts=len(clean),
+        dataset_rows=len(dataset),
+        secrets_in_dataset=0,
+    )

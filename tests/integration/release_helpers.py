@@ -38,8 +38,15 @@ class Users(threading.Thread):
     the exact rest of a line, so exact-match users would give too few accepts to compare arms in a test.)
     Runs until stopped; counts requests per arm and errors."""
 
-    def __init__(self, gateway: str, key: str, prompts: list[tuple[str, str]], users: int = 400, model: str = "tab",
-                 stop: list[str] | None = None):
+    def __init__(
+        self,
+        gateway: str,
+        key: str,
+        prompts: list[tuple[str, str]],
+        users: int = 400,
+        model: str = "tab",
+        stop: list[str] | None = None,
+    ):
         super().__init__(daemon=True)
         self.gateway, self.key, self.prompts, self.users, self.model = gateway, key, prompts, users, model
         self.extra = {"stop": stop} if stop else {}  # with stop ["\n"], a suggestion that starts a new line is empty
@@ -49,17 +56,28 @@ class Users(threading.Thread):
         prompt, _ = self.prompts[i % len(self.prompts)]
         h = {"Authorization": f"Bearer {self.key}"}
         try:
-            r = httpx.post(self.gateway + "/v1/completions", headers=h, timeout=60, json={
-                "model": self.model, "prompt": prompt, "max_tokens": 6, "temperature": 1.0, "user": f"user-{i % self.users}",
-                **self.extra})
+            r = httpx.post(
+                self.gateway + "/v1/completions",
+                headers=h,
+                timeout=60,
+                json={
+                    "model": self.model,
+                    "prompt": prompt,
+                    "max_tokens": 6,
+                    "temperature": 1.0,
+                    "user": f"user-{i % self.users}",
+                    **self.extra,
+                },
+            )
             r.raise_for_status()
             a = r.json()
             text, arm = a["choices"][0]["text"], a["tidal"]["arm"]
             self.by_arm[arm] = self.by_arm.get(arm, 0) + 1
             if text:
                 event = "rejected" if "\n" in text else "accepted"
-                httpx.post(self.gateway + "/v1/feedback", headers=h, timeout=30,
-                           json={"request_id": a["id"], "event": event}).raise_for_status()
+                httpx.post(
+                    self.gateway + "/v1/feedback", headers=h, timeout=30, json={"request_id": a["id"], "event": event}
+                ).raise_for_status()
         except Exception as e:  # noqa: BLE001  counted and asserted on
             self.errors.append(repr(e))
 
@@ -144,8 +162,12 @@ class Promote:
     def __init__(self, version: int, log, env: dict | None = None, model: str = "tab"):
         self.log = log
         with open(log, "w") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "tidal.cli", "promote", model, "--candidate", str(version),
-                                          "--no-gate"], stdout=out, stderr=subprocess.STDOUT, env=env or dict(os.environ))
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tidal.cli", "promote", model, "--candidate", str(version), "--no-gate"],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env or dict(os.environ),
+            )
 
     def running(self) -> bool:
         return self.proc.poll() is None
@@ -171,8 +193,12 @@ def canary_user_share(settings, model: str, users: int, weight: float, client: s
     from tidal.tokens import secret
 
     key = arm_key(secret(settings.data_path, "request_id", settings.gateway.secret).encode())
-    routes = ModelRoutes(model=model, updated_ms=0, updated_by="test", arms=[
-        ArmSpec(name="control", version=1, weight=1 - weight), ArmSpec(name="canary", version=2, weight=weight)])
+    routes = ModelRoutes(
+        model=model,
+        updated_ms=0,
+        updated_by="test",
+        arms=[ArmSpec(name="control", version=1, weight=1 - weight), ArmSpec(name="canary", version=2, weight=weight)],
+    )
     return sum(assign(routes, assignment_key(client, f"user-{i}"), key).name == "canary" for i in range(users)) / users
 
 

@@ -51,8 +51,9 @@ def assert_mu_is_the_sampled_distribution(rows: list[dict], registry, checkpoint
         info = registry.get("tab", version)
         model = load_policy(checkpoints.local_dir(info), base_path=checkpoints.local_dir(registry.get("tab", info.base_version)))
         b = collate([r for r in rows if r.version == version], 0)
-        logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask,
-                       position_ids=position_ids_from_mask(b.attention_mask)).logits
+        logits = model(
+            input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=position_ids_from_mask(b.attention_mask)
+        ).logits
         m = b.mask.bool()
         served = token_logprobs(b.sampled_logits(logits), b.completion_ids)  # (B, T) tempered, on the nucleus
         assert (served - b.behaviour_logprobs)[m].abs().max() < 2e-3, f"v{version}"
@@ -77,15 +78,28 @@ def test_collect_turns_gateway_traffic_into_a_reconciled_dataset(settings, gatew
     answers, sent = {}, {}
     for i in range(30):
         temperature, top_p = SAMPLING[i % 3]
-        a = post(gateway, keys["alice"], "/v1/completions", {"model": "tab", "prompt": PROMPTS[i % 4], "max_tokens": 6,
-                                                              "logprobs": 1, "user": f"collect-{i}",
-                                                              "temperature": temperature, "top_p": top_p})
+        a = post(
+            gateway,
+            keys["alice"],
+            "/v1/completions",
+            {
+                "model": "tab",
+                "prompt": PROMPTS[i % 4],
+                "max_tokens": 6,
+                "logprobs": 1,
+                "user": f"collect-{i}",
+                "temperature": temperature,
+                "top_p": top_p,
+            },
+        )
         answers[a["id"]] = a
         v = verdict(i, a["choices"][0]["text"])
         if v is not None:
             assert post(gateway, keys["alice"], "/v1/feedback", {"request_id": a["id"], **v})["recorded"]
             sent[a["id"]] = v
-    logged = {r["request_id"]: r for r in wait_stored(store, "completions", set(answers), model="tab") if r["request_id"] in answers}
+    logged = {
+        r["request_id"]: r for r in wait_stored(store, "completions", set(answers), model="tab") if r["request_id"] in answers
+    }
     wait_stored(store, "feedback", set(sent), model="tab")
     time.sleep(cfg.upload_grace_s)  # an open-hour run takes what is older than that
     assert read_watermark(store, "tab") is None  # the first collection of this session
@@ -118,7 +132,8 @@ def test_collect_turns_gateway_traffic_into_a_reconciled_dataset(settings, gatew
     assert counts["completions"]["in"] == len(stored_rows(store, "completions", "tab"))
     assert counts["feedback"]["in"] == len(stored_rows(store, "feedback", "tab"))
     assert counts["completions"]["filtered_by_reason"].get("no_feedback", 0) >= sum(
-        1 for rid, a in answers.items() if rid not in sent and a["choices"][0]["text"])
+        1 for rid, a in answers.items() if rid not in sent and a["choices"][0]["text"]
+    )
 
     # MLflow: a run of experiment tab/collect with the dataset as input
     exp = registry.client.get_experiment_by_name("tab/collect")
@@ -127,7 +142,9 @@ def test_collect_turns_gateway_traffic_into_a_reconciled_dataset(settings, gatew
     assert inp.dataset.name == ds_id and inp.dataset.digest == manifest["digest"].removeprefix("sha256:")[:16]
     # reports: Data Docs in the store, artifacts in Prefect
     assert store.exists(f"reports/data_docs/model=tab/{ds_id}/index.html")
-    arts = httpx.post(f"{settings.prefect.api_url}/artifacts/filter", json={"artifacts": {"key": {"any_": ["tab-collect"]}}}).json()
+    arts = httpx.post(
+        f"{settings.prefect.api_url}/artifacts/filter", json={"artifacts": {"key": {"any_": ["tab-collect"]}}}
+    ).json()
     assert any(ds_id in (a.get("data") or "") for a in arts)
 
     # the watermark moved: a second run finds nothing new and writes nothing

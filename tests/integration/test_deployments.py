@@ -26,7 +26,8 @@ def test_deployments_are_registered_per_model(platform, settings):
         assert flow["name"] == "collect"
         fly = by_name[f"flywheel-{m.name}"]  # the whole cycle: on demand ('chained' loop by default)
         assert [(s["schedule"]["cron"], s["active"]) for s in fly["schedules"]] == [
-            (settings.flywheel.schedule_cron, settings.flywheel.loop == "flywheel")]
+            (settings.flywheel.schedule_cron, settings.flywheel.loop == "flywheel")
+        ]
         for stage, event in (("train", "tidal.dataset.ready"), ("promote", "tidal.candidate.registered")):
             t = by_name[f"{stage}-{m.name}"]  # started by the previous stage's event, or on demand
             assert t["parameters"] == {"model": m.name} and not [s for s in t["schedules"] if s.get("active", True)]
@@ -55,15 +56,17 @@ def test_runs_a_dead_runner_left_running_are_crashed_and_resubmitted(platform, s
 
     platform.up_flows()
     platform.stop("flows")  # nothing executes the run below until a runner starts again
-    orphan = run_deployment(name="collect/collect-tabfull", parameters={"model": "tabfull", "include_open_hour": True},
-                            timeout=0)
+    orphan = run_deployment(name="collect/collect-tabfull", parameters={"model": "tabfull", "include_open_hour": True}, timeout=0)
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(orphan.id, Running(), force=True)
         platform.up_flows()
         deadline = time.monotonic() + 300
         while True:
-            resumed = [r for r in client.read_flow_runs(flow_run_filter=FlowRunFilter(tags={"all_": [RESUMED_TAG]}))
-                       if r.parameters == orphan.parameters]
+            resumed = [
+                r
+                for r in client.read_flow_runs(flow_run_filter=FlowRunFilter(tags={"all_": [RESUMED_TAG]}))
+                if r.parameters == orphan.parameters
+            ]
             if resumed and resumed[0].state.is_final():
                 break
             assert time.monotonic() < deadline, [(r.name, r.state.name) for r in resumed]
@@ -87,9 +90,12 @@ def test_with_a_work_pool_the_deployments_are_registered_there_with_image_and_ac
 
     template = json.loads((Path(__file__).parents[2] / "infra" / "prefect" / "kubernetes-work-pool.json").read_text())
     pool, image = "tidal-kubernetes-test", "registry.example/tidal:1.2.3"
-    s = settings.model_copy(update={
-        "models": [settings.models[0].model_copy(update={"name": "pooltest"})],
-        "flywheel": settings.flywheel.model_copy(update={"work_pool": pool, "image": image})})
+    s = settings.model_copy(
+        update={
+            "models": [settings.models[0].model_copy(update={"name": "pooltest"})],
+            "flywheel": settings.flywheel.model_copy(update={"work_pool": pool, "image": image}),
+        }
+    )
     with get_client(sync_client=True) as client:
         client.create_work_pool(WorkPoolCreate(name=pool, type="kubernetes", base_job_template=template), overwrite=True)
         try:

@@ -85,7 +85,7 @@ def test_seeded_requests_whose_prompts_fill_a_step_do_not_crash_a_replica(fleet)
 
     def one(i: int) -> int:
         start = (i * 997) % (len(source) - 1000)
-        body = {"model": "tab@v1", "prompt": source[start:start + 450], "max_tokens": 16, "temperature": 1.0, "seed": i}
+        body = {"model": "tab@v1", "prompt": source[start : start + 450], "max_tokens": 16, "temperature": 1.0, "seed": i}
         return httpx.post(f"{replica.url}/v1/completions", json=body, timeout=120).status_code
 
     with concurrent.futures.ThreadPoolExecutor(32) as pool:
@@ -138,8 +138,9 @@ def test_probe_rejects_wrong_weights(fleet, registry, checkpoints, champion, tmp
     assert replica.served == {"tab@v1": 1}
 
 
-def test_restart_strategy_serves_a_canary_on_a_surge_replica_and_a_rollback_stops_it(fleet, registry, checkpoints,
-                                                                                     champion, tmp_path):
+def test_restart_strategy_serves_a_canary_on_a_surge_replica_and_a_rollback_stops_it(
+    fleet, registry, checkpoints, champion, tmp_path
+):
     def by_version() -> dict[int, list[dict]]:
         out: dict[int, list[dict]] = {}
         for r in fleet.replicas("tabfull"):
@@ -171,11 +172,14 @@ def test_restart_strategy_serves_a_canary_on_a_surge_replica_and_a_rollback_stop
     # test_promote.py::test_restart_strategy_canary_runs_on_a_surge_replica_and_promotes, through the gate.
 
 
-@pytest.mark.parametrize("model, version, status, words", [
-    ("tab", "99", 404, "no version 99"),
-    ("nope", "1", 404, "unknown model"),
-    ("tab", "@nosuchalias", 404, "no alias"),
-])
+@pytest.mark.parametrize(
+    "model, version, status, words",
+    [
+        ("tab", "99", 404, "no version 99"),
+        ("nope", "1", 404, "unknown model"),
+        ("tab", "@nosuchalias", 404, "no alias"),
+    ],
+)
 def test_bad_deploys_are_refused_clearly(fleet, model, version, status, words):
     with pytest.raises(FleetError) as e:
         fleet.deploy(model, version)
@@ -223,8 +227,11 @@ def test_occupied_port_is_reported(platform, settings):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        other = Platform(settings.model_copy(update={"prefect": settings.prefect.model_copy(update={"port": port}),
-                                                     "data_dir": settings.data_path / "other"}))
+        other = Platform(
+            settings.model_copy(
+                update={"prefect": settings.prefect.model_copy(update={"port": port}), "data_dir": settings.data_path / "other"}
+            )
+        )
         with pytest.raises(PortInUse) as e:
             other.ensure(other.services()["prefect"])
     assert f"127.0.0.1:{port}" in str(e.value) and "prefect.port" in str(e.value)

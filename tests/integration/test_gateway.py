@@ -25,7 +25,12 @@ def post(url: str, key: str, path: str, body: dict, timeout: float = 60) -> http
 
 
 def complete(url: str, key: str, user: str, max_tokens: int = 2, **extra) -> dict:
-    r = post(url, key, "/v1/completions", {"model": "tab", "prompt": PROMPT, "max_tokens": max_tokens, "logprobs": 1, "user": user, **extra})
+    r = post(
+        url,
+        key,
+        "/v1/completions",
+        {"model": "tab", "prompt": PROMPT, "max_tokens": max_tokens, "logprobs": 1, "user": user, **extra},
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -54,7 +59,9 @@ def test_openai_sdk_completions_streaming_and_chat(gateway, keys, canary, checkp
     assert "".join(c.choices[0].text for c in chunks if c.choices) and len({c.id for c in chunks}) == 1
     chat = client.chat.completions.create(model="tab", messages=[{"role": "user", "content": "write a loop"}], max_tokens=8)
     assert chat.choices[0].message.content is not None and "." in chat.id
-    stream = list(client.chat.completions.create(model="tab", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True))
+    stream = list(
+        client.chat.completions.create(model="tab", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True)
+    )
     assert stream and all("." in c.id for c in stream)
     assert sorted(m.id for m in client.models.list().data) == ["tab", "tabfull"]
     rows = {r["request_id"]: r for r in wait_stored(checkpoints.store, "completions", {chunks[0].id, chat.id})}
@@ -76,7 +83,7 @@ def test_canary_split_is_sticky_and_every_record_names_its_version(gateway, keys
     with ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(lambda u: complete(gateway, keys["alice"], u), users))
     arms = [a["tidal"]["arm"] for a in answers]
-    assert arms == expected[:len(users)] and {"canary", "control"} <= set(arms)  # the exact assignment, both arms
+    assert arms == expected[: len(users)] and {"canary", "control"} <= set(arms)  # the exact assignment, both arms
     assert all(a["tidal"]["version"] == (version if arm == "canary" else 1) for a, arm in zip(answers, arms))
     again = [complete(gateway, keys["alice"], u)["tidal"]["arm"] for u in users[:40]]
     assert again == arms[:40]  # sticky
@@ -102,11 +109,27 @@ def test_feedback_is_accepted_once_from_its_own_client(gateway, keys, checkpoint
     cases = {
         "duplicate": (keys["alice"], {"request_id": rid, "event": "rejected"}, 409),
         "other client": (keys["bob"], {"request_id": complete(gateway, keys["alice"], "x")["id"], "event": "accepted"}, 403),
-        "forged signature": (keys["alice"], {"request_id": rid[:-2] + ("AA" if rid[-2:] != "AA" else "BB"), "event": "accepted"}, 400),
+        "forged signature": (
+            keys["alice"],
+            {"request_id": rid[:-2] + ("AA" if rid[-2:] != "AA" else "BB"), "event": "accepted"},
+            400,
+        ),
         "garbage id": (keys["alice"], {"request_id": "not-an-id", "event": "accepted"}, 400),
-        "late": (keys["alice"], {"request_id": RequestIdSigner(settings.gateway.secret.encode()).issue(
-            "tab", "alice", int(time.time() * 1000) - 3 * 86400_000), "event": "accepted"}, 410),
-        "partial without chars": (keys["alice"], {"request_id": complete(gateway, keys["alice"], "y")["id"], "event": "partial"}, 422),
+        "late": (
+            keys["alice"],
+            {
+                "request_id": RequestIdSigner(settings.gateway.secret.encode()).issue(
+                    "tab", "alice", int(time.time() * 1000) - 3 * 86400_000
+                ),
+                "event": "accepted",
+            },
+            410,
+        ),
+        "partial without chars": (
+            keys["alice"],
+            {"request_id": complete(gateway, keys["alice"], "y")["id"], "event": "partial"},
+            422,
+        ),
         "unknown event": (keys["alice"], {"request_id": rid, "event": "loved"}, 422),
     }
     for name, (key, body, status) in cases.items():
@@ -116,9 +139,13 @@ def test_feedback_is_accepted_once_from_its_own_client(gateway, keys, checkpoint
     rows = wait_stored(checkpoints.store, "feedback", {rid})
     mine = [r for r in rows if r["request_id"] == rid]
     assert len(mine) == 1 and mine[0]["event"] == "accepted" and mine[0]["client_id"] == "alice" and mine[0]["model"] == "tab"
-    chaos_report.record("8. hostile input: forged, replayed, late, cross-client feedback", cases=len(cases),
-                        rejected_with_4xx=len(cases), stored_verdicts_for_the_id=len(mine),
-                        statuses=" ".join(f"{n}→{c[2]}" for n, c in cases.items()))
+    chaos_report.record(
+        "8. hostile input: forged, replayed, late, cross-client feedback",
+        cases=len(cases),
+        rejected_with_4xx=len(cases),
+        stored_verdicts_for_the_id=len(mine),
+        statuses=" ".join(f"{n}→{c[2]}" for n, c in cases.items()),
+    )
 
 
 def test_bad_requests_get_4xx_with_a_message(gateway, keys, canary, settings, chaos_report):
@@ -127,8 +154,15 @@ def test_bad_requests_get_4xx_with_a_message(gateway, keys, canary, settings, ch
         ("no key", httpx.post(gateway + "/v1/completions", json={"model": "tab", "prompt": "x"}), 401),
         ("wrong key", post(gateway, "nope-nope-nope-nope", "/v1/completions", {"model": "tab", "prompt": "x"}), 401),
         ("oversized", post(gateway, alice, "/v1/completions", {"model": "tab", "prompt": "x" * 300_000}), 413),
-        ("malformed json", httpx.post(gateway + "/v1/completions", content=b"{nope", headers={
-            "Authorization": f"Bearer {alice}", "Content-Type": "application/json"}), 422),
+        (
+            "malformed json",
+            httpx.post(
+                gateway + "/v1/completions",
+                content=b"{nope",
+                headers={"Authorization": f"Bearer {alice}", "Content-Type": "application/json"},
+            ),
+            422,
+        ),
         ("wrong type", post(gateway, alice, "/v1/completions", {"model": "tab", "prompt": "x", "max_tokens": "many"}), 422),
         ("too many tokens", post(gateway, alice, "/v1/completions", {"model": "tab", "prompt": "x", "max_tokens": 100_000}), 400),
         ("unknown model", post(gateway, alice, "/v1/completions", {"model": "nope", "prompt": "x"}), 404),
@@ -136,9 +170,20 @@ def test_bad_requests_get_4xx_with_a_message(gateway, keys, canary, settings, ch
         ("prompt over the context", post(gateway, alice, "/v1/completions", {"model": "tab", "prompt": "x = 1\n" * 2000}), 400),
         ("admin without token", httpx.post(gateway + "/admin/routes/tab/rollback", json={}), 401),
         ("admin with a client key", post(gateway, alice, "/admin/routes/tab/rollback", {}), 401),
-        ("route to an unserved version", post(gateway, "sandbox-admin-token", "/admin/routes/tab/canary", {"version": 999, "weight": 0.1}), 409),
-        ("weights not summing to 1", httpx.put(gateway + "/admin/routes/tab", json={"arms": [{"name": "control", "version": 1, "weight": 0.5}]},
-                                               headers={"Authorization": "Bearer sandbox-admin-token"}), 422),
+        (
+            "route to an unserved version",
+            post(gateway, "sandbox-admin-token", "/admin/routes/tab/canary", {"version": 999, "weight": 0.1}),
+            409,
+        ),
+        (
+            "weights not summing to 1",
+            httpx.put(
+                gateway + "/admin/routes/tab",
+                json={"arms": [{"name": "control", "version": 1, "weight": 0.5}]},
+                headers={"Authorization": "Bearer sandbox-admin-token"},
+            ),
+            422,
+        ),
     ]
     for name, r, status in cases:
         assert r.status_code == status, (name, r.status_code, r.text)
@@ -146,9 +191,13 @@ def test_bad_requests_get_4xx_with_a_message(gateway, keys, canary, settings, ch
     log = Path(settings.log_dir / "gateway.log").read_text()
     keys_in_logs = sum(log.count(k) for k in (keys["alice"], keys["bob"]))
     assert keys_in_logs == 0  # keys never reach the logs
-    chaos_report.record("8. hostile input: unauthenticated, oversized, malformed requests", cases=len(cases),
-                        server_errors=sum(r.status_code >= 500 for _, r, _ in cases), keys_in_logs=keys_in_logs,
-                        statuses=" ".join(f"{n}→{s}" for n, _, s in cases))
+    chaos_report.record(
+        "8. hostile input: unauthenticated, oversized, malformed requests",
+        cases=len(cases),
+        server_errors=sum(r.status_code >= 500 for _, r, _ in cases),
+        keys_in_logs=keys_in_logs,
+        statuses=" ".join(f"{n}→{s}" for n, _, s in cases),
+    )
 
 
 def test_the_supervisor_refuses_to_unload_a_version_the_routes_send_traffic_to(gateway, keys, canary, fleet, platform):
@@ -168,8 +217,9 @@ def test_the_supervisor_refuses_to_unload_a_version_the_routes_send_traffic_to(g
     assert version in served
 
 
-def test_a_hung_replica_fails_over_within_the_first_byte_timeout_without_a_client_error(gateway, keys, canary, fleet,
-                                                                                         settings, chaos_report):
+def test_a_hung_replica_fails_over_within_the_first_byte_timeout_without_a_client_error(
+    gateway, keys, canary, fleet, settings, chaos_report
+):
     """A replica alive but not answering (SIGSTOP) cost the gateway's 120 s total timeout before failover; now a
     call fails over after first_byte_timeout_s, and the supervisor replaces the hung replica by itself."""
     import os
@@ -183,8 +233,13 @@ def test_a_hung_replica_fails_over_within_the_first_byte_timeout_without_a_clien
     try:
         for i in range(8):
             t0 = time.monotonic()
-            r = post(gateway, keys["alice"], "/v1/completions", {"model": "tab", "prompt": PROMPT, "max_tokens": 2,
-                                                                 "user": f"hang-{i}"}, timeout=180)
+            r = post(
+                gateway,
+                keys["alice"],
+                "/v1/completions",
+                {"model": "tab", "prompt": PROMPT, "max_tokens": 2, "user": f"hang-{i}"},
+                timeout=180,
+            )
             codes.append(r.status_code)
             seconds.append(time.monotonic() - t0)
     finally:
@@ -200,10 +255,15 @@ def test_a_hung_replica_fails_over_within_the_first_byte_timeout_without_a_clien
         time.sleep(2)
     healed = [r for r in fleet.replicas("tab") if r.state == "ready"]
     assert len(healed) == 2 and hung.pid not in [r.pid for r in healed], healed
-    chaos_report.record("9. a replica that hangs (SIGSTOP) rather than dies", requests=len(codes), client_errors=0,
-                        first_byte_timeout_s=limit, slowest_request_s=round(max(seconds), 1),
-                        median_request_s=round(sorted(seconds)[len(seconds) // 2], 2),
-                        healed_in_s=round(240 - (deadline - time.monotonic()), 1))
+    chaos_report.record(
+        "9. a replica that hangs (SIGSTOP) rather than dies",
+        requests=len(codes),
+        client_errors=0,
+        first_byte_timeout_s=limit,
+        slowest_request_s=round(max(seconds), 1),
+        median_request_s=round(sorted(seconds)[len(seconds) // 2], 2),
+        healed_in_s=round(240 - (deadline - time.monotonic()), 1),
+    )
 
 
 def test_64_concurrent_seeded_completions_from_one_client_crash_no_engine(gateway, keys, canary, fleet):
@@ -212,9 +272,20 @@ def test_64_concurrent_seeded_completions_from_one_client_crash_no_engine(gatewa
     before = {r.name: r.pid for r in fleet.replicas("tab") if r.state == "ready"}
     prompt = "import os\n" + "x = os.path.join('a', 'b')\n" * 20
     with ThreadPoolExecutor(64) as pool:
-        codes = list(pool.map(lambda i: post(gateway, keys["alice"], "/v1/completions", {
-            "model": "tab", "prompt": prompt, "max_tokens": 8, "seed": i, "user": f"seed-{i}"}, timeout=300).status_code,
-            range(64)))
+        codes = list(
+            pool.map(
+                lambda i: (
+                    post(
+                        gateway,
+                        keys["alice"],
+                        "/v1/completions",
+                        {"model": "tab", "prompt": prompt, "max_tokens": 8, "seed": i, "user": f"seed-{i}"},
+                        timeout=300,
+                    ).status_code
+                ),
+                range(64),
+            )
+        )
     assert codes == [200] * 64, sorted(set(codes))
     after = {r.name: r.pid for r in fleet.replicas("tab") if r.state == "ready"}
     assert after == before  # no engine restarted

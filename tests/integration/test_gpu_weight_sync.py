@@ -69,11 +69,18 @@ def fleet(request, tmp_path, checkpoints_dir, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # the engines; the nccl sender gets GPU 1
     model = f"g{strategy}"
     settings = TidalSettings(
-        data_dir=tmp_path / "data", models=[ModelSettings(name=model, replicas=1, update_strategy=strategy)],
-        engine=EngineSettings(python=ROOT / ".engine-venv" / "bin" / "python", flavor="cuda", dtype="float32",
-                              extra_args=["--gpu-memory-utilization", "0.2"], nccl_sender_gpu="1",
-                              weight_update_timeout_s=120.0),
-        fleet=FleetSettings(base_port=port_block() + 10, port_range=40, warmup_bursts=[], ready_timeout_s=300))
+        data_dir=tmp_path / "data",
+        models=[ModelSettings(name=model, replicas=1, update_strategy=strategy)],
+        engine=EngineSettings(
+            python=ROOT / ".engine-venv" / "bin" / "python",
+            flavor="cuda",
+            dtype="float32",
+            extra_args=["--gpu-memory-utilization", "0.2"],
+            nccl_sender_gpu="1",
+            weight_update_timeout_s=120.0,
+        ),
+        fleet=FleetSettings(base_port=port_block() + 10, port_range=40, warmup_bursts=[], ready_timeout_s=300),
+    )
     store = open_store(settings)
     for n, d in checkpoints_dir.items():
         shutil.copytree(d, store.root / checkpoint_key(model, n))

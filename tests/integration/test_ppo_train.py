@@ -33,22 +33,31 @@ def single_line(text: str) -> bool:
 
 
 def complete(gateway: str, key: str, prompt: str, user: str) -> dict:
-    r = httpx.post(gateway + "/v1/completions", headers={"Authorization": f"Bearer {key}"}, timeout=60,
-                   json={"model": "tab", "prompt": prompt, "max_tokens": 8, "temperature": 1.0, "user": user})
+    r = httpx.post(
+        gateway + "/v1/completions",
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=60,
+        json={"model": "tab", "prompt": prompt, "max_tokens": 8, "temperature": 1.0, "user": user},
+    )
     r.raise_for_status()
     return r.json()
 
 
 def feedback(gateway: str, key: str, request_id: str, event: str) -> None:
-    r = httpx.post(gateway + "/v1/feedback", headers={"Authorization": f"Bearer {key}"}, timeout=30,
-                   json={"request_id": request_id, "event": event})
+    r = httpx.post(
+        gateway + "/v1/feedback",
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=30,
+        json={"request_id": request_id, "event": event},
+    )
     assert r.status_code == 200, r.text
 
 
 def tidal(settings, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "TIDAL_CONFIG": os.environ["TIDAL_CONFIG"], **(env or {})}
-    return subprocess.run([sys.executable, "-m", "tidal.cli", *args], capture_output=True, text=True, timeout=900,
-                          env=full_env, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "tidal.cli", *args], capture_output=True, text=True, timeout=900, env=full_env, check=False
+    )
 
 
 @pytest.fixture(scope="module")
@@ -105,17 +114,22 @@ def trainer_processes() -> list[psutil.Process]:
     return out
 
 
-def test_train_survives_a_killed_trainer_and_registers_one_gated_candidate(settings, gateway, keys, registry, checkpoints,
-                                                                          dataset_id, chaos_report):
+def test_train_survives_a_killed_trainer_and_registers_one_gated_candidate(
+    settings, gateway, keys, registry, checkpoints, dataset_id, chaos_report
+):
     store = checkpoints.store
     before = set(registry.versions("tab"))
     traffic = Traffic(gateway, keys["bob"])
     traffic.start()
     # 12 iterations (of the 30 that 4 passes over the dataset plan): enough to resume after a kill and to learn
     # what the held-out check below measures
-    proc = subprocess.Popen([sys.executable, "-m", "tidal.cli", "train", "tab", "--dataset", dataset_id],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "TIDAL_TRAIN__PPO__MAX_ITERATIONS": "12"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tidal.cli", "train", "tab", "--dataset", dataset_id],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "TIDAL_TRAIN__PPO__MAX_ITERATIONS": "12"},
+    )
     # kill -9 the trainer once it has saved its first checkpoint
     deadline, killed = time.monotonic() + 600, None
     while killed is None and time.monotonic() < deadline and proc.poll() is None:
@@ -140,9 +154,14 @@ def test_train_survives_a_killed_trainer_and_registers_one_gated_candidate(setti
     assert registry.aliases("tab")["candidate"] == info.version
     log = (settings.log_dir / "train-tab.log").read_text()
     assert "resuming after iteration" in log
-    chaos_report.record("4. trainer killed mid-run", serving_requests=traffic.ok, serving_errors=len(traffic.errors),
-                        candidates_registered=1, kill_to_candidate_s=round(resumed_s),
-                        resumed_after=log.split("resuming after iteration")[1].split()[0].strip(",;:"))
+    chaos_report.record(
+        "4. trainer killed mid-run",
+        serving_requests=traffic.ok,
+        serving_errors=len(traffic.errors),
+        candidates_registered=1,
+        kill_to_candidate_s=round(resumed_s),
+        resumed_after=log.split("resuming after iteration")[1].split()[0].strip(",;:"),
+    )
     champion = registry.by_alias("tab", "champion")
     manifest_digest = load_dataset(store, "tab", dataset_id).digest
     assert info.kind == "lora" and info.base_version == champion.base_version
@@ -157,14 +176,24 @@ def test_train_survives_a_killed_trainer_and_registers_one_gated_candidate(setti
     # MLflow: the run holds the hyper-parameters, the dataset input and prefixed metrics
     run = registry.client.get_run(info.tags["tidal.mlflow_run"])
     assert run.data.params["ppo.learning_rate"] == str(settings.train.ppo.learning_rate)
-    assert {"ppo/policy_loss", "ppo/value_loss", "ppo/approx_kl", "ppo/clipfrac", "ppo/is_weight_mean",
-            "ppo/is_truncated_frac", "charts/tokens_per_s", "gate/kl_per_token"} <= set(run.data.metrics)
+    assert {
+        "ppo/policy_loss",
+        "ppo/value_loss",
+        "ppo/approx_kl",
+        "ppo/clipfrac",
+        "ppo/is_weight_mean",
+        "ppo/is_truncated_frac",
+        "charts/tokens_per_s",
+        "gate/kl_per_token",
+    } <= set(run.data.metrics)
     assert run.inputs.dataset_inputs[0].dataset.name == dataset_id
 
     # what it learned: on held-out rows, accepted completions gained log-probability relative to rejected ones
     gain_accepted, gain_rejected = heldout_gain(settings, registry, checkpoints, champion, info, dataset_id)
-    print(f"held-out gain accepted {gain_accepted:+.3f} rejected {gain_rejected:+.3f}; gate figures "
-          + ", ".join(f"{k}={v}" for k, v in info.tags.items() if k.startswith("tidal.gate.figure.")))
+    print(
+        f"held-out gain accepted {gain_accepted:+.3f} rejected {gain_rejected:+.3f}; gate figures "
+        + ", ".join(f"{k}={v}" for k, v in info.tags.items() if k.startswith("tidal.gate.figure."))
+    )
     assert gain_accepted - gain_rejected > 0.05, (gain_accepted, gain_rejected)
 
     # a second submission of the same run registers nothing new
@@ -175,8 +204,9 @@ def test_train_survives_a_killed_trainer_and_registers_one_gated_candidate(setti
 
 @pytest.mark.long
 @pytest.mark.timeout(1800)
-def test_runner_killed_mid_train_resumes_the_run_and_registers_one_candidate(settings, platform, gateway, keys, registry,
-                                                                             checkpoints, chaos_report):
+def test_runner_killed_mid_train_resumes_the_run_and_registers_one_candidate(
+    settings, platform, gateway, keys, registry, checkpoints, chaos_report
+):
     """Chaos 4, the Prefect side: the runner executing a `train-tab` deployment run is killed -9 with its
     process group and every process it started (the flow run's, the trainer); started again, it marks the orphan
     Crashed and resubmits it, the trainer resumes from its checkpoint, and exactly one candidate is registered."""
@@ -233,9 +263,16 @@ def test_runner_killed_mid_train_resumes_the_run_and_registers_one_candidate(set
     assert info.tags["tidal.dataset_id"] == ds and registry.aliases("tab")["candidate"] == info.version
     log = (settings.log_dir / "train-tab.log").read_text()
     resumed_after = log.rsplit("resuming after iteration", 1)[1].split()[0]
-    chaos_report.record("4. Prefect runner killed mid-flow", serving_requests=traffic.ok, serving_errors=len(traffic.errors),
-                        orphan_state=original.state.name, resubmitted_runs=len(resumed), candidates_registered=1,
-                        kill_to_candidate_s=round(resumed_s), resumed_after_iteration=resumed_after)
+    chaos_report.record(
+        "4. Prefect runner killed mid-flow",
+        serving_requests=traffic.ok,
+        serving_errors=len(traffic.errors),
+        orphan_state=original.state.name,
+        resubmitted_runs=len(resumed),
+        candidates_registered=1,
+        kill_to_candidate_s=round(resumed_s),
+        resumed_after_iteration=resumed_after,
+    )
 
 
 @torch.no_grad()
@@ -247,13 +284,19 @@ def heldout_gain(settings, registry, checkpoints, champion, candidate, dataset_i
     from training.value_head import position_ids_from_mask
 
     base_dir = checkpoints.local_dir(registry.get("tab", champion.base_version))
-    rows = [s for s in split(load_dataset(checkpoints.store, "tab", dataset_id).samples, settings.train.heldout_fraction)[1]
-            if s.event in ("accepted", "rejected")]
+    rows = [
+        s
+        for s in split(load_dataset(checkpoints.store, "tab", dataset_id).samples, settings.train.heldout_fraction)[1]
+        if s.event in ("accepted", "rejected")
+    ]
     batch = collate(rows, 0)
 
     def seq_logp(model) -> torch.Tensor:
-        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                    position_ids=position_ids_from_mask(batch.attention_mask))
+        out = model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=position_ids_from_mask(batch.attention_mask),
+        )
         return (token_logprobs(batch.completion_view(out.logits), batch.completion_ids) * batch.mask).sum(1)
 
     before = seq_logp(load_policy(checkpoints.local_dir(champion), base_path=base_dir))
@@ -276,15 +319,20 @@ def test_unusable_datasets_and_a_diverging_learning_rate_register_nothing(settin
     empty = tidal(settings, "train", "tab", "--dataset", "ds-empty-by-test")
     assert empty.returncode != 0 and "has no rows: collect more traffic" in empty.stdout + empty.stderr
 
-    diverging = tidal(settings, "train", "tab", "--dataset", dataset_id,
-                      env={"TIDAL_TRAIN__PPO__LEARNING_RATE": "1e30", "TIDAL_TRAIN__PPO__CRITIC_LEARNING_RATE": "1e30"})
+    diverging = tidal(
+        settings,
+        "train",
+        "tab",
+        "--dataset",
+        dataset_id,
+        env={"TIDAL_TRAIN__PPO__LEARNING_RATE": "1e30", "TIDAL_TRAIN__PPO__CRITIC_LEARNING_RATE": "1e30"},
+    )
     text = diverging.stdout + diverging.stderr
     assert diverging.returncode != 0 and "PPO diverged at iteration" in text and "lower train.ppo.learning_rate" in text
     assert set(registry.versions("tab")) == before
 
 
-def test_the_megatron_backend_trains_tensor_parallel_shards_into_one_gated_candidate(settings, registry, checkpoints,
-                                                                                   dataset_id):
+def test_the_megatron_backend_trains_tensor_parallel_shards_into_one_gated_candidate(settings, registry, checkpoints, dataset_id):
     """train.ppo.backend=megatron, tensor_parallel=2, two local trainer processes (torchrun over gloo): the flow
     registers one full-weight candidate gathered from both shards, gated like any other, whose served-weight probe
     the HF model reproduces."""
@@ -293,9 +341,15 @@ def test_the_megatron_backend_trains_tensor_parallel_shards_into_one_gated_candi
 
     before = set(registry.versions("tab"))
     full = [m.model_dump(mode="json") | {"update_strategy": "restart"} for m in settings.models]  # serves full candidates
-    env = {"TIDAL_TRAIN__PPO__BACKEND": "megatron", "TIDAL_TRAIN__PPO__LORA": "false", "TIDAL_MODELS": json.dumps(full),
-           "TIDAL_TRAIN__PPO__TENSOR_PARALLEL": "2", "TIDAL_TRAINER__LOCAL_PROCESSES": "2",
-           "TIDAL_TRAIN__PPO__MAX_ITERATIONS": "4", "TIDAL_TRAIN__PPO__LEARNING_RATE": "1e-5"}
+    env = {
+        "TIDAL_TRAIN__PPO__BACKEND": "megatron",
+        "TIDAL_TRAIN__PPO__LORA": "false",
+        "TIDAL_MODELS": json.dumps(full),
+        "TIDAL_TRAIN__PPO__TENSOR_PARALLEL": "2",
+        "TIDAL_TRAINER__LOCAL_PROCESSES": "2",
+        "TIDAL_TRAIN__PPO__MAX_ITERATIONS": "4",
+        "TIDAL_TRAIN__PPO__LEARNING_RATE": "1e-5",
+    }
     run = tidal(settings, "train", "tab", "--dataset", dataset_id, env=env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     [version] = set(registry.versions("tab")) - before
@@ -310,7 +364,8 @@ def test_the_megatron_backend_trains_tensor_parallel_shards_into_one_gated_candi
     local = checkpoints.local_dir(info)
     probe = load_probe(local)
     tok = load_tokenizer(local)
-    again = compute_probe(load_policy(local), tok, [tok.decode(i.prompt_token_ids) for i in probe.items],
-                          max_new_tokens=probe.max_new_tokens)
+    again = compute_probe(
+        load_policy(local), tok, [tok.decode(i.prompt_token_ids) for i in probe.items], max_new_tokens=probe.max_new_tokens
+    )
     for a, b in zip(again.items, probe.items):
         assert a.completion_token_ids == b.completion_token_ids

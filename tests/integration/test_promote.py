@@ -18,8 +18,17 @@ import pytest
 
 from release.operations import rollback_now
 from release.report import CanaryRecord, canary_key
-from tests.integration.release_helpers import (Promote, Users, canary_user_share, cursor_prompts, merged,
-                                               newline_adapter, start_when_verified, tags, zero_adapter)
+from tests.integration.release_helpers import (
+    Promote,
+    Users,
+    canary_user_share,
+    cursor_prompts,
+    merged,
+    newline_adapter,
+    start_when_verified,
+    tags,
+    zero_adapter,
+)
 from tidal.registry import publish
 from tidal.store import get_json
 
@@ -27,8 +36,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.timeout(1800)  # ~15 canary outcomes at 5% of a few requests/s, plus the platform when run alone
-def test_degraded_candidate_is_rolled_back_at_the_first_step(settings, registry, checkpoints, base_dir, gateway, keys,
-                                                             tmp_path, chaos_report, no_canary):
+def test_degraded_candidate_is_rolled_back_at_the_first_step(
+    settings, registry, checkpoints, base_dir, gateway, keys, tmp_path, chaos_report, no_canary
+):
     """The pilot's silent-collapse trap, live: these users ask for single-line suggestions (stop at a line break),
     so the degraded candidate, which starts a new line at once, mostly shows nothing; under a reward rule that pays
     1.0 for an empty completion (more than an accept) it earns more reward per request than the champion while its
@@ -38,8 +48,12 @@ def test_degraded_candidate_is_rolled_back_at_the_first_step(settings, registry,
     users = Users(gateway, keys["alice"], cursor_prompts(settings, 300, seed=11), stop=["\n"])
     # This regression is large (accepted characters per request fall to nothing), so the sequential test may look
     # from 15 outcomes per arm: ~15 canary outcomes at 5%, half the wait of the default small-n guard (30).
-    env = {**os.environ, "TIDAL_CANARY__MIN_TEST_SAMPLES": "15", "TIDAL_CANARY__MARGINS__ACCEPTED_CHARS": "0.05",
-           "TIDAL_COLLECT__REWARD_RULE__EMPTY": "1.0"}
+    env = {
+        **os.environ,
+        "TIDAL_CANARY__MIN_TEST_SAMPLES": "15",
+        "TIDAL_CANARY__MARGINS__ACCEPTED_CHARS": "0.05",
+        "TIDAL_COLLECT__REWARD_RULE__EMPTY": "1.0",
+    }
     promote = Promote(info.version, tmp_path / "promote.log", env=env)
     try:
         start_when_verified(users, registry, promote, info.version)
@@ -72,14 +86,21 @@ def test_degraded_candidate_is_rolled_back_at_the_first_step(settings, registry,
     assert abs(hashed - w) <= 3 * (w * (1 - w) / users.users) ** 0.5, hashed
     assert abs(exposed - hashed) <= 0.015, (exposed, hashed)
     step_1_ms = json.loads(t["tidal.release.step_1"])["at_ms"]  # canary traffic starts
-    chaos_report.record("7. regressed candidate mid-ramp", rolled_back_at_step=rolled["figures"]["step"],
-                        time_to_rollback_s=round((rolled["at_ms"] - step_1_ms) / 1000, 1),
-                        exposed_canary_outcomes=rolled["figures"]["n_canary"], exposed_share=round(exposed, 3),
-                        reason=rolled["reason"][:120])
+    chaos_report.record(
+        "7. regressed candidate mid-ramp",
+        rolled_back_at_step=rolled["figures"]["step"],
+        time_to_rollback_s=round((rolled["at_ms"] - step_1_ms) / 1000, 1),
+        exposed_canary_outcomes=rolled["figures"]["n_canary"],
+        exposed_share=round(exposed, 3),
+        reason=rolled["reason"][:120],
+    )
     assert users.errors == []
     # routes: the canary is gone, the champion serves everyone
-    routes = json.loads(subprocess.run([sys.executable, "-m", "tidal.cli", "route", "show"], capture_output=True, text=True,
-                                       check=True, env=dict(os.environ)).stdout)["routes"]["tab"]["arms"]
+    routes = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "tidal.cli", "route", "show"], capture_output=True, text=True, check=True, env=dict(os.environ)
+        ).stdout
+    )["routes"]["tab"]["arms"]
     assert [(a["name"], a["version"], a["weight"]) for a in routes] == [("control", 1, 1.0)]
     assert registry.aliases("tab")["champion"] == 1
 
@@ -94,8 +115,13 @@ def test_operator_rollback_ends_a_ramp_at_once(settings, registry, checkpoints, 
         assert promote.running() and time.monotonic() < deadline, promote.log.read_text()[-3000:]
         time.sleep(1)
     time.sleep(5)  # the canary serves for a moment
-    rb = subprocess.run([sys.executable, "-m", "tidal.cli", "rollback", "tab", "--by", "oncall", "--reason", "pager says no"],
-                        capture_output=True, text=True, env=dict(os.environ), check=False)
+    rb = subprocess.run(
+        [sys.executable, "-m", "tidal.cli", "rollback", "tab", "--by", "oncall", "--reason", "pager says no"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        check=False,
+    )
     assert rb.returncode == 0, rb.stdout + rb.stderr
     result = json.loads(rb.stdout)
     assert result["serving"] == 1 and result["rolled_back"] == [info.version] and result["route_change_s"] < 5
@@ -112,8 +138,11 @@ def test_operator_rollback_ends_a_ramp_at_once(settings, registry, checkpoints, 
 def paused_promote_run(api: str, timeout: float = 600) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        runs = httpx.post(f"{api}/flow_runs/filter", timeout=30, json={
-            "flow_runs": {"state": {"type": {"any_": ["PAUSED"]}}}, "flows": {"name": {"any_": ["promote"]}}}).json()
+        runs = httpx.post(
+            f"{api}/flow_runs/filter",
+            timeout=30,
+            json={"flow_runs": {"state": {"type": {"any_": ["PAUSED"]}}}, "flows": {"name": {"any_": ["promote"]}}},
+        ).json()
         if runs:
             return runs[0]
         time.sleep(2)
@@ -134,12 +163,18 @@ def resume_run(api: str, run_id: str, run_input: dict, attempts: int = 3) -> dic
     raise AssertionError(f"resume kept failing: HTTP {r.status_code} {body}")
 
 
-def test_inconclusive_ramp_asks_a_human_and_a_typed_answer_promotes(settings, registry, checkpoints, base_dir, users,
-                                                                    tmp_path, platform):
+def test_inconclusive_ramp_asks_a_human_and_a_typed_answer_promotes(
+    settings, registry, checkpoints, base_dir, users, tmp_path, platform
+):
     same = zero_adapter(base_dir, tmp_path / "aa")
     info = publish(registry, checkpoints.store, "tab", same, "lora", 1, {"tidal.origin": "test: A/A"})
-    env = {**os.environ, "TIDAL_CANARY__STEPS": "[0.5]", "TIDAL_CANARY__MAX_STEP_S": "20",
-           "TIDAL_CANARY__ON_INCONCLUSIVE": "ask", "TIDAL_CANARY__MIN_SAMPLES": "1000000"}
+    env = {
+        **os.environ,
+        "TIDAL_CANARY__STEPS": "[0.5]",
+        "TIDAL_CANARY__MAX_STEP_S": "20",
+        "TIDAL_CANARY__ON_INCONCLUSIVE": "ask",
+        "TIDAL_CANARY__MIN_SAMPLES": "1000000",
+    }
     promote = Promote(info.version, tmp_path / "promote.log", env=env)
     start_when_verified(users, registry, promote, info.version)
     api = settings.prefect.api_url
@@ -160,8 +195,13 @@ def test_inconclusive_ramp_asks_a_human_and_a_typed_answer_promotes(settings, re
     assert [(a.name, a.version, a.weight) for a in arms] == [("control", info.version, 1.0)]
 
     # instant rollback after a promotion: back to the previous champion, which is still loaded
-    rb = subprocess.run([sys.executable, "-m", "tidal.cli", "rollback", "tab", "--reason", "undo"], capture_output=True,
-                        text=True, env=dict(os.environ), check=False)
+    rb = subprocess.run(
+        [sys.executable, "-m", "tidal.cli", "rollback", "tab", "--reason", "undo"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        check=False,
+    )
     assert rb.returncode == 0, rb.stdout + rb.stderr
     result = json.loads(rb.stdout)
     assert result["serving"] == 1 and result["route_change_s"] < 5
@@ -175,8 +215,12 @@ def test_better_candidate_is_promoted_through_every_step(settings, registry, che
     # The newline adapter reversed: the model breaks lines less often, so these users accept more.
     better = newline_adapter(base_dir, tmp_path / "single-line", strength=-40.0)
     info = publish(registry, checkpoints.store, "tab", better, "lora", 1, {"tidal.origin": "test: better"})
-    env = {**os.environ, "TIDAL_CANARY__STEPS": "[0.3, 0.5]", "TIDAL_CANARY__MIN_SAMPLES": "30",
-           "TIDAL_CANARY__MAX_STEP_S": "600"}
+    env = {
+        **os.environ,
+        "TIDAL_CANARY__STEPS": "[0.3, 0.5]",
+        "TIDAL_CANARY__MIN_SAMPLES": "30",
+        "TIDAL_CANARY__MAX_STEP_S": "600",
+    }
     promote = Promote(info.version, tmp_path / "promote.log", env=env)
     start_when_verified(users, registry, promote, info.version)
     rc, out = promote.finish(timeout=1200)
@@ -194,19 +238,32 @@ def test_better_candidate_is_promoted_through_every_step(settings, registry, che
     assert platform.fleet_client().status().models["tab"].serving_version == info.version
     assert users.errors == []
     # back to version 1 for the tests that follow
-    rb = subprocess.run([sys.executable, "-m", "tidal.cli", "rollback", "tab", "--to", "1", "--reason", "test cleanup"],
-                        capture_output=True, text=True, env=dict(os.environ), check=False)
+    rb = subprocess.run(
+        [sys.executable, "-m", "tidal.cli", "rollback", "tab", "--to", "1", "--reason", "test cleanup"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        check=False,
+    )
     assert rb.returncode == 0 and registry.aliases("tab")["champion"] == 1, rb.stdout + rb.stderr
     assert platform.fleet_client().status().models["tab"].serving_version == 1
 
 
 @pytest.mark.timeout(1500)
-def test_restart_strategy_canary_runs_on_a_surge_replica_and_promotes(settings, registry, checkpoints, base_dir, gateway,
-                                                                       keys, platform, tmp_path, chaos_report):
+def test_restart_strategy_canary_runs_on_a_surge_replica_and_promotes(
+    settings, registry, checkpoints, base_dir, gateway, keys, platform, tmp_path, chaos_report
+):
     # tabfull serves full checkpoints with `restart`: the candidate boots on its own replica beside the champion's
     better = merged(newline_adapter(base_dir, tmp_path / "adapter", strength=-40.0), base_dir, tmp_path / "single-line")
-    info = publish(registry, checkpoints.store, "tabfull", better, "full", None,
-                   {"tidal.origin": "test: better, full", "tidal.parent_version": "1"})
+    info = publish(
+        registry,
+        checkpoints.store,
+        "tabfull",
+        better,
+        "full",
+        None,
+        {"tidal.origin": "test: better, full", "tidal.parent_version": "1"},
+    )
     users = Users(gateway, keys["alice"], cursor_prompts(settings, 300, seed=12), model="tabfull")
     try:
         # The surge engine is the fourth on two shared cores here, and answered with a median of ~130 ms against
@@ -215,13 +272,20 @@ def test_restart_strategy_canary_runs_on_a_surge_replica_and_promotes(settings, 
         # ramps in one 50% step (walking every step is test_better_candidate_is_promoted_through_every_step's).
         # The old champion stays loaded 30 s after the promotion, and an operator rolls back within them: the
         # promote task's unload at the end of the grace must then be refused, since users are on that version again.
-        env = {**os.environ, "TIDAL_CANARY__STEPS": "[0.5]", "TIDAL_CANARY__MIN_SAMPLES": "30",
-               "TIDAL_CANARY__MAX_STEP_S": "600", "TIDAL_CANARY__MAX_P99_RATIO": "20", "TIDAL_CANARY__UNLOAD_GRACE_S": "30"}
+        env = {
+            **os.environ,
+            "TIDAL_CANARY__STEPS": "[0.5]",
+            "TIDAL_CANARY__MIN_SAMPLES": "30",
+            "TIDAL_CANARY__MAX_STEP_S": "600",
+            "TIDAL_CANARY__MAX_P99_RATIO": "20",
+            "TIDAL_CANARY__UNLOAD_GRACE_S": "30",
+        }
         promote = Promote(info.version, tmp_path / "promote.log", env=env, model="tabfull")
         start_when_verified(users, registry, promote, info.version, model="tabfull")
         routes, deadline = platform.routes_client(), time.monotonic() + 1200
-        while [(a.version, a.weight) for a in getattr(routes.show().get("tabfull"), "arms", [])] \
-                != [(info.version, 1.0)]:  # the promotion's route change
+        while [(a.version, a.weight) for a in getattr(routes.show().get("tabfull"), "arms", [])] != [
+            (info.version, 1.0)
+        ]:  # the promotion's route change
             assert promote.running() and time.monotonic() < deadline, promote.log.read_text()[-3000:]
             time.sleep(0.2)
         # the operator's `tidal rollback`, called in this process (a CLI start takes seconds on a loaded machine)
@@ -240,9 +304,13 @@ def test_restart_strategy_canary_runs_on_a_surge_replica_and_promotes(settings, 
     assert json.loads(t["tidal.release.step_1"])["weight"] == 0.5
     print("restart canary:", json.loads(t["tidal.release.promoted"])["figures"])
     assert rolled["serving"] == 1 and "kept tabfull@v1" in out and "still gets traffic" in out, out[-2000:]
-    chaos_report.record("10. operator rollback during the unload grace (restart strategy)",
-                        route_change_s=rolled["route_change_s"], old_champion_unload="refused (routed)",
-                        requests=sum(users.by_arm.values()), client_errors=len(users.errors))
+    chaos_report.record(
+        "10. operator rollback during the unload grace (restart strategy)",
+        route_change_s=rolled["route_change_s"],
+        old_champion_unload="refused (routed)",
+        requests=sum(users.by_arm.values()),
+        client_errors=len(users.errors),
+    )
     assert users.by_arm.get("canary", 0) > 0 and users.errors == []
     assert registry.aliases("tabfull")["champion"] == 1
     fleet = platform.fleet_client()
@@ -250,8 +318,13 @@ def test_restart_strategy_canary_runs_on_a_surge_replica_and_promotes(settings, 
     assert {v for r in fleet.replicas("tabfull") for v in r.served.values()} == {1, info.version}
 
     # forward again, then unload v1: the rolling replacement boots the candidate before the old replica goes
-    fwd = subprocess.run([sys.executable, "-m", "tidal.cli", "rollback", "tabfull", "--to", str(info.version), "--reason",
-                          "forward"], capture_output=True, text=True, env=dict(os.environ), check=False)
+    fwd = subprocess.run(
+        [sys.executable, "-m", "tidal.cli", "rollback", "tabfull", "--to", str(info.version), "--reason", "forward"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        check=False,
+    )
     assert fwd.returncode == 0, fwd.stdout + fwd.stderr
     fleet.undeploy("tabfull", 1)
     assert [r.served for r in fleet.replicas("tabfull")] == [{f"tabfull@v{info.version}": info.version}]

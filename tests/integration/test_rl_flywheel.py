@@ -72,8 +72,11 @@ def demo_env(**extra: str) -> dict[str, str]:
 
 
 def events_named(api: str, name: str) -> list[dict]:
-    r = httpx.post(f"{api}/events/filter", json={"filter": {"event": {"name": [name]}, "occurred": {"since": "2000-01-01T00:00:00Z"}},
-                                                 "limit": 50}, timeout=30)
+    r = httpx.post(
+        f"{api}/events/filter",
+        json={"filter": {"event": {"name": [name]}, "occurred": {"since": "2000-01-01T00:00:00Z"}}, "limit": 50},
+        timeout=30,
+    )
     r.raise_for_status()
     return r.json()["events"]
 
@@ -106,8 +109,9 @@ def test_tidal_demo_runs_one_cycle_and_reports(settings, platform, registry, gat
     champion_before = registry.aliases("tab")["champion"]
     cycles_before = len(load_cycles(store, "tab"))
     since = datetime.now(UTC).isoformat()
-    out = subprocess.run([sys.executable, "-m", "tidal.cli", "demo", "--cycles", "1"], env=demo_env(),
-                         capture_output=True, text=True, timeout=1200)
+    out = subprocess.run(
+        [sys.executable, "-m", "tidal.cli", "demo", "--cycles", "1"], env=demo_env(), capture_output=True, text=True, timeout=1200
+    )
     print(out.stdout[-4000:], out.stderr[-3000:], sep="\n")
     assert out.returncode == 0, out.stderr[-3000:]
 
@@ -157,16 +161,26 @@ def test_tidal_demo_runs_one_cycle_and_reports(settings, platform, registry, gat
     # as the flywheel's, so no chained train or promote run started.
     runs = flow_runs(api, {"flow_runs": {"start_time": {"after_": since}}, "deployments": {"name": {"any_": ["flywheel-tab"]}}})
     assert [r["state"]["type"] for r in runs] == ["COMPLETED"], runs
-    assert flow_runs(api, {"flow_runs": {"start_time": {"after_": since}},
-                           "deployments": {"name": {"any_": ["train-tab", "promote-tab"]}}}) == []
+    assert (
+        flow_runs(
+            api, {"flow_runs": {"start_time": {"after_": since}}, "deployments": {"name": {"any_": ["train-tab", "promote-tab"]}}}
+        )
+        == []
+    )
     ready = [e for e in events_named(api, "tidal.dataset.ready") if e["payload"]["dataset_id"] == report.dataset_id]
     assert [e["resource"]["tidal.driver"] for e in ready] == ["flywheel"]
     registered = [e for e in events_named(api, "tidal.candidate.registered") if e["payload"]["version"] == cand.version]
     assert [e["resource"]["tidal.driver"] for e in registered] == ["flywheel"]
 
     # Prefect artifacts: the cycle table, the demo's summary and the link to its MLflow run.
-    arts = {a["key"]: a for a in httpx.post(f"{api}/artifacts/filter", timeout=30, json={
-        "artifacts": {"key": {"any_": ["tab-flywheel", "tab-demo", "tab-demo-plot"]}}, "sort": "CREATED_DESC"}).json()[::-1]}
+    arts = {
+        a["key"]: a
+        for a in httpx.post(
+            f"{api}/artifacts/filter",
+            timeout=30,
+            json={"artifacts": {"key": {"any_": ["tab-flywheel", "tab-demo", "tab-demo-plot"]}}, "sort": "CREATED_DESC"},
+        ).json()[::-1]
+    }
     assert arts["tab-flywheel"]["type"] == "table" and report.dataset_id in json.dumps(arts["tab-flywheel"]["data"])
     assert arts["tab-demo"]["type"] == "markdown" and "demo, 1 cycles" in arts["tab-demo"]["data"]
     assert arts["tab-demo-plot"]["type"] == "markdown"  # Prefect keeps a link artifact as its markdown link
@@ -175,8 +189,9 @@ def test_tidal_demo_runs_one_cycle_and_reports(settings, platform, registry, gat
     import mlflow
 
     client = mlflow.MlflowClient(settings.mlflow.tracking_uri)
-    [run] = client.search_runs([client.get_experiment_by_name("tab/demo").experiment_id], order_by=["start_time DESC"],
-                               max_results=1)
+    [run] = client.search_runs(
+        [client.get_experiment_by_name("tab/demo").experiment_id], order_by=["start_time DESC"], max_results=1
+    )
     versions = sorted({1, report.champion_after, cand.version})
     assert run.data.params["versions"] == ",".join(f"v{v}" for v in versions)
     assert run.info.run_id in arts["tab-demo-plot"]["data"]
@@ -205,13 +220,18 @@ def test_tidal_demo_runs_one_cycle_and_reports(settings, platform, registry, gat
 
 @pytest.mark.long  # a second cycle up to its canary: ~7 minutes on 2 cores
 @pytest.mark.timeout(900)
-def test_interrupting_the_demo_during_its_canary_leaves_the_champion_serving_everyone(settings, platform, registry,
-                                                                                       gateway, session_runner):
+def test_interrupting_the_demo_during_its_canary_leaves_the_champion_serving_everyone(
+    settings, platform, registry, gateway, session_runner
+):
     # A canary that cannot end by itself before the interrupt: many outcomes needed, a long step.
     champion = registry.aliases("tab")["champion"]
-    proc = subprocess.Popen([sys.executable, "-m", "tidal.cli", "demo", "--cycles", "1"], text=True,
-                            env=demo_env(TIDAL_DEMO__CANARY__MIN_SAMPLES="100000", TIDAL_DEMO__CANARY__MAX_STEP_S="600"),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tidal.cli", "demo", "--cycles", "1"],
+        text=True,
+        env=demo_env(TIDAL_DEMO__CANARY__MIN_SAMPLES="100000", TIDAL_DEMO__CANARY__MAX_STEP_S="600"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 600
         while [a for a, _ in arm_weights(platform)] != ["control", "canary"]:
@@ -232,8 +252,11 @@ def test_interrupting_the_demo_during_its_canary_leaves_the_champion_serving_eve
     assert registry.aliases("tab")["champion"] == champion
     # The cancelled cycle's flow run stops in the runner, and nothing puts the canary back.
     api, deadline = settings.prefect.api_url, time.monotonic() + 90
-    while (state := flow_runs(api, {"deployments": {"name": {"any_": ["flywheel-tab"]}}, "sort": "START_TIME_DESC",
-                                    "limit": 1})[0]["state"]["type"]) != "CANCELLED":
+    while (
+        state := flow_runs(api, {"deployments": {"name": {"any_": ["flywheel-tab"]}}, "sort": "START_TIME_DESC", "limit": 1})[0][
+            "state"
+        ]["type"]
+    ) != "CANCELLED":
         assert time.monotonic() < deadline, state
         time.sleep(1)
     assert arm_weights(platform) == [("control", 1.0)]

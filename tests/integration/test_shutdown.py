@@ -22,8 +22,11 @@ pytestmark = pytest.mark.slow
 
 def _secrets(settings) -> dict[str, str]:
     """Every credential of the platform: configured ones and those generated into data_dir/secrets."""
-    found = {"admin_token": settings.admin_token or "", "gateway.secret": settings.gateway.secret or "",
-             **{f"client key {c.client_id}": c.key for c in settings.gateway.clients}}
+    found = {
+        "admin_token": settings.admin_token or "",
+        "gateway.secret": settings.gateway.secret or "",
+        **{f"client key {c.client_id}": c.key for c in settings.gateway.clients},
+    }
     for path in (settings.data_path / "secrets").glob("*"):
         found[f"secrets/{path.name}"] = path.read_text().strip()
     return {name: value for name, value in found.items() if len(value) >= 8}
@@ -57,6 +60,7 @@ def test_no_credential_in_any_log_reply_metric_or_mlflow_record(platform, fleet,
     """After the whole session, and after the supervisor refused a poll (a ClientResponseError's repr carries
     the Authorization header it was sent with): no secret in a log file, a health or metrics reply, a Prefect
     log or an MLflow parameter, tag or description."""
+
     async def refused_poll() -> str:
         pool = ReplicaPool(f"http://127.0.0.1:{settings.fleet.admin_port}", "wrong-admin-token-0123456789", poll_s=0.05)
         async with aiohttp.ClientSession() as session:
@@ -70,8 +74,11 @@ def test_no_credential_in_any_log_reply_metric_or_mlflow_record(platform, fleet,
 
     secrets = {**_secrets(settings), "the refused poll's token": "wrong-admin-token-0123456789"}
     assert {"admin_token", "gateway.secret", "client key alice"} <= set(secrets)
-    texts = {str(p.relative_to(settings.data_path)): p.read_text(errors="replace")
-             for p in Path(settings.data_path).rglob("*.log") if p.is_file()}
+    texts = {
+        str(p.relative_to(settings.data_path)): p.read_text(errors="replace")
+        for p in Path(settings.data_path).rglob("*.log")
+        if p.is_file()
+    }
     assert any(name.endswith("gateway.log") for name in texts) and any(name.endswith("fleet.log") for name in texts)
     texts["the refused poll"] = refused
     for url in (f"{gateway}/health", f"{gateway}/metrics", f"http://127.0.0.1:{settings.fleet.admin_port}/health"):
@@ -85,8 +92,13 @@ def test_no_credential_in_any_log_reply_metric_or_mlflow_record(platform, fleet,
 
 def test_tidal_down_leaves_nothing_running(platform, fleet, settings):
     services = ("prefect", "mlflow", "fleet", "gateway", "flows")
-    ports = {"prefect": settings.prefect.port, "mlflow": settings.mlflow.port, "fleet": settings.fleet.admin_port,
-             "gateway": settings.gateway.port, "flows": settings.prefect.runner_port}
+    ports = {
+        "prefect": settings.prefect.port,
+        "mlflow": settings.mlflow.port,
+        "fleet": settings.fleet.admin_port,
+        "gateway": settings.gateway.port,
+        "flows": settings.prefect.runner_port,
+    }
     # Before: every service runs and listens on its port, and the fleet's replicas run on theirs.
     running = {n: platform.running(n) for n in services}
     assert all(running.values()), {n: bool(i) for n, i in running.items()}
@@ -97,8 +109,13 @@ def test_tidal_down_leaves_nothing_running(platform, fleet, settings):
     assert len(replicas) >= 3 and all(group_members(p) for p in pids), replicas
     assert not any(port_free("127.0.0.1", p) for p in replica_ports)
 
-    out = subprocess.run([sys.executable, "-m", "tidal.cli", "down"], capture_output=True, text=True, timeout=180,
-                         env={**os.environ, "TIDAL_CONFIG": os.environ["TIDAL_CONFIG"]})
+    out = subprocess.run(
+        [sys.executable, "-m", "tidal.cli", "down"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "TIDAL_CONFIG": os.environ["TIDAL_CONFIG"]},
+    )
     assert out.returncode == 0, out.stderr
     assert all(n in out.stdout for n in services), out.stdout
     # After: no process of any group (engine children included), every port free, no pid file left.

@@ -23,8 +23,7 @@ from training.pretrain import PretrainConfig, pretrain
 from training.probe import compute_probe, save_probe
 from training.tokenizer import train_tokenizer
 
-TINY = PolicyConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64,
-                    max_position_embeddings=256)
+TINY = PolicyConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64, max_position_embeddings=256)
 
 
 @pytest.fixture(scope="session")
@@ -34,8 +33,14 @@ def champion_dir(tmp_path_factory) -> Path:
     tok = train_tokenizer(texts, vocab_size=300)
     model = build_policy(TINY, tok, seed=0)
     # A few hundred steps make the distribution peaked like a real policy's (a random one is near uniform)
-    pretrain(model, tok, texts, texts[1:], PretrainConfig(max_steps=300, max_seconds=600, seq_len=128, batch_size=8,
-                                                          warmup_steps=10, eval_bytes=2000), progress=False)
+    pretrain(
+        model,
+        tok,
+        texts,
+        texts[1:],
+        PretrainConfig(max_steps=300, max_seconds=600, seq_len=128, batch_size=8, warmup_steps=10, eval_bytes=2000),
+        progress=False,
+    )
     out = save_policy(model, tok, tmp_path_factory.mktemp("champion") / "v1")
     save_probe(compute_probe(model, tok, ["def heappush(heap, item", "import bis"], max_new_tokens=4), out)
     return out
@@ -67,11 +72,23 @@ def samples(champion_dir) -> list[RewardSample]:
         prompt = tok.encode(tok_texts[start : start + rng.randrange(40, 120)], add_special_tokens=False)
         completion, logps = sample(model, prompt, 4, gen)
         accepted = tok.decode(completion[:1])[:1].isspace()
-        rows.append(RewardSample(
-            request_id=f"r{i}", model="tab", version=1, arm="control", user_hash="u", prompt_token_ids=prompt,
-            completion_token_ids=completion, behaviour_logprobs=logps, completion_text="x",
-            event="accepted" if accepted else "rejected", reward=0.75 if accepted else -0.25, reward_rule="r@1",
-            completion_time_ms=0))
+        rows.append(
+            RewardSample(
+                request_id=f"r{i}",
+                model="tab",
+                version=1,
+                arm="control",
+                user_hash="u",
+                prompt_token_ids=prompt,
+                completion_token_ids=completion,
+                behaviour_logprobs=logps,
+                completion_text="x",
+                event="accepted" if accepted else "rejected",
+                reward=0.75 if accepted else -0.25,
+                reward_rule="r@1",
+                completion_time_ms=0,
+            )
+        )
     return rows
 
 

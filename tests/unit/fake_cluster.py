@@ -23,8 +23,13 @@ from serving.runtime.k8s_manifest import DELETION_COST, ENGINE, GATE
 from serving.runtime.kubernetes import MERGE, STRATEGIC
 from data_contracts.probe import ProbeItem, ProbeSet
 
-PROBE = ProbeSet(max_new_tokens=3, items=[ProbeItem(prompt_token_ids=[1, 2, 3], completion_token_ids=[4, 5, 6], logprobs=[-0.1, -0.2, -0.3]),
-                                          ProbeItem(prompt_token_ids=[7, 8], completion_token_ids=[9, 9, 9], logprobs=[-1.0, -0.5, -0.25])])
+PROBE = ProbeSet(
+    max_new_tokens=3,
+    items=[
+        ProbeItem(prompt_token_ids=[1, 2, 3], completion_token_ids=[4, 5, 6], logprobs=[-0.1, -0.2, -0.3]),
+        ProbeItem(prompt_token_ids=[7, 8], completion_token_ids=[9, 9, 9], logprobs=[-1.0, -0.5, -0.25]),
+    ],
+)
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -107,7 +112,9 @@ class FakeCluster:
 
     def list_namespaced_deployment(self, namespace, label_selector):
         self.calls.append("list_namespaced_deployment")
-        return k8s.V1DeploymentList(items=[copy.deepcopy(d) for d in self.deployments.values() if matches(d.metadata.labels, label_selector)])
+        return k8s.V1DeploymentList(
+            items=[copy.deepcopy(d) for d in self.deployments.values() if matches(d.metadata.labels, label_selector)]
+        )
 
     # ---- CoreV1Api ----
     def list_namespaced_pod(self, namespace, label_selector):
@@ -120,7 +127,9 @@ class FakeCluster:
         if name not in self.pods:
             raise not_found()
         meta = self.pods[name].metadata
-        meta.annotations = {k: v for k, v in {**(meta.annotations or {}), **body["metadata"]["annotations"]}.items() if v is not None}
+        meta.annotations = {
+            k: v for k, v in {**(meta.annotations or {}), **body["metadata"]["annotations"]}.items() if v is not None
+        }
 
     def delete_namespaced_pod(self, name, namespace):
         self.calls.append("delete_namespaced_pod")
@@ -141,7 +150,10 @@ class FakeCluster:
         assert cond["type"] == GATE and cond["status"] in ("True", "False") and cond["reason"] and cond["lastTransitionTime"]
         status = self.pods[name].status
         others = [c for c in status.conditions or [] if c.type != GATE]
-        status.conditions = [*others, k8s.V1PodCondition(type=GATE, status=cond["status"], reason=cond["reason"], message=cond["message"])]
+        status.conditions = [
+            *others,
+            k8s.V1PodCondition(type=GATE, status=cond["status"], reason=cond["reason"], message=cond["message"]),
+        ]
         self.events.append(("gate", name, cond["status"] == "True"))
 
     # ---- what Kubernetes does on its own ----
@@ -149,6 +161,7 @@ class FakeCluster:
         d = self.deployments[dep]
         mine = [p for p, owner in self.owner.items() if owner == dep]
         while len(mine) > d.spec.replicas:  # the ReplicaSet's choice: lowest deletion cost first, then newest
+
             def cost(p):
                 meta = self.pods[p].metadata
                 return int((meta.annotations or {}).get(DELETION_COST, 0)), -meta.creation_timestamp.timestamp()
@@ -165,14 +178,38 @@ class FakeCluster:
         wrong = self.wrong_weights > 0
         self.wrong_weights -= wrong
         if self.ready:
-            status = k8s.V1PodStatus(phase="Running", pod_ip=ip, conditions=[], container_statuses=[
-                k8s.V1ContainerStatus(name=ENGINE, image=d.spec.template.spec.containers[0].image, image_id="", ready=True, restart_count=0)])
+            status = k8s.V1PodStatus(
+                phase="Running",
+                pod_ip=ip,
+                conditions=[],
+                container_statuses=[
+                    k8s.V1ContainerStatus(
+                        name=ENGINE, image=d.spec.template.spec.containers[0].image, image_id="", ready=True, restart_count=0
+                    )
+                ],
+            )
             self.engines[ip] = FakeEngine(self.events, ip, d.metadata.annotations["tidal.dev/served-name"], wrong)
         else:
-            status = k8s.V1PodStatus(phase="Pending", conditions=[k8s.V1PodCondition(
-                type="PodScheduled", status="False", reason="Unschedulable", message="0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")])
-        self.pods[name] = k8s.V1Pod(metadata=k8s.V1ObjectMeta(name=name, uid=str(uuid.uuid4()), labels=dict(d.spec.template.metadata.labels),
-                                                                 creation_timestamp=T0 + timedelta(seconds=n)), status=status)
+            status = k8s.V1PodStatus(
+                phase="Pending",
+                conditions=[
+                    k8s.V1PodCondition(
+                        type="PodScheduled",
+                        status="False",
+                        reason="Unschedulable",
+                        message="0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+                    )
+                ],
+            )
+        self.pods[name] = k8s.V1Pod(
+            metadata=k8s.V1ObjectMeta(
+                name=name,
+                uid=str(uuid.uuid4()),
+                labels=dict(d.spec.template.metadata.labels),
+                creation_timestamp=T0 + timedelta(seconds=n),
+            ),
+            status=status,
+        )
         self.owner[name] = dep
         self.events.append(("pod", name))
         return name
@@ -213,6 +250,7 @@ def _serialized(method):
     def call(self, *args, **kw):
         with self.lock:
             return method(self, *args, **kw)
+
     return call
 
 

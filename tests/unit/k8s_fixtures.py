@@ -26,11 +26,18 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 def settings(tmp_path: Path, models: list[dict] | None = None, flavor: str = "cuda", **cfg):
     return load_settings(
-        data_dir=str(tmp_path / ".tidal"), store={"url": "s3://b/t"}, mlflow={"host": "tidal-mlflow"},
+        data_dir=str(tmp_path / ".tidal"),
+        store={"url": "s3://b/t"},
+        mlflow={"host": "tidal-mlflow"},
         engine={"flavor": flavor, "dtype": "bfloat16", "max_model_len": 4096, "enforce_eager": False},
-        fleet={"runtime": "kubernetes", "warmup_bursts": [], "restart_backoff_s": 0,
-               "kubernetes": {"image": VLLM, "weights_image": TIDAL, **cfg}},
-        models=models or [{"name": "tab", "replicas": 2, "update_strategy": "lora"}])
+        fleet={
+            "runtime": "kubernetes",
+            "warmup_bursts": [],
+            "restart_backoff_s": 0,
+            "kubernetes": {"image": VLLM, "weights_image": TIDAL, **cfg},
+        },
+        models=models or [{"name": "tab", "replicas": 2, "update_strategy": "lora"}],
+    )
 
 
 def as_model(manifest: dict, kind: str):

@@ -20,16 +20,31 @@ SEGMENT_ID = r"\d{13}-[0-9a-f]{12}-\d{6}"
 
 def completion(i: int, time_ms: int = T0, model: str = "tab", **over) -> dict:
     rec = CompletionRecord(
-        request_id=f"{i:08x}-req.sig", time_ms=time_ms, model=model, version=2, served_name=f"{model}@v2", arm="control",
-        user_hash="u1", client_id="cli", prompt_text=f"def f{i}(x):", completion_text=" return x", prompt_token_ids=[1, 2, i],
-        completion_token_ids=[5, 6], behaviour_logprobs=[-0.5, -1.25], sampling=SamplingParams(stop=["\n"], seed=i),
-        finish_reason="stop", latency_ms=12.5, replica="r0").model_dump()
+        request_id=f"{i:08x}-req.sig",
+        time_ms=time_ms,
+        model=model,
+        version=2,
+        served_name=f"{model}@v2",
+        arm="control",
+        user_hash="u1",
+        client_id="cli",
+        prompt_text=f"def f{i}(x):",
+        completion_text=" return x",
+        prompt_token_ids=[1, 2, i],
+        completion_token_ids=[5, 6],
+        behaviour_logprobs=[-0.5, -1.25],
+        sampling=SamplingParams(stop=["\n"], seed=i),
+        finish_reason="stop",
+        latency_ms=12.5,
+        replica="r0",
+    ).model_dump()
     return rec | over
 
 
 def feedback(i: int, time_ms: int = T0, model: str = "tab", **over) -> dict:
-    rec = FeedbackEvent(request_id=f"{i:08x}-req.sig", time_ms=time_ms, model=model, event="partial",
-                        accepted_chars=i, client_id="cli").model_dump()
+    rec = FeedbackEvent(
+        request_id=f"{i:08x}-req.sig", time_ms=time_ms, model=model, event="partial", accepted_chars=i, client_id="cli"
+    ).model_dump()
     return rec | over
 
 

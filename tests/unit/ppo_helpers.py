@@ -17,8 +17,16 @@ from training.ptx import PtxLoss
 
 
 def cfg(**kw) -> PPOConfig:
-    base = {"batch_size": 32, "minibatch_size": 8, "epochs": 2, "passes": 3, "learning_rate": 3e-3,
-            "critic_learning_rate": 1e-2, "target_kl": None, "seed": 0}
+    base = {
+        "batch_size": 32,
+        "minibatch_size": 8,
+        "epochs": 2,
+        "passes": 3,
+        "learning_rate": 3e-3,
+        "critic_learning_rate": 1e-2,
+        "target_kl": None,
+        "seed": 0,
+    }
     return PPOConfig(**{**base, **kw})
 
 

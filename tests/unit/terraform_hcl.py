@@ -40,8 +40,16 @@ def parse_text(text: str) -> dict:
 
 def load_dir(path: Path) -> dict:
     """Every .tf file of one module merged: resource/data as {type: {name: body}}, the rest as lists."""
-    merged: dict = {"resource": {}, "data": {}, "module": {}, "variable": {}, "locals": {}, "terraform": [],
-                    "output": {}, "provider": []}
+    merged: dict = {
+        "resource": {},
+        "data": {},
+        "module": {},
+        "variable": {},
+        "locals": {},
+        "terraform": [],
+        "output": {},
+        "provider": [],
+    }
     for f in sorted(path.glob("*.tf")):
         _merge(merged, parse_text(f.read_text()))
     return merged
@@ -111,16 +119,24 @@ def policy_statements(doc_body: dict, local_values: dict):
     written."""
     ctx = {"each": doc_body.get("for_each", "")}
     for st in doc_body.get("statement", []):
-        yield (st.get("effect", "Allow"), reachable_literals(st.get("actions", []), local_values, ctx),
-               st.get("resources", []), st.get("condition", []))
+        yield (
+            st.get("effect", "Allow"),
+            reachable_literals(st.get("actions", []), local_values, ctx),
+            st.get("resources", []),
+            st.get("condition", []),
+        )
     for dyn in doc_body.get("dynamic", []):
         for label, body in dyn.items():
             if label != "statement":
                 continue
             dctx = {**ctx, "statement": body.get("for_each", "")}
             for st in body.get("content", []):
-                yield (st.get("effect", "Allow"), reachable_literals(st.get("actions", []), local_values, dctx),
-                       st.get("resources", []), st.get("condition", []))
+                yield (
+                    st.get("effect", "Allow"),
+                    reachable_literals(st.get("actions", []), local_values, dctx),
+                    st.get("resources", []),
+                    st.get("condition", []),
+                )
 
 
 ACTION = re.compile(r"^(\*|[a-z0-9-]+:[A-Za-z0-9*]+)$")
@@ -155,31 +171,43 @@ def bucket_findings(module: dict) -> list[str]:
         each = bucket.get("for_each")
 
         def companions(rtype, bname=bname, each=each):
-            return [body for body in res.get(rtype, {}).values()
-                    if f"aws_s3_bucket.{bname}" in str(body.get("bucket", "")) and body.get("for_each") == each]
+            return [
+                body
+                for body in res.get(rtype, {}).values()
+                if f"aws_s3_bucket.{bname}" in str(body.get("bucket", "")) and body.get("for_each") == each
+            ]
 
         sse = companions("aws_s3_bucket_server_side_encryption_configuration")
-        if not any(r.get("apply_server_side_encryption_by_default", [{}])[0].get("sse_algorithm") == "aws:kms"
-                   and "aws_kms_key." in str(r["apply_server_side_encryption_by_default"][0].get("kms_master_key_id", ""))
-                   for c in sse for r in c.get("rule", [])):
+        if not any(
+            r.get("apply_server_side_encryption_by_default", [{}])[0].get("sse_algorithm") == "aws:kms"
+            and "aws_kms_key." in str(r["apply_server_side_encryption_by_default"][0].get("kms_master_key_id", ""))
+            for c in sse
+            for r in c.get("rule", [])
+        ):
             problems.append(f"{bname}: no SSE-KMS default encryption with a customer-managed key")
-        if not any(v.get("status") == "Enabled" for c in companions("aws_s3_bucket_versioning")
-                   for v in c.get("versioning_configuration", [])):
+        if not any(
+            v.get("status") == "Enabled"
+            for c in companions("aws_s3_bucket_versioning")
+            for v in c.get("versioning_configuration", [])
+        ):
             problems.append(f"{bname}: versioning not enabled")
         flags = ("block_public_acls", "block_public_policy", "ignore_public_acls", "restrict_public_buckets")
         if not any(all(c.get(f) is True for f in flags) for c in companions("aws_s3_bucket_public_access_block")):
             problems.append(f"{bname}: public access block missing or not all four true")
         lifecycle = [r for c in companions("aws_s3_bucket_lifecycle_configuration") for r in c.get("rule", [])]
-        if not lifecycle or not all(r.get("status") == "Enabled" and r.get("noncurrent_version_expiration")
-                                    and r.get("abort_incomplete_multipart_upload") for r in lifecycle):
+        if not lifecycle or not all(
+            r.get("status") == "Enabled" and r.get("noncurrent_version_expiration") and r.get("abort_incomplete_multipart_upload")
+            for r in lifecycle
+        ):
             problems.append(f"{bname}: lifecycle must expire noncurrent versions and abort stale multipart uploads")
         tls = False
         for pol in companions("aws_s3_bucket_policy"):
             for doc in refs(str(pol.get("policy", "")), "data.aws_iam_policy_document"):
                 body = module["data"]["aws_iam_policy_document"][doc]
                 for effect, _, _, conds in policy_statements(body, module["locals"]):
-                    tls |= effect == "Deny" and any(c.get("variable") == "aws:SecureTransport" and c.get("values") == ["false"]
-                                                    for c in conds)
+                    tls |= effect == "Deny" and any(
+                        c.get("variable") == "aws:SecureTransport" and c.get("values") == ["false"] for c in conds
+                    )
         if not tls:
             problems.append(f"{bname}: no bucket policy denying requests without TLS")
     return problems

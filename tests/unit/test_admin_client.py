@@ -36,8 +36,10 @@ class DropFirst(threading.Thread):
                 if self.connections <= self.drops:  # RST instead of an answer
                     conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     continue
-                conn.sendall(b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nConnection: close\r\n"
-                             b"Content-Length: %d\r\n\r\n%s" % (self.status, len(self.body), self.body))
+                conn.sendall(
+                    b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (self.status, len(self.body), self.body)
+                )
 
     def close(self) -> None:
         self.sock.close()
@@ -85,14 +87,21 @@ def test_route_guard_reads_the_table_file_when_the_gateway_does_not_answer(tmp_p
     down will route by again), else the serving version."""
     from serving.route_guard import RouteGuard, RoutedVersion, RoutesUnknown
     from serving.routes import ArmSpec, ModelRoutes, RouteTable
+
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
     guard = RouteGuard(dead, "t" * 16, tmp_path / "routes.json", timeout_s=2)
     assert guard.routed_versions("tab", serving_version=1) == {1}  # no table: the serving version only
-    RouteTable(tmp_path / "routes.json").set(ModelRoutes(model="tab", arms=[
-        ArmSpec(name="control", version=1, weight=0.8), ArmSpec(name="canary", version=3, weight=0.2)],
-        updated_ms=0, updated_by="test", reason=""))
+    RouteTable(tmp_path / "routes.json").set(
+        ModelRoutes(
+            model="tab",
+            arms=[ArmSpec(name="control", version=1, weight=0.8), ArmSpec(name="canary", version=3, weight=0.2)],
+            updated_ms=0,
+            updated_by="test",
+            reason="",
+        )
+    )
     assert guard.routed_versions("tab", serving_version=1) == {1, 3}
     assert guard.routed_versions("other", serving_version=2) == {2}
     with pytest.raises(RoutedVersion, match=r"tab@v3 still gets traffic.*tidal route rollback tab"):
@@ -108,10 +117,25 @@ def test_the_fleet_status_is_read_typed_and_an_answer_of_another_shape_is_refuse
 
     from serving.client import FleetClient
 
-    replica = {"name": "tab-0", "state": "ready", "url": "http://127.0.0.1:8100", "pid": 42, "base_version": 1,
-               "served": {"tab@v1": 1, "tab@v3": 3}, "restarts": 0, "last_error": ""}
-    group = {"strategy": "lora", "base_version": 1, "serving_version": 1, "adapters": [3], "surge_versions": [],
-             "desired_replicas": 1, "replicas": [replica]}
+    replica = {
+        "name": "tab-0",
+        "state": "ready",
+        "url": "http://127.0.0.1:8100",
+        "pid": 42,
+        "base_version": 1,
+        "served": {"tab@v1": 1, "tab@v3": 3},
+        "restarts": 0,
+        "last_error": "",
+    }
+    group = {
+        "strategy": "lora",
+        "base_version": 1,
+        "serving_version": 1,
+        "adapters": [3],
+        "surge_versions": [],
+        "desired_replicas": 1,
+        "replicas": [replica],
+    }
     status = {"ready": True, "error": None, "engine_flavor": "cpu", "runtime": "local", "models": {"tab": group}}
     server = DropFirst(0, body=json.dumps(status).encode())
     server.start()

@@ -35,7 +35,8 @@ def test_overhead_of_a_cycle_that_is_all_work_is_its_trainer_calls_only():
     assert parts == {"prefect": 0.0, "mlflow": 0.0, "contracts": 0.0, "union": 0.0}
 
 
-@pytest.mark.parametrize("value, expected", [("2026-12-01T03:00:00.500000Z", 1796094000.5),
-                                             ("2026-12-01T03:00:00+00:00", 1796094000.0), (None, None)])
+@pytest.mark.parametrize(
+    "value, expected", [("2026-12-01T03:00:00.500000Z", 1796094000.5), ("2026-12-01T03:00:00+00:00", 1796094000.0), (None, None)]
+)
 def test_prefect_timestamps_parse_to_epoch_seconds(value, expected):
     assert cycle.ts(value) == expected

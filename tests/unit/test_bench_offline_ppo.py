@@ -10,9 +10,21 @@ from sim.evaluate import best_truncation, eval_cases
 from sim.learning_report import LearningReport
 from sim.users import SimUsersConfig
 
-REPORT_KEYS = {"accept_ratio", "accept_ratio_ci", "suggestion_ratio", "chars_ratio", "chars_ratio_ci", "reward_delta",
-               "reward_delta_ci", "beats_truncation", "promoted", "final_version", "requests_per_version", "total_s",
-               "train_s"}
+REPORT_KEYS = {
+    "accept_ratio",
+    "accept_ratio_ci",
+    "suggestion_ratio",
+    "chars_ratio",
+    "chars_ratio_ci",
+    "reward_delta",
+    "reward_delta_ci",
+    "beats_truncation",
+    "promoted",
+    "final_version",
+    "requests_per_version",
+    "total_s",
+    "train_s",
+}
 
 
 def test_final_report_pairs_the_trained_policy_with_the_checkpoint_and_its_truncation() -> None:

@@ -31,11 +31,14 @@ def test_tokens_count_prompt_and_completion_of_every_sample():
     assert ppo.tokens_per_s(14848, 2.0) == 7424.0
 
 
-@pytest.mark.parametrize("change", [
-    dict(rewards=[1.0]),  # fewer rewards than samples
-    dict(prompt_ids=[[1, 2], [1, 2, 3], [4, 5]]),  # ragged prompts
-    dict(behaviour_logprobs=[[-1.0], [-1.0], [-1.0]]),  # one mu for two completion tokens
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(rewards=[1.0]),  # fewer rewards than samples
+        dict(prompt_ids=[[1, 2], [1, 2, 3], [4, 5]]),  # ragged prompts
+        dict(behaviour_logprobs=[[-1.0], [-1.0], [-1.0]]),  # one mu for two completion tokens
+    ],
+)
 def test_batch_rejects_inconsistent_columns(change):
     fields = {**_batch().__dict__, **change}
     with pytest.raises(ValueError):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-SUITE = '''
+SUITE = """
 import time
 import pytest
 
@@ -21,15 +21,37 @@ def test_overruns():
 
 def test_after():
     pass
-'''
+"""
 
 
 def run_suite(tmp_path: Path, sleep: float, budget: float) -> subprocess.CompletedProcess:
     (tmp_path / "test_suite.py").write_text(SUITE.format(sleep=sleep))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.budget", "-p", "no:cacheprovider", "--rootdir",
-                          str(tmp_path), "-c", os.devnull, "-o", f"session_timeout={budget}", "--durations=30", "-v",
-                          str(tmp_path)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "tests.budget",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+            "-c",
+            os.devnull,
+            "-o",
+            f"session_timeout={budget}",
+            "--durations=30",
+            "-v",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
 
 
 def test_an_overrun_fails_at_the_budget_with_the_slowest_tests_report(tmp_path):

@@ -53,11 +53,17 @@ def test_outcomes_carry_their_kind_user_and_that_users_history(store) -> None:
     built from their control outcomes before the start (`until_ms`), and attached to their outcomes after it."""
     start = T0 + 100_000
     before = [completion(T0 + i, i) for i in (0, 7, 1)]  # users u0, u0, u1: control before the ramp
-    after = [completion(start + 1, 0, prompt="def f():\n    "), completion(start + 2, 1, arm="canary", version=3),
-             completion(start + 3, 2)]  # u2 has no history
+    after = [
+        completion(start + 1, 0, prompt="def f():\n    "),
+        completion(start + 2, 1, arm="canary", version=3),
+        completion(start + 3, 2),
+    ]  # u2 has no history
     put_rows(store, "completions", before + after)
-    put_rows(store, "feedback", [feedback(before[0]), feedback(before[1], "rejected"), feedback(before[2]),
-                                 *(feedback(c) for c in after)])
+    put_rows(
+        store,
+        "feedback",
+        [feedback(before[0]), feedback(before[1], "rejected"), feedback(before[2]), *(feedback(c) for c in after)],
+    )
     rule = RewardRule()
     old = read_outcomes(LogReader(store, "tab", T0), {"control": 1}, rule, 0, start, until_ms=start)
     assert sorted(o.time_ms for o in old) == [T0, T0 + 1, T0 + 7]
@@ -114,5 +120,7 @@ def test_arm_counters_from_prometheus_text() -> None:
 def test_counters_since_the_canary_started_survive_a_gateway_restart() -> None:
     base = {"control": ArmHealth(900, 0), "canary": ArmHealth(40, 1)}
     assert counters_since({"control": ArmHealth(950, 0), "canary": ArmHealth(50, 2)}, base) == {
-        "control": ArmHealth(50, 0), "canary": ArmHealth(10, 1)}
+        "control": ArmHealth(50, 0),
+        "canary": ArmHealth(10, 1),
+    }
     assert counters_since({"control": ArmHealth(5, 0)}, base) == {"control": ArmHealth(5, 0)}  # counters began again

@@ -95,8 +95,9 @@ HETERO = Population(user_spread=0.5, kinds=(("line_start", 0.5, 0.5), ("mid_line
 def test_aa_false_alarms_within_alpha_with_strata_cuped_and_clustered_users() -> None:
     """4,000 users, each accepting at its own rate (x Gamma(cv 0.5)) and sticking to its arm, two request kinds,
     18 outcomes each before the ramp: the adjusted test still spends at most alpha."""
-    results = [run_ramp(AA_CFG, (BASE, BASE), seed, RATE_RPS, 100, 10**6, users=4000, population=HETERO)
-               for seed in range(AA_RAMPS)]
+    results = [
+        run_ramp(AA_CFG, (BASE, BASE), seed, RATE_RPS, 100, 10**6, users=4000, population=HETERO) for seed in range(AA_RAMPS)
+    ]
     n = count(results)
     assert n["rollback"] + n["promote"] <= AA_CFG.alpha * AA_RAMPS, n
     assert n["inconclusive"] > 0.75 * AA_RAMPS, n
@@ -116,6 +117,7 @@ def test_strata_and_cuped_narrow_the_interval_on_users_who_differ() -> None:
 
 # --- a degraded canary: accept rate 0.3 -> 0.12 (-60%) ------------------------------------------
 
+
 def test_degraded_canary_is_rolled_back_at_the_first_step() -> None:
     """'Exposed' = canary requests / all requests until the decision. Users are assigned at random, so that
     share of n requests scatters around the weight by sqrt(w (1 - w) / n); a rollback within step 0
@@ -123,14 +125,18 @@ def test_degraded_canary_is_rolled_back_at_the_first_step() -> None:
     cfg = CanaryConfig()  # production steps and min_samples
     w = cfg.steps[0]
     results = ramps(cfg, ArmModel(accept_p=0.12), range(50), look_every=50)
-    stopped = [r for r in results if r.action == "rollback" and r.step == 0
-               and r.exposed_share <= w + 3 * math.sqrt(w * (1 - w) / r.requests)]
+    stopped = [
+        r
+        for r in results
+        if r.action == "rollback" and r.step == 0 and r.exposed_share <= w + 3 * math.sqrt(w * (1 - w) / r.requests)
+    ]
     assert len(stopped) >= 0.95 * len(results), [(r.action, r.step, round(r.exposed_share, 3)) for r in results]
     pooled = sum(r.canary_requests for r in results) / sum(r.requests for r in results)
     assert pooled <= w + 0.01, pooled
 
 
 # --- a better canary: accept rate 0.3 -> 0.4 ------------------------------------------------------
+
 
 def test_better_canary_is_promoted_through_every_step() -> None:
     cfg = CanaryConfig(min_samples=100, max_step_s=300.0)
@@ -141,6 +147,7 @@ def test_better_canary_is_promoted_through_every_step() -> None:
 
 
 # --- better on reward, worse on accepted characters: never promoted ---------------------------------------
+
 
 def test_a_canary_better_on_reward_but_worse_on_accepted_chars_is_never_promoted() -> None:
     """10% more accepts (reward +0.03 per request) of suggestions 27% shorter: accepted characters per request
@@ -153,6 +160,7 @@ def test_a_canary_better_on_reward_but_worse_on_accepted_chars_is_never_promoted
 
 # --- a canary that has learned silence: the collapse the accepted-characters guardrail exists for ----------
 
+
 def test_silent_canary_with_higher_reward_is_rolled_back_by_the_accepted_chars_guardrail() -> None:
     """A policy that abstains on 70% of requests and shows short, safe suggestions otherwise: fewer suggestions,
     a higher accept rate, a *higher* reward per request under the default rule (abstaining earns 0, a rejection
@@ -160,8 +168,9 @@ def test_silent_canary_with_higher_reward_is_rolled_back_by_the_accepted_chars_g
     cfg = CanaryConfig()  # production steps, min_samples and test sizes
     silent = ArmModel(accept_p=0.6, mean_chars=10.0, show_p=0.3)
     results = ramps(cfg, silent, range(30), look_every=50)
-    assert all(r.action == "rollback" and "accepted chars per request fell" in r.reason for r in results), \
-        Counter((r.action, r.step, r.reason[:30]) for r in results)
+    assert all(r.action == "rollback" and "accepted chars per request fell" in r.reason for r in results), Counter(
+        (r.action, r.step, r.reason[:30]) for r in results
+    )
     assert sum(r.step == 0 for r in results) >= 0.9 * len(results)  # caught at 5%
     mean = {m: float(np.mean([r.deltas[m] for r in results])) for m in ("reward", "accepted_chars")}
     # what the arms served until the rollback (canary − control): the reward rose, the value delivered fell

@@ -21,6 +21,7 @@ ALPHA = 0.05
 
 # --- mSPRT ---------------------------------------------------------------------------------------
 
+
 def test_summary_of_values() -> None:
     assert Summary.of([1.0, 2.0, 3.0]) == Summary(3, 2.0, 1.0)  # unbiased variance: /(n - 1)
     assert Summary.of([]) == Summary(0, 0.0, 0.0)
@@ -85,6 +86,7 @@ def test_too_few_outcomes_decide_nothing_and_bad_parameters_are_refused() -> Non
 
 # --- stratification, CUPED, the power plan, the fitted mixture --------------------------------------
 
+
 def test_one_stratum_is_the_plain_test() -> None:
     control, canary = Summary(800, 0.30, 0.21), Summary(400, 0.36, 0.23)
     plain, strat = msprt("r", control, canary, ALPHA, 0.2), stratified_msprt("r", [[(control, canary)]], ALPHA, 0.2)
@@ -100,6 +102,7 @@ def test_strata_remove_the_spread_between_kinds_and_the_bias_of_a_trend() -> Non
     low_c, low_k = bernoulli(rng, 0.1, 4000), bernoulli(rng, 0.1, 3000)  # the canary got more of the hard kind
     high_c, high_k = bernoulli(rng, 0.5, 4000), bernoulli(rng, 0.5, 500)
     from release.stats import _merge
+
     pooled = msprt("a", _merge([low_c, high_c]), _merge([low_k, high_k]), ALPHA, 0.2)
     strat = stratified_msprt("a", [[(low_c, low_k), (high_c, high_k)]], ALPHA, 0.2)
     assert pooled.worse and pooled.delta < -0.1  # Simpson's paradox
@@ -184,6 +187,7 @@ def test_the_mixture_is_fitted_to_past_effects() -> None:
 
 # --- CanaryConfig --------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("steps", [[], [0.25, 0.05], [0.05, 0.05, 0.5], [0.05, 1.0], [0.0, 0.5]])
 def test_steps_must_be_increasing_shares_strictly_inside_0_1(steps: list[float]) -> None:
     with pytest.raises(ValidationError, match=r"canary.steps=.*need increasing shares in \(0, 1\)"):
@@ -205,8 +209,9 @@ def test_config_defaults_and_typos() -> None:
 CFG = CanaryConfig(min_samples=200, max_step_s=600, detect_regression_sd=0.5)
 
 
-def outcomes(arm: str, n: int, accept_every: int = 10, accepts_per: int = 3, chars: float = 20.0,
-             latency_ms: float = 100.0) -> list[Outcome]:
+def outcomes(
+    arm: str, n: int, accept_every: int = 10, accepts_per: int = 3, chars: float = 20.0, latency_ms: float = 100.0
+) -> list[Outcome]:
     """n deterministic outcomes: `accepts_per` of every `accept_every` accepted (30% by default), each
     accepted one keeping `chars` characters; rewards as the default rule (+0.75 / -0.25)."""
     out = []
@@ -336,6 +341,7 @@ def test_two_rejected_canary_outcomes_are_no_evidence() -> None:
 
 
 # --- Ramp ----------------------------------------------------------------------------------------
+
 
 def test_ramp_advances_per_complete_step_then_promotes_or_times_out() -> None:
     ramp = Ramp(CFG, now_s=0.0)

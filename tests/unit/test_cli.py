@@ -49,6 +49,7 @@ def idle_platform(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, 
 
 # ---- parsing --------------------------------------------------------------------------------------
 
+
 def test_fleet_scale_with_non_integer_replicas_is_a_usage_error(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["fleet", "scale", "tab", "x"])
@@ -83,7 +84,10 @@ def test_parser_maps_commands_to_handlers() -> None:
 
 # ---- status ---------------------------------------------------------------------------------------
 
-def test_status_with_nothing_running_reports_every_service_down(idle_platform: dict[str, int], capsys: pytest.CaptureFixture) -> None:
+
+def test_status_with_nothing_running_reports_every_service_down(
+    idle_platform: dict[str, int], capsys: pytest.CaptureFixture
+) -> None:
     assert main(["status"]) == 0
     out = capsys.readouterr().out
     lines = {line.split()[0]: line for line in out.splitlines() if line.strip()}
@@ -117,21 +121,42 @@ def test_status_ignores_a_stale_pid_file(idle_platform: dict[str, int], tmp_path
     assert json.loads(capsys.readouterr().out)["services"]["mlflow"]["running"] is False
 
 
-def test_down_reads_the_engines_of_the_last_fleet_from_its_replicas_file(idle_platform: dict[str, int], tmp_path: Path,
-                                                                         caplog: pytest.LogCaptureFixture) -> None:
+def test_down_reads_the_engines_of_the_last_fleet_from_its_replicas_file(
+    idle_platform: dict[str, int], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """`tidal down` stops engines a dead supervisor left behind, found in the FleetState it saved as replicas.json."""
     from serving.fleet_replies import FleetState, ModelStatus, ReplicaStatus
     from tidal.platform import Platform
     from tidal.settings import load_settings
 
     platform = Platform(load_settings())
-    replicas = [ReplicaStatus(name=f"tab-{i}", state="ready", url="http://127.0.0.1:9", pid=pid, base_version=1,
-                              served={"tab@v1": 1}, restarts=0, last_error="") for i, pid in enumerate((4242, None))]
-    tab = ModelStatus(strategy="reload", base_version=1, serving_version=1, adapters=[], surge_versions=[],
-                      desired_replicas=2, replicas=replicas)
+    replicas = [
+        ReplicaStatus(
+            name=f"tab-{i}",
+            state="ready",
+            url="http://127.0.0.1:9",
+            pid=pid,
+            base_version=1,
+            served={"tab@v1": 1},
+            restarts=0,
+            last_error="",
+        )
+        for i, pid in enumerate((4242, None))
+    ]
+    tab = ModelStatus(
+        strategy="reload",
+        base_version=1,
+        serving_version=1,
+        adapters=[],
+        surge_versions=[],
+        desired_replicas=2,
+        replicas=replicas,
+    )
     assert platform.replica_pids() == []  # no fleet ran yet
     platform.run_dir.mkdir(parents=True, exist_ok=True)
-    (platform.run_dir / "replicas.json").write_text(FleetState(engine_flavor="cpu", runtime="local", models={"tab": tab}).model_dump_json())
+    (platform.run_dir / "replicas.json").write_text(
+        FleetState(engine_flavor="cpu", runtime="local", models={"tab": tab}).model_dump_json()
+    )
     assert platform.replica_pids() == [4242]
     (platform.run_dir / "replicas.json").write_text('{"models": {"tab": {"replicas": [{"pid": 4242}]}}}')  # not a FleetState
     with caplog.at_level("WARNING", logger="tidal.platform"):
@@ -140,6 +165,7 @@ def test_down_reads_the_engines_of_the_last_fleet_from_its_replicas_file(idle_pl
 
 
 # ---- errors ---------------------------------------------------------------------------------------
+
 
 def test_invalid_setting_returns_1_with_error_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     monkeypatch.setenv("TIDAL_FLEET__BASE_PORT", "-1")

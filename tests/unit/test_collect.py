@@ -41,7 +41,10 @@ def test_second_run_finds_nothing_new_and_duplicates_nothing(tmp_path):
     again = collect(store, T0 + 2 * HOUR)
     later = collect(store, T0 + 3 * HOUR)
     assert first.new and first.samples.num_rows == 8
-    assert (again.dataset_id, again.new) == (first.dataset_id, False) and (later.dataset_id, later.new) == (first.dataset_id, False)
+    assert (again.dataset_id, again.new) == (first.dataset_id, False) and (later.dataset_id, later.new) == (
+        first.dataset_id,
+        False,
+    )
     assert dataset_ids(store) == {first.dataset_id}
     wm = read_watermark(store, "tab")
     assert wm.dataset_id == first.dataset_id and wm.hour == "2026-01-01T00" and wm.completions_through_ms == T0 + HOUR
@@ -102,7 +105,13 @@ def test_late_verdicts_are_counted_once_and_not_used(tmp_path):
     put_logs(store, "feedback", [feedback(b, "accepted", after_ms=HOUR + 30 * MIN)])  # stored after that run
     second = collect(store, T0 + 2 * HOUR + 20 * MIN)
     assert second.new and second.manifest.stored()["counts"]["feedback"] == {
-        "in": 1, "kept": 0, "quarantined": 0, "quarantined_by_reason": {}, "filtered": 1, "filtered_by_reason": {"late_feedback": 1}}
+        "in": 1,
+        "kept": 0,
+        "quarantined": 0,
+        "quarantined_by_reason": {},
+        "filtered": 1,
+        "filtered_by_reason": {"late_feedback": 1},
+    }
     assert collect(store, T0 + 5 * HOUR).new is False
 
 
@@ -156,8 +165,13 @@ def test_reports_and_data_docs(tmp_path):
     put_logs(store, "feedback", [feedback(completion(T0 + 9 * MIN), "accepted")])  # an orphan
     res = collect_once(store, FixedVersions([1, 2], 2), "tab", CFG, T0 + 2 * HOUR, docs_dir=tmp_path / "docs")
     pages = {p.relative_to(tmp_path / "docs").parts[:2] for p in (tmp_path / "docs").rglob("*.html")}
-    assert {("expectations", "completions.html"), ("expectations", "feedback.html"), ("validations", "completions"),
-            ("validations", "feedback"), ("index.html",)} <= pages
+    assert {
+        ("expectations", "completions.html"),
+        ("expectations", "feedback.html"),
+        ("validations", "completions"),
+        ("validations", "feedback"),
+        ("index.html",),
+    } <= pages
     assert quarantine_rows(res.manifest) == [{"kind": "feedback", "reason": "orphan_feedback", "rows": 1}]
     md = report_markdown(res.manifest, "s3://bucket/reports/index.html", "run-1", store)
     assert f"collected {res.dataset_id}" in md and "| completions | 6 | 5 | 0 | 1 |" in md

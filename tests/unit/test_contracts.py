@@ -44,11 +44,15 @@ COMPLETION_DEFECTS: dict[str, tuple[dict, set[str]]] = {
     "too-many-tokens": ({"prompt_token_ids": list(range(70))}, {"too_many_tokens"}),
     "bad-enums": ({"arm": "blue", "finish_reason": "bored"}, {"bad_arm", "bad_finish_reason"}),
     "negative-latency": ({"latency_ms": -3.0}, {"negative_latency"}),
-    "bad-sampling": ({"sampling": {"temperature": 3.0, "top_p": 0.0, "max_tokens": 4, "stop": [], "seed": None}},
-                     {"bad_temperature", "bad_top_p"}),
+    "bad-sampling": (
+        {"sampling": {"temperature": 3.0, "top_p": 0.0, "max_tokens": 4, "stop": [], "seed": None}},
+        {"bad_temperature", "bad_top_p"},
+    ),
     "no-sampling": ({"sampling": None}, {"null:sampling.temperature", "null:sampling.top_p"}),
-    "several": ({"behaviour_logprobs": [0.5], "prompt_text": "AKIAABCDEFGHIJKLMNOP x@y.org"},
-                {"positive_logprob", "logprob_length_mismatch", "secret:aws_access_key", "pii:email"}),
+    "several": (
+        {"behaviour_logprobs": [0.5], "prompt_text": "AKIAABCDEFGHIJKLMNOP x@y.org"},
+        {"positive_logprob", "logprob_length_mismatch", "secret:aws_access_key", "pii:email"},
+    ),
     "null-time": ({"time_ms": None}, {"null:time_ms"}),
     "too-old": ({"time_ms": AS_OF - int(CFG.window_s * 1000) - 60_000}, {"too_old"}),
 }
@@ -77,22 +81,40 @@ def run(tmp_path_factory):
     pq.write_table(bad, store.root / key)
 
     # feedback: verdicts on good rows, plus defects
-    fb = [feedback(good[i], e, chars=c) for i, (e, c) in enumerate([("accepted", None), ("rejected", None), ("partial", 4),
-                                                                      ("accepted", 16), ("rejected", None), ("accepted", None)])]
+    fb = [
+        feedback(good[i], e, chars=c)
+        for i, (e, c) in enumerate(
+            [("accepted", None), ("rejected", None), ("partial", 4), ("accepted", 16), ("rejected", None), ("accepted", None)]
+        )
+    ]
     fb.append(feedback(stale, "accepted"))
     orphan = feedback(completion(T0 + 100_000, version=5), "accepted")  # its completion was never stored
     partial_no_chars = feedback(good[6], "partial", chars=None)
     foreign = feedback(good[7], "accepted", client="bob")
     on_quarantined = feedback(defects["nan-logprob"], "accepted")
-    late = feedback(defects["email"] | {"request_id": SIGNER.issue("tab", "alice", T0 + 20_000)}, "accepted",
-                    after_ms=int(CFG.feedback_timeout_s * 1000) + 40_000)
+    late = feedback(
+        defects["email"] | {"request_id": SIGNER.issue("tab", "alice", T0 + 20_000)},
+        "accepted",
+        after_ms=int(CFG.feedback_timeout_s * 1000) + 40_000,
+    )
     fb += [orphan, partial_no_chars, foreign, on_quarantined, late]
     put_logs(store, "feedback", fb)
     result = collect_once(store, VERSIONS, "tab", CFG, AS_OF)
-    quarantine = {k: read_parquet(store, v).to_pylist() for k, v in result.manifest.stored()["quarantine"].items() if k != "files"}
-    return {"store": store, "result": result, "good": good, "defects": defects, "q": quarantine, "key": key, "stale": stale,
-            "future": future, "orphan": orphan, "fb": {"partial_no_chars": partial_no_chars, "foreign": foreign,
-                                                        "on_quarantined": on_quarantined, "late": late}}
+    quarantine = {
+        k: read_parquet(store, v).to_pylist() for k, v in result.manifest.stored()["quarantine"].items() if k != "files"
+    }
+    return {
+        "store": store,
+        "result": result,
+        "good": good,
+        "defects": defects,
+        "q": quarantine,
+        "key": key,
+        "stale": stale,
+        "future": future,
+        "orphan": orphan,
+        "fb": {"partial_no_chars": partial_no_chars, "foreign": foreign, "on_quarantined": on_quarantined, "late": late},
+    }
 
 
 @pytest.mark.parametrize("user", sorted(COMPLETION_DEFECTS))
@@ -141,7 +163,14 @@ def test_good_rows_pass_and_only_they(run):
     good = {r["request_id"] for r in run["good"]}
     # good rows 6 and 7 lost their verdicts to quarantined feedback, so no_feedback (rule default: drop)
     assert set(samples) == good - {run["good"][6]["request_id"], run["good"][7]["request_id"]}
-    assert [samples[r["request_id"]]["event"] for r in run["good"][:6]] == ["accepted", "rejected", "partial", "accepted", "rejected", "accepted"]
+    assert [samples[r["request_id"]]["event"] for r in run["good"][:6]] == [
+        "accepted",
+        "rejected",
+        "partial",
+        "accepted",
+        "rejected",
+        "accepted",
+    ]
     for r in run["good"][:6]:
         s = samples[r["request_id"]]
         assert s["behaviour_logprobs"] == r["behaviour_logprobs"] and s["version"] == 5 and s["reward_rule"] == "cursor-tab@1"
@@ -165,7 +194,19 @@ def test_reward_sample_type_matches_its_stored_schema():
     from data_contracts.samples import REWARD_SAMPLE_SCHEMA, RewardSample, samples_table
 
     assert list(RewardSample.model_fields) == REWARD_SAMPLE_SCHEMA.names
-    row = RewardSample(request_id="r", model="tab", version=1, arm="control", user_hash="u", prompt_token_ids=[1],
-                       completion_token_ids=[2], behaviour_logprobs=[-0.5], completion_text="x", event="none",
-                       reward=0.0, reward_rule="cursor-tab@1", completion_time_ms=1)
+    row = RewardSample(
+        request_id="r",
+        model="tab",
+        version=1,
+        arm="control",
+        user_hash="u",
+        prompt_token_ids=[1],
+        completion_token_ids=[2],
+        behaviour_logprobs=[-0.5],
+        completion_text="x",
+        event="none",
+        reward=0.0,
+        reward_rule="cursor-tab@1",
+        completion_time_ms=1,
+    )
     assert RewardSample.model_validate(samples_table([row.model_dump()]).to_pylist()[0]) == row

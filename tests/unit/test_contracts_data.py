@@ -38,20 +38,49 @@ class FixedVersions:
         return {} if self.champion is None else {"champion": self.champion}
 
 
-def completion(t: int, i: int = 0, version: int = 1, text: str = "    return a + b", prompt: str = "def add(a, b):\n",
-               arm: str = "control", client: str = "alice", n_tokens: int = 4) -> dict:
+def completion(
+    t: int,
+    i: int = 0,
+    version: int = 1,
+    text: str = "    return a + b",
+    prompt: str = "def add(a, b):\n",
+    arm: str = "control",
+    client: str = "alice",
+    n_tokens: int = 4,
+) -> dict:
     rid = SIGNER.issue("tab", client, t)
     return CompletionRecord(
-        request_id=rid, time_ms=t, model="tab", version=version, served_name=f"tab@v{version}", arm=arm,
-        user_hash=f"u{i % 7}", client_id=client, prompt_text=prompt, completion_text=text,
-        prompt_token_ids=list(range(10, 10 + len(prompt))), completion_token_ids=list(range(1, n_tokens + 1)),
-        behaviour_logprobs=[-0.5] * n_tokens, sampling=SamplingParams(), finish_reason="stop", latency_ms=12.5,
-        replica="tab-0").model_dump()
+        request_id=rid,
+        time_ms=t,
+        model="tab",
+        version=version,
+        served_name=f"tab@v{version}",
+        arm=arm,
+        user_hash=f"u{i % 7}",
+        client_id=client,
+        prompt_text=prompt,
+        completion_text=text,
+        prompt_token_ids=list(range(10, 10 + len(prompt))),
+        completion_token_ids=list(range(1, n_tokens + 1)),
+        behaviour_logprobs=[-0.5] * n_tokens,
+        sampling=SamplingParams(),
+        finish_reason="stop",
+        latency_ms=12.5,
+        replica="tab-0",
+    ).model_dump()
 
 
-def feedback(c: dict, event: str = "accepted", after_ms: int = 2_000, chars: int | None = None, client: str | None = None) -> dict:
-    return FeedbackEvent(request_id=c["request_id"], time_ms=c["time_ms"] + after_ms, model="tab", event=event,
-                         accepted_chars=chars, client_id=client or c["client_id"]).model_dump()
+def feedback(
+    c: dict, event: str = "accepted", after_ms: int = 2_000, chars: int | None = None, client: str | None = None
+) -> dict:
+    return FeedbackEvent(
+        request_id=c["request_id"],
+        time_ms=c["time_ms"] + after_ms,
+        model="tab",
+        event=event,
+        accepted_chars=chars,
+        client_id=client or c["client_id"],
+    ).model_dump()
 
 
 def partition_of(t: int) -> tuple[str, str, str]:
@@ -59,8 +88,7 @@ def partition_of(t: int) -> tuple[str, str, str]:
     return "tab", f"{d:%Y-%m-%d}", f"{d:%H}"
 
 
-def put_rows(store: ObjectStore, kind: str, rows: list[dict], part_time: int | None = None,
-             segment_id: str | None = None) -> str:
+def put_rows(store: ObjectStore, kind: str, rows: list[dict], part_time: int | None = None, segment_id: str | None = None) -> str:
     """One log object of rows (all in the partition of part_time, default the first row's time), named by
     segment_id (default: a counter)."""
     part = partition_of(part_time if part_time is not None else rows[0]["time_ms"])

@@ -19,7 +19,15 @@ def byte_encoder(text: str) -> list[int]:
 
 
 def test_detection_and_redaction_per_kind():
-    texts = ["key = 'AKIAABCDEFGHIJKLMNOP'", PEM, "token sk-abcdefghijklmnopqrstuvwx", "mail bob@example.org", "x @ w.T + 1", None, ""]
+    texts = [
+        "key = 'AKIAABCDEFGHIJKLMNOP'",
+        PEM,
+        "token sk-abcdefghijklmnopqrstuvwx",
+        "mail bob@example.org",
+        "x @ w.T + 1",
+        None,
+        "",
+    ]
     assert secrets.detect(pa.array(texts)).to_pylist() == ["aws_access_key", "private_key", "api_key", "email", "", "", ""]
     text, counts = secrets.redact(f"a {PEM} b, mail bob@example.org and ann@example.org")
     assert text == "a [REDACTED:private_key] b, mail [REDACTED:email] and [REDACTED:email]"
@@ -42,8 +50,10 @@ def test_scrub_redacts_and_re_encodes_the_prompt_and_counts_it(tmp_path):
     res = collect_once(store, FixedVersions([1], 1), "tab", cfg, T0 + 2 * HOUR, encoder=byte_encoder)
     samples = {r["request_id"]: r for r in res.samples.to_pylist()}
     assert set(samples) == {leaky["request_id"], clean["request_id"]}
-    assert bytes(samples[leaky["request_id"]]["prompt_token_ids"]).decode() == \
-        "# ask [REDACTED:email]\nkey = '[REDACTED:aws_access_key]'\n"
+    assert (
+        bytes(samples[leaky["request_id"]]["prompt_token_ids"]).decode()
+        == "# ask [REDACTED:email]\nkey = '[REDACTED:aws_access_key]'\n"
+    )
     assert samples[clean["request_id"]]["prompt_token_ids"] == clean["prompt_token_ids"]
     assert res.manifest.stored()["scrubbed"] == {"aws_access_key": 1, "email": 1}
     # a secret in the completion cannot be scrubbed: its tokens and log-probs are the sample
@@ -55,6 +65,9 @@ def test_quarantine_policy_and_scrub_without_a_tokenizer_both_quarantine(tmp_pat
     for cfg, encoder in ((CollectSettings(), byte_encoder), (CollectSettings(pii_policy="scrub"), None)):
         res = collect_once(LocalStore(tmp_path), FixedVersions([1], 1), "tab", cfg, T0 + 2 * HOUR, encoder=encoder)
         assert res.samples["request_id"].to_pylist() == [clean["request_id"]]
-        assert res.manifest.stored()["counts"]["completions"]["quarantined_by_reason"] == {
-            "pii:email": 1, "secret:aws_access_key": 2} and res.manifest.stored()["scrubbed"] == {}
+        assert (
+            res.manifest.stored()["counts"]["completions"]["quarantined_by_reason"]
+            == {"pii:email": 1, "secret:aws_access_key": 2}
+            and res.manifest.stored()["scrubbed"] == {}
+        )
         store.root.joinpath("state/watermarks/model=tab.json").unlink()  # run the same logs again

@@ -24,8 +24,10 @@ def by_name(settings) -> dict:
     return {d.name: d for d in deployments(settings)}
 
 
-@pytest.mark.parametrize("loop, collect_on, triggers_on, flywheel_on", [
-    ("chained", True, True, False), ("flywheel", False, False, True), ("manual", False, False, False)])
+@pytest.mark.parametrize(
+    "loop, collect_on, triggers_on, flywheel_on",
+    [("chained", True, True, False), ("flywheel", False, False, True), ("manual", False, False, False)],
+)
 def test_loop_mode_decides_what_runs_by_itself(settings_for, loop, collect_on, triggers_on, flywheel_on):
     s = settings_for(loop)
     d = by_name(s)
@@ -34,11 +36,16 @@ def test_loop_mode_decides_what_runs_by_itself(settings_for, loop, collect_on, t
         assert [sc.active for sc in d[f"collect-{m}"].schedules] == [collect_on]
         assert [sc.active for sc in d[f"flywheel-{m}"].schedules] == [flywheel_on]
         assert d[f"flywheel-{m}"].schedules[0].schedule.cron == s.flywheel.schedule_cron
-        for stage, event, param in (("train", "tidal.dataset.ready", "dataset_id"), ("promote", "tidal.candidate.registered", "candidate")):
+        for stage, event, param in (
+            ("train", "tidal.dataset.ready", "dataset_id"),
+            ("promote", "tidal.candidate.registered", "candidate"),
+        ):
             [t] = d[f"{stage}-{m}"].triggers
             assert t.expect == {event} and t.enabled is triggers_on
             assert {k: list(v.root if hasattr(v, "root") else v) for k, v in t.match.items()} == {
-                "tidal.model": [m], "tidal.driver": ["standalone"]}
+                "tidal.model": [m],
+                "tidal.driver": ["standalone"],
+            }
             assert t.parameters["model"] == m and "event.payload" in t.parameters[param]
             assert not d[f"{stage}-{m}"].schedules
 
@@ -51,7 +58,11 @@ def test_an_unknown_loop_mode_is_refused(settings_for):
 def test_a_work_pool_needs_a_fixed_image(settings_for):
     from tidal.section import SettingsError
 
-    for image, why in (("", "needs flywheel.image"), ("registry/tidal", "no fixed tag"), ("registry/tidal:latest", "no fixed tag")):
+    for image, why in (
+        ("", "needs flywheel.image"),
+        ("registry/tidal", "no fixed tag"),
+        ("registry/tidal:latest", "no fixed tag"),
+    ):
         with pytest.raises((SettingsError, ValueError), match=why):
             load_settings(flywheel={"work_pool": "tidal-kubernetes", "image": image})
     ok = load_settings(flywheel={"work_pool": "tidal-kubernetes", "image": "registry:5000/tidal@sha256:" + "a" * 64})
@@ -61,8 +72,9 @@ def test_a_work_pool_needs_a_fixed_image(settings_for):
 def test_work_pool_runs_get_their_stages_service_account(settings_for):
     from flows.deployments import job_variables
 
-    s = load_settings(flywheel={"work_pool": "tidal-kubernetes", "image": "registry/tidal:1.2.3",
-                                "trainer_service_account": "trainer-sa"})
+    s = load_settings(
+        flywheel={"work_pool": "tidal-kubernetes", "image": "registry/tidal:1.2.3", "trainer_service_account": "trainer-sa"}
+    )
     assert job_variables(s, "train-tab") == {"service_account_name": "trainer-sa", "automount_service_account_token": True}
     for name in ("collect-tab", "promote-tab", "flywheel-tab"):
         assert job_variables(s, name) == {"service_account_name": "tidal-flows", "automount_service_account_token": False}
@@ -83,8 +95,10 @@ def test_a_flow_run_starts_without_the_trainers_libraries():
     import subprocess
     import sys
 
-    code = ("import sys, flows.flywheel, flows.collect, flows.train, flows.promote; "
-            "print(sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules))")
+    code = (
+        "import sys, flows.flywheel, flows.collect, flows.train, flows.promote; "
+        "print(sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]", out.stdout

@@ -73,11 +73,11 @@ def test_local_runtime_passes_the_model_strategy(monkeypatch, tmp_path):
 
 # ---- the GPU check script ---------------------------------------------------------------------------------------------
 
+
 def test_gpu_check_skips_cleanly_without_a_cuda_device(tmp_path):
     if subprocess.run("command -v nvidia-smi && nvidia-smi -L", shell=True, capture_output=True).returncode == 0:
         pytest.skip("a CUDA device is visible: the script would run the real check")
-    out = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh")], capture_output=True, text=True, timeout=60,
-                         cwd=tmp_path)
+    out = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh")], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert lines[0].startswith("skipped: no CUDA device (")
@@ -85,7 +85,7 @@ def test_gpu_check_skips_cleanly_without_a_cuda_device(tmp_path):
     assert set(last) == {"skipped"} and last["skipped"].startswith("no CUDA device")
 
 
-INSTALLED_VLLM_CHECK = r'''
+INSTALLED_VLLM_CHECK = r"""
 import json, sys
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -107,7 +107,7 @@ print(json.dumps({
                   "update_weights", "finish_weight_update", "shutdown_weight_transfer_engine")),
     "trainer": callable(NCCLTrainerWeightTransferEngine.trainer_init) and info.is_sender and info.packed,
     "source_abstract": sorted(WeightSource.__abstractmethods__)}))
-'''
+"""
 
 
 def test_the_installed_vllm_has_the_routes_flags_and_classes_the_gpu_paths_name():
@@ -119,17 +119,25 @@ def test_the_installed_vllm_has_the_routes_flags_and_classes_the_gpu_paths_name(
         pytest.skip(f"no engine environment at {python}")
     from serving.weight_sync.inplace import move_plan
 
-    flags = engine_args(EngineSettings(flavor="cuda", quantization="fp8"), Path("/m"), ["a"], "h", 1, False,
-                        update_strategy="nccl")
-    flags = flags[flags.index("--quantization"):]
-    out = subprocess.run([str(python), "-c", INSTALLED_VLLM_CHECK, "--model", "/m", *flags], capture_output=True,
-                         text=True, timeout=180)
+    flags = engine_args(
+        EngineSettings(flavor="cuda", quantization="fp8"), Path("/m"), ["a"], "h", 1, False, update_strategy="nccl"
+    )
+    flags = flags[flags.index("--quantization") :]
+    out = subprocess.run(
+        [str(python), "-c", INSTALLED_VLLM_CHECK, "--model", "/m", *flags], capture_output=True, text=True, timeout=180
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     plan = move_plan([], "/old", "m@v1", 1.0)  # the pause frame, and the reload the rollback (and `reload`) makes
     ours = {f"{c.method} {c.path.split('?')[0]}" for c in plan.forward + plan.rollback}
-    ours |= {"GET /get_world_size", "POST /shutdown_weight_transfer_engine", "POST /init_weight_transfer_engine",
-             "POST /start_weight_update", "POST /update_weights", "POST /finish_weight_update"}
+    ours |= {
+        "GET /get_world_size",
+        "POST /shutdown_weight_transfer_engine",
+        "POST /init_weight_transfer_engine",
+        "POST /start_weight_update",
+        "POST /update_weights",
+        "POST /finish_weight_update",
+    }
     assert ours <= set(got["routes"]), ours - set(got["routes"])
     assert (got["weight_transfer_backend"], got["quantization"]) == ("nccl", "fp8")
     assert got["skip_name_env"] and got["client"] and got["trainer"]

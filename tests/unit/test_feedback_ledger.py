@@ -58,11 +58,13 @@ def test_the_wal_keeps_feedback_over_its_cap_and_a_short_retention_is_refused(tm
     sink = LogSink(tmp_path / "wal", LocalStore(tmp_path / "store"), cfg)
     sink.start()
     try:
+
         async def fill():
             for i in range(6):
                 await sink.append("feedback", feedback(i))
                 await sink.append("completions", completion(i, prompt_text="x" * 800))
                 await asyncio.sleep(0.1)  # one segment per record
+
         asyncio.run(fill())
         assert sink.flush_now(timeout_s=10)
         sink._uploader.sweep()

@@ -31,6 +31,7 @@ RULES = CHART / "files" / "fleet-supervisor-rules.yaml"
 
 # ---- the runtime, through the real Fleet, against the fake cluster ----------------------------------
 
+
 class Clock:
     def __init__(self):
         self.t = 0.0
@@ -68,10 +69,13 @@ class World:
         monkeypatch.setattr("serving.replica.EngineClient", client_factory(self.cluster))
         monkeypatch.setattr("serving.fleet.drain", lambda r, grace, runtime=None: drain(r, 0, runtime))
         self.store = LocalStore(tmp_path / "store")
-        self.registry = Registry(version(self.store, "tab", 1), version(self.store, "tab", 2, "lora", 1), version(self.store, "tab", 3))
+        self.registry = Registry(
+            version(self.store, "tab", 1), version(self.store, "tab", 2, "lora", 1), version(self.store, "tab", 3)
+        )
         self.settings = settings(tmp_path, models, **cfg)
-        self.runtime = KubernetesRuntime(self.settings, apis=(self.cluster, self.cluster), clock=self.clock, sleep=self.clock.sleep,
-                                         fetcher=self.fetch)
+        self.runtime = KubernetesRuntime(
+            self.settings, apis=(self.cluster, self.cluster), clock=self.clock, sleep=self.clock.sleep, fetcher=self.fetch
+        )
         self.fleet = Fleet(self.settings, self.registry, CheckpointCache(self.store, tmp_path / "cache"), runtime=self.runtime)
 
     def fetch(self, url: str, info: VersionInfo) -> str:
@@ -110,7 +114,9 @@ def test_scale_up_and_down_patches_the_deployment_and_removes_the_retired_pods(t
     assert all(r.url == f"http://{c.pods[r.pod].status.pod_ip}:8000" and r.pid is None for r in replicas)
     assert all(c.gate(p) for p in c.of(dep)) and w.in_rotation("tab@v1") == ["tab-0", "tab-1"]
     w.fleet.scale("tab", 3)
-    assert c.deployments[dep].spec.replicas == 3 and len(c.of(dep)) == 3 and w.in_rotation("tab@v1") == ["tab-0", "tab-1", "tab-2"]
+    assert (
+        c.deployments[dep].spec.replicas == 3 and len(c.of(dep)) == 3 and w.in_rotation("tab@v1") == ["tab-0", "tab-1", "tab-2"]
+    )
     keep = w.replicas()[0].pod
     w.fleet.scale("tab", 1)
     assert c.deployments[dep].spec.replicas == 1 and c.of(dep) == [keep]  # the retired replicas' own pods went
@@ -125,7 +131,10 @@ def test_lora_versions_are_fetched_into_the_pod_loaded_and_verified(tmp_path, mo
     assert len(reports) == 2 and all(r.ok for r in reports)
     pods = {r.pod: r for r in w.replicas()}
     assert sorted(w.fetched) == sorted((f"http://{w.cluster.pods[p].status.pod_ip}:8001", "tab@v2") for p in pods)
-    assert all(w.cluster.engines[w.cluster.pods[p].status.pod_ip].loaded["tab@v2"] == "/models/checkpoints/model=tab/version=2" for p in pods)
+    assert all(
+        w.cluster.engines[w.cluster.pods[p].status.pod_ip].loaded["tab@v2"] == "/models/checkpoints/model=tab/version=2"
+        for p in pods
+    )
     assert w.in_rotation("tab@v2") == ["tab-0", "tab-1"]
     w.fleet.undeploy("tab", 2)
     assert w.in_rotation("tab@v2") == [] and all("tab@v2" not in e.loaded for e in w.cluster.engines.values())
@@ -194,7 +203,11 @@ def test_a_pod_that_never_becomes_ready_fails_with_what_it_waits_on(tmp_path, mo
     with pytest.raises(NotReady) as e:
         w.start()
     msg = str(e.value)
-    assert "Insufficient nvidia.com/gpu" in msg and "ready after 600 s" in msg and "kubectl -n tidal describe deployment tidal-engine-tab-v1" in msg
+    assert (
+        "Insufficient nvidia.com/gpu" in msg
+        and "ready after 600 s" in msg
+        and "kubectl -n tidal describe deployment tidal-engine-tab-v1" in msg
+    )
     assert w.clock.t >= 600 and not w.cluster.deployments and not w.cluster.pods  # given back
 
 
@@ -217,11 +230,17 @@ def test_a_new_supervisor_adopts_the_pods_and_clears_what_it_does_not_know(tmp_p
     pods = set(first.cluster.pods)
     calls = len(first.cluster.calls)
     first.fleet.stop()
-    assert set(first.cluster.pods) == pods and not {"delete_namespaced_pod", "delete_namespaced_deployment"} & set(first.cluster.calls[calls:])
+    assert set(first.cluster.pods) == pods and not {"delete_namespaced_pod", "delete_namespaced_deployment"} & set(
+        first.cluster.calls[calls:]
+    )
     second = World(tmp_path, monkeypatch, cluster=first.cluster).start()
     c = second.cluster
-    assert set(c.deployments) == {"tidal-engine-tab-v1"} and {r.pod for r in second.replicas()} == set(c.of("tidal-engine-tab-v1"))
-    assert set(c.of("tidal-engine-tab-v1")) < pods and c.deployments["tidal-engine-tab-v1"].spec.replicas == 2  # adopted, not restarted
+    assert set(c.deployments) == {"tidal-engine-tab-v1"} and {r.pod for r in second.replicas()} == set(
+        c.of("tidal-engine-tab-v1")
+    )
+    assert (
+        set(c.of("tidal-engine-tab-v1")) < pods and c.deployments["tidal-engine-tab-v1"].spec.replicas == 2
+    )  # adopted, not restarted
     assert all(e.loaded.keys() == {"tab@v1"} for e in c.engines.values())  # its adapter was not verified by this one: unloaded
     assert [r.state for r in second.replicas()] == ["ready", "ready"]
     # A changed template (a new engine image) replaces the Deployment, which rolls its pods one at a time.
@@ -240,13 +259,22 @@ def test_the_rbac_rules_allow_exactly_what_the_runtime_calls(tmp_path, monkeypat
     w.heal()
     World(tmp_path, monkeypatch, cluster=w.cluster, image="vllm/vllm-openai:v0.33.0").start()
     w.fleet.scale("tab", 0)
-    needs = {"read_namespaced_deployment": ("apps", "deployments", "get"), "list_namespaced_deployment": ("apps", "deployments", "list"),
-             "create_namespaced_deployment": ("apps", "deployments", "create"), "replace_namespaced_deployment": ("apps", "deployments", "update"),
-             "patch_namespaced_deployment": ("apps", "deployments", "patch"), "delete_namespaced_deployment": ("apps", "deployments", "delete"),
-             "list_namespaced_pod": ("", "pods", "list"), "patch_namespaced_pod": ("", "pods", "patch"),
-             "delete_namespaced_pod": ("", "pods", "delete"), "patch_namespaced_pod_status": ("", "pods/status", "patch")}
+    needs = {
+        "read_namespaced_deployment": ("apps", "deployments", "get"),
+        "list_namespaced_deployment": ("apps", "deployments", "list"),
+        "create_namespaced_deployment": ("apps", "deployments", "create"),
+        "replace_namespaced_deployment": ("apps", "deployments", "update"),
+        "patch_namespaced_deployment": ("apps", "deployments", "patch"),
+        "delete_namespaced_deployment": ("apps", "deployments", "delete"),
+        "list_namespaced_pod": ("", "pods", "list"),
+        "patch_namespaced_pod": ("", "pods", "patch"),
+        "delete_namespaced_pod": ("", "pods", "delete"),
+        "patch_namespaced_pod_status": ("", "pods/status", "patch"),
+    }
     rules = yaml.safe_load(RULES.read_text())
-    assert round_trips({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "r"}, "rules": rules}, "V1Role")
+    assert round_trips(
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "r"}, "rules": rules}, "V1Role"
+    )
     granted = {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
     assert {needs[c] for c in w.cluster.calls} == granted  # every call granted, every grant used
     rbac = (CHART / "templates" / "fleet-supervisor-rbac.yaml").read_text()
@@ -254,6 +282,7 @@ def test_the_rbac_rules_allow_exactly_what_the_runtime_calls(tmp_path, monkeypat
 
 
 # ---- checkpoints in the pod, and the supervisor's own copies ---------------------------------------
+
 
 class Remote:
     """A store that is not the local one, so CheckpointCache downloads (as from S3)."""

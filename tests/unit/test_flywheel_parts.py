@@ -16,25 +16,66 @@ from tidal.settings import load_settings
 
 
 def sample(version: int, text: str, event: str, reward: float, chars: int | None = None) -> RewardSample:
-    return RewardSample(request_id=f"r{version}{text}{event}", model="tab", version=version, arm="control", user_hash="u",
-                        prompt_token_ids=[1], completion_token_ids=[2], behaviour_logprobs=[-0.1], completion_text=text,
-                        event=event, accepted_chars=chars, reward=reward, reward_rule="cursor-tab@1", completion_time_ms=0)
+    return RewardSample(
+        request_id=f"r{version}{text}{event}",
+        model="tab",
+        version=version,
+        arm="control",
+        user_hash="u",
+        prompt_token_ids=[1],
+        completion_token_ids=[2],
+        behaviour_logprobs=[-0.1],
+        completion_text=text,
+        event=event,
+        accepted_chars=chars,
+        reward=reward,
+        reward_rule="cursor-tab@1",
+        completion_time_ms=0,
+    )
 
 
 def test_served_metrics_per_version():
-    rows = [sample(1, "abc", "accepted", 0.75), sample(1, "abcdef", "partial", 0.4, 4), sample(1, "", "none", 0.0),
-            sample(1, "zz", "rejected", -0.25), sample(2, "x", "rejected", -0.25)]
+    rows = [
+        sample(1, "abc", "accepted", 0.75),
+        sample(1, "abcdef", "partial", 0.4, 4),
+        sample(1, "", "none", 0.0),
+        sample(1, "zz", "rejected", -0.25),
+        sample(2, "x", "rejected", -0.25),
+    ]
     m = served_metrics(rows)
-    assert m[1] == pytest.approx({"requests": 4, "suggestion_rate": 0.75, "accept_rate": 1 / 3,
-                                  "reward_per_request": 0.9 / 4, "accepted_chars_per_request": 7 / 4})
+    assert m[1] == pytest.approx(
+        {
+            "requests": 4,
+            "suggestion_rate": 0.75,
+            "accept_rate": 1 / 3,
+            "reward_per_request": 0.9 / 4,
+            "accepted_chars_per_request": 7 / 4,
+        }
+    )
     assert m[2]["accept_rate"] == 0 and m[2]["suggestion_rate"] == 1
 
 
 def test_cycle_table_says_what_was_decided_and_why():
-    r = CycleReport(model="tab", cycle=2, champion_before=3, dataset_id="ds-1", rows=800, candidate=4, decision="rolled_back",
-                    reason="reward fell", champion_after=3,
-                    served={3: {"requests": 800, "suggestion_rate": 0.9, "accept_rate": 0.1, "reward_per_request": -0.1,
-                                "accepted_chars_per_request": 0.5}})
+    r = CycleReport(
+        model="tab",
+        cycle=2,
+        champion_before=3,
+        dataset_id="ds-1",
+        rows=800,
+        candidate=4,
+        decision="rolled_back",
+        reason="reward fell",
+        champion_after=3,
+        served={
+            3: {
+                "requests": 800,
+                "suggestion_rate": 0.9,
+                "accept_rate": 0.1,
+                "reward_per_request": -0.1,
+                "accepted_chars_per_request": 0.5,
+            }
+        },
+    )
     table = cycle_table([r])
     assert "rolled_back v4 → champion v3" in table and "why: reward fell" in table and "0.900" in table
     assert r.row()["decision"] == "rolled_back" and r.row()["suggestion_rate"] == 0.9
@@ -90,8 +131,10 @@ def test_the_demo_serves_its_full_weight_candidates_with_a_full_checkpoint_strat
     (tmp_path / "tidal.yaml").write_text("demo:\n  update_strategy: null\n")  # each model's own: lora, which
     with pytest.raises(SettingsError, match="model 'tab' \\(update_strategy 'lora'\\) with demo.train.ppo.lora=false.*'restart'"):
         demo_profile(load_settings())  # cannot load full-weight candidates
-    (tmp_path / "tidal.yaml").write_text("demo:\n  update_strategy: null\n  train:\n    ppo:\n      lora: true\n"
-                                         "      final_norm_learning_rate: null\n      sharpen_temperature: null\n")
+    (tmp_path / "tidal.yaml").write_text(
+        "demo:\n  update_strategy: null\n  train:\n    ppo:\n      lora: true\n"
+        "      final_norm_learning_rate: null\n      sharpen_temperature: null\n"
+    )
     assert [m.update_strategy for m in demo_profile(load_settings()).models] == ["lora"]
 
 
@@ -120,8 +163,10 @@ def test_plot_has_a_panel_per_metric(tmp_path):
     from sim.evaluate import Estimate
     from tidal.demo import METRIC_NAMES, plot_versions
 
-    rows = [{"label": label, "kind": kind, **{m: Estimate(x, x - 0.01, x + 0.01) for m in METRIC_NAMES}}
-            for label, kind, x in (("v1", "version", 0.1), ("v4", "version", 0.2), ("v1 cut@3", "baseline", 0.15))]
+    rows = [
+        {"label": label, "kind": kind, **{m: Estimate(x, x - 0.01, x + 0.01) for m in METRIC_NAMES}}
+        for label, kind, x in (("v1", "version", 0.1), ("v4", "version", 0.2), ("v1 cut@3", "baseline", 0.15))
+    ]
     png = plot_versions(rows, tmp_path / "out" / "plot.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
@@ -153,4 +198,3 @@ def test_a_cycle_report_is_read_back_as_itself_and_refuses_an_unknown_decision()
     assert list(stored["served"]) == ["1"] and CycleReport.model_validate(stored) == r  # version keys back to ints
     with pytest.raises(ValidationError, match="decision"):
         r.decision = "promotd"
-

@@ -20,8 +20,15 @@ def replica(name: str, url: str, served: dict[str, int], state: ReplicaState = "
 
 def fleet(*replicas: ReplicaStatus) -> FleetState:
     """The supervisor's status for one model, tab, served on v1 by `replicas`."""
-    tab = ModelStatus(strategy="reload", base_version=1, serving_version=1, adapters=[], surge_versions=[],
-                      desired_replicas=len(replicas), replicas=list(replicas))
+    tab = ModelStatus(
+        strategy="reload",
+        base_version=1,
+        serving_version=1,
+        adapters=[],
+        surge_versions=[],
+        desired_replicas=len(replicas),
+        replicas=list(replicas),
+    )
     return FleetState(engine_flavor="cpu", runtime="local", models={"tab": tab})
 
 
@@ -70,8 +77,13 @@ def test_body_limit_refuses_declared_and_streamed_oversize():
 
 def test_pool_rotates_ready_replicas_and_puts_failed_ones_last():
     pool = ReplicaPool("http://unused", "t", poll_s=1.0, penalty_s=30.0)
-    pool.apply(fleet(replica("tab-0", "http://a", {"tab@v1": 1, "tab@v2": 2}), replica("tab-1", "http://b", {"tab@v1": 1}),
-                     replica("tab-2", "http://c", {"tab@v1": 1}, state="starting")))
+    pool.apply(
+        fleet(
+            replica("tab-0", "http://a", {"tab@v1": 1, "tab@v2": 2}),
+            replica("tab-1", "http://b", {"tab@v1": 1}),
+            replica("tab-2", "http://c", {"tab@v1": 1}, state="starting"),
+        )
+    )
     assert pool.snapshot.serving_version == {"tab": 1}
     firsts = {pool.candidates("tab@v1")[0].replica for _ in range(4)}
     assert firsts == {"tab-0", "tab-1"}  # round robin, never the starting replica
@@ -103,8 +115,15 @@ def _app_without_engines(tmp_path, rate: float, burst: int, pool: ReplicaPool | 
     if pool is None:
         pool = ReplicaPool("http://unused", "t", poll_s=1.0)
         pool.apply(fleet())
-    gw = Gateway(RouteTable(tmp_path / "routes.json"), pool, sink, RequestIdSigner(b"k" * 32), b"u" * 32,
-                 limits or Limits(1000, 64, 60_000, 5.0), GatewayMetrics(sink.metrics))
+    gw = Gateway(
+        RouteTable(tmp_path / "routes.json"),
+        pool,
+        sink,
+        RequestIdSigner(b"k" * 32),
+        b"u" * 32,
+        limits or Limits(1000, 64, 60_000, 5.0),
+        GatewayMetrics(sink.metrics),
+    )
     clients = {hashlib.sha256(b"alice-key-0123456789").hexdigest(): "alice"}
     return build_app(gw, clients, "admin-token-0123456789", RateLimiter(rate, burst), 4096)
 
@@ -132,15 +151,25 @@ def test_routes_need_the_admin_token_and_a_served_version(tmp_path):
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
-@pytest.mark.parametrize("body", [b"", b"{", b"\xff\xfe", b"[]", b'{"model": "tab", "prompt": 5}',
-                                  b'{"model": "tab", "prompt": "x", "temperature": NaN}',
-                                  b'{"model": "tab", "prompt": "sk-secret", "max_tokens": 1e400}'])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"{",
+        b"\xff\xfe",
+        b"[]",
+        b'{"model": "tab", "prompt": 5}',
+        b'{"model": "tab", "prompt": "x", "temperature": NaN}',
+        b'{"model": "tab", "prompt": "sk-secret", "max_tokens": 1e400}',
+    ],
+)
 def test_malformed_completion_bodies_get_422_naming_the_field_without_echoing_it(tmp_path, path, body):
     from fastapi.testclient import TestClient
 
     client = TestClient(_app_without_engines(tmp_path, rate=100, burst=100))
-    r = client.post(path, content=body, headers={"Authorization": "Bearer alice-key-0123456789",
-                                                 "Content-Type": "application/json"})
+    r = client.post(
+        path, content=body, headers={"Authorization": "Bearer alice-key-0123456789", "Content-Type": "application/json"}
+    )
     assert r.status_code == 422, r.text
     errors = r.json()["detail"]
     assert errors and all(e["loc"][0] == "body" and e["msg"] and "input" not in e for e in errors)
@@ -200,8 +229,10 @@ def test_refused_requests_on_random_paths_add_no_metric_series(tmp_path):
         name = uuid.uuid4().hex
         assert client.put(f"/admin/routes/{name}", json={"arms": []}).status_code == 401
         assert client.post(f"/admin/routes/{name}/rollback", json={}).status_code == 401
-    assert series() == {'gateway_requests_total{code="401",endpoint="/admin/routes/{model}"}',
-                        'gateway_requests_total{code="401",endpoint="/admin/routes/{model}/rollback"}'}
+    assert series() == {
+        'gateway_requests_total{code="401",endpoint="/admin/routes/{model}"}',
+        'gateway_requests_total{code="401",endpoint="/admin/routes/{model}/rollback"}',
+    }
 
 
 def test_a_logged_user_hash_never_reveals_the_request_id_signing_key(tmp_path):
@@ -218,8 +249,15 @@ def test_a_logged_user_hash_never_reveals_the_request_id_signing_key(tmp_path):
 
     secret = b"gateway-secret-0123456789abcdef"
     sink = LogSink(tmp_path / "wal", LocalStore(tmp_path / "store"), LogSinkSettings())
-    gw = Gateway(RouteTable(tmp_path / "routes.json"), ReplicaPool("http://unused", "t" * 16, poll_s=1.0), sink,
-                 RequestIdSigner(secret), secret, Limits(1000, 64, 60_000, 5.0), GatewayMetrics(sink.metrics))
+    gw = Gateway(
+        RouteTable(tmp_path / "routes.json"),
+        ReplicaPool("http://unused", "t" * 16, poll_s=1.0),
+        sink,
+        RequestIdSigner(secret),
+        secret,
+        Limits(1000, 64, 60_000, 5.0),
+        GatewayMetrics(sink.metrics),
+    )
     signing_key = hmac.digest(secret, _KEY_LABEL, "sha256")
     logged = user_hash(_KEY_LABEL.decode(), gw.user_key)
     assert logged != signing_key[:16].hex() and gw.user_key not in (secret, signing_key)
@@ -233,7 +271,9 @@ def test_a_request_finding_every_replica_at_its_in_flight_cap_gets_503_with_retr
     pool.apply(fleet(replica("tab-0", "http://127.0.0.1:9", {"tab@v1": 1})))
     tokens = [pool.acquire("tab-0") for _ in range(2)]
     client = TestClient(_app_without_engines(tmp_path, rate=100, burst=100, pool=pool))
-    r = client.post("/v1/completions", json={"model": "tab", "prompt": "x"}, headers={"Authorization": "Bearer alice-key-0123456789"})
+    r = client.post(
+        "/v1/completions", json={"model": "tab", "prompt": "x"}, headers={"Authorization": "Bearer alice-key-0123456789"}
+    )
     assert r.status_code == 503 and r.headers["Retry-After"] == "1", r.text
     assert "2 requests in flight" in r.json()["error"]["message"] and "max_in_flight_per_replica" in r.json()["error"]["message"]
     pool.release("tab-0", tokens[0])
@@ -295,8 +335,11 @@ def test_a_stuck_wal_fails_requests_and_health_within_its_timeout_then_recovers(
             time.sleep(0.05)
         health = client.get("/health")
         assert health.status_code == 200 and health.json()["ok"] is True and health.json()["wal"] == "ok"
-    written = [orjson.loads(line)["request_id"] for p in (tmp_path / "wal" / "feedback").iterdir()
-               for line in p.read_bytes().splitlines()]
+    written = [
+        orjson.loads(line)["request_id"]
+        for p in (tmp_path / "wal" / "feedback").iterdir()
+        for line in p.read_bytes().splitlines()
+    ]
     assert written == [rid]  # written once the disk recovered
 
 
@@ -313,7 +356,10 @@ def test_the_gateway_rolls_back_a_canary_whose_release_stops_checking_in(tmp_pat
         assert r.status_code == 200 and r.json()["watch_until_ms"] is not None, r.text
         for _ in range(3):  # checking in keeps it routed past its first deadline
             time.sleep(0.8)
-            assert client.post("/admin/routes/tab/canary/watch", headers=admin, json={"version": 2, "watch_s": 1.5}).status_code == 200
+            assert (
+                client.post("/admin/routes/tab/canary/watch", headers=admin, json={"version": 2, "watch_s": 1.5}).status_code
+                == 200
+            )
         t0 = time.monotonic()
         while client.get("/admin/routes", headers=admin).json()["routes"]["tab"]["updated_by"] != "watchdog":
             assert time.monotonic() - t0 < 10, "the watchdog never rolled the canary back"

@@ -33,6 +33,7 @@ def v(n: int) -> VersionInfo:
 
 # ---- refusals ----------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name, words", [("reload", "oneDNN"), ("nccl", "CUDA tensors")])
 def test_in_place_strategies_refuse_cpu_engines_with_the_measured_reason(name, words):
     with pytest.raises(StrategyUnavailable, match=words):
@@ -53,8 +54,12 @@ def test_in_place_strategies_refuse_engines_of_other_runtimes():
 
 def test_a_deploy_needs_a_replica_left_on_the_champion():
     base = v(1)
-    group = SimpleNamespace(base=base, strategy=SimpleNamespace(name="reload"), settings=SimpleNamespace(name="tab"),
-                            ready_replicas=lambda: [SimpleNamespace(base=base, index=0)])
+    group = SimpleNamespace(
+        base=base,
+        strategy=SimpleNamespace(name="reload"),
+        settings=SimpleNamespace(name="tab"),
+        ready_replicas=lambda: [SimpleNamespace(base=base, index=0)],
+    )
     with pytest.raises(StrategyUnavailable, match="1 ready replica.*scale the model to 2.*'restart'"):
         pick_canary(group)
     two = [SimpleNamespace(base=base, index=0), SimpleNamespace(base=base, index=3), SimpleNamespace(base=v(2), index=5)]
@@ -64,8 +69,7 @@ def test_a_deploy_needs_a_replica_left_on_the_champion():
 
 def _checkpoint(d: Path, vocab: dict | None = None, prefix: str | None = None, **config) -> Path:
     d.mkdir(parents=True)
-    (d / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 64, "transformers_version": "x",
-                                               **config}))
+    (d / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 64, "transformers_version": "x", **config}))
     model = {"type": "BPE", "vocab": vocab or {"a": 0, "b": 1}, "merges": [], "continuing_subword_prefix": prefix}
     (d / "tokenizer.json").write_text(json.dumps({"model": model, "added_tokens": [{"id": 0, "content": "a"}]}))
     return d
@@ -86,8 +90,11 @@ def test_a_checkpoint_saved_again_can_replace_its_parent_in_place(tmp_path):
     from training.variants import noisy_copy
 
     tok = train_tokenizer(["def f(x):\n    return x + 1\n" * 20], vocab_size=280)
-    model = build_policy(PolicyConfig(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=32,
-                                      max_position_embeddings=64), tok, seed=0)
+    model = build_policy(
+        PolicyConfig(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=32, max_position_embeddings=64),
+        tok,
+        seed=0,
+    )
     v1 = save_policy(model, tok, tmp_path / "v1")
     from training.probe import compute_probe, save_probe
 
@@ -96,6 +103,7 @@ def test_a_checkpoint_saved_again_can_replace_its_parent_in_place(tmp_path):
 
 
 # ---- the nccl sender -----------------------------------------------------------------------------------------------
+
 
 def test_each_update_gets_a_fresh_rendezvous():
     recent: deque = deque(maxlen=32)
@@ -115,19 +123,25 @@ def test_sender_command_carries_the_rendezvous(tmp_path):
     args = parse_args(cmd[2:])
     assert (args.master_address, args.master_port, args.world_size) == ("127.0.0.1", rdv.port, 5)
     assert (args.engine_url, args.checkpoint, args.weight_version, args.update_id) == (
-        "http://127.0.0.1:8100", tmp_path, "tab@v7", rdv.update_id)
+        "http://127.0.0.1:8100",
+        tmp_path,
+        "tab@v7",
+        rdv.update_id,
+    )
     assert sender_env("1")["CUDA_VISIBLE_DEVICES"] == "1"
 
 
 def test_sender_runs_without_the_platform_packages():
     """It runs in the engine environment (vLLM, torch; no mlflow, no tidal): its module level is stdlib only."""
-    code = ("import sys, builtins; real = builtins.__import__\n"
-            "def guard(name, *a, **k):\n"
-            "    if name.split('.')[0] in ('torch', 'vllm', 'safetensors', 'mlflow', 'tidal', 'serving', 'training'):\n"
-            "        raise ImportError('imported at module level: ' + name)\n"
-            "    return real(name, *a, **k)\n"
-            "builtins.__import__ = guard\n"
-            f"import runpy; runpy.run_path({str(ROOT / 'serving/weight_sync/nccl_sender.py')!r}, run_name='probe')\n")
+    code = (
+        "import sys, builtins; real = builtins.__import__\n"
+        "def guard(name, *a, **k):\n"
+        "    if name.split('.')[0] in ('torch', 'vllm', 'safetensors', 'mlflow', 'tidal', 'serving', 'training'):\n"
+        "        raise ImportError('imported at module level: ' + name)\n"
+        "    return real(name, *a, **k)\n"
+        "builtins.__import__ = guard\n"
+        f"import runpy; runpy.run_path({str(ROOT / 'serving/weight_sync/nccl_sender.py')!r}, run_name='probe')\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
 
@@ -136,25 +150,35 @@ def test_sender_metadata_matches_the_checkpoint_files(tmp_path):
     import torch
     from safetensors.torch import save_file
 
-    save_file({"model.norm.weight": torch.ones(8), "model.embed_tokens.weight": torch.zeros(4, 8, dtype=torch.bfloat16)},
-              str(tmp_path / "model-00002.safetensors"))
+    save_file(
+        {"model.norm.weight": torch.ones(8), "model.embed_tokens.weight": torch.zeros(4, 8, dtype=torch.bfloat16)},
+        str(tmp_path / "model-00002.safetensors"),
+    )
     save_file({"lm_head.weight": torch.zeros(4, 8, dtype=torch.float16)}, str(tmp_path / "model-00001.safetensors"))
     got = [(f.name, n, d, s) for f, n, d, s in checkpoint_tensors(tmp_path)]
-    assert got == [("model-00001.safetensors", "lm_head.weight", "float16", (4, 8)),
-                   ("model-00002.safetensors", "model.embed_tokens.weight", "bfloat16", (4, 8)),
-                   ("model-00002.safetensors", "model.norm.weight", "float32", (8,))]
+    assert got == [
+        ("model-00001.safetensors", "lm_head.weight", "float16", (4, 8)),
+        ("model-00002.safetensors", "model.embed_tokens.weight", "bfloat16", (4, 8)),
+        ("model-00002.safetensors", "model.norm.weight", "float32", (8,)),
+    ]
     with pytest.raises(FileNotFoundError):
         checkpoint_tensors(tmp_path / "none")
 
 
 # ---- our update plans and bookkeeping ------------------------------------------------------------------------------
 
+
 def test_move_plan_order_and_rollback_from_disk():
     swap = [Call("SWAP", "/ckpt/v2")]
     plan = move_plan(swap, "/ckpt/v1", "tab@v1", 90.0)
     assert [c.path for c in plan.forward] == ["/pause?mode=wait", "/ckpt/v2", "/reset_prefix_cache", "/resume"]
-    assert [c.path for c in plan.rollback] == ["/pause?mode=wait", "/collective_rpc", "/update_weight_version",
-                                               "/reset_prefix_cache", "/resume"]
+    assert [c.path for c in plan.rollback] == [
+        "/pause?mode=wait",
+        "/collective_rpc",
+        "/update_weight_version",
+        "/reset_prefix_cache",
+        "/resume",
+    ]
     assert plan.rollback[1].body == {"method": "reload_weights", "kwargs": {"weights_path": "/ckpt/v1"}, "timeout": 90.0}
     assert plan.rollback[2].body == {"new_version": "tab@v1"} and 404 in plan.rollback[2].tolerate
     assert reload_calls("/ckpt/v2", "tab@v2", 5.0)[0].body["kwargs"] == {"weights_path": "/ckpt/v2"}
@@ -184,8 +208,14 @@ def test_run_calls_expands_the_swap_and_always_resumes():
     plan = move_plan([Call("SWAP", "/ckpt/v2")], "/ckpt/v1", "tab@v1", 9.0)
     client = RecordingClient(cache_refusals=1)
     run_calls(client, plan.forward, lambda path: reload_calls(path, "tab@v2", 9.0))
-    assert client.calls == ["/pause?mode=wait", "/collective_rpc", "/update_weight_version", "/reset_prefix_cache",
-                            "/reset_prefix_cache", "/resume"]
+    assert client.calls == [
+        "/pause?mode=wait",
+        "/collective_rpc",
+        "/update_weight_version",
+        "/reset_prefix_cache",
+        "/reset_prefix_cache",
+        "/resume",
+    ]
     failing = RecordingClient(fail_on="/collective_rpc")
     with pytest.raises(Exception, match="collective_rpc -> 500"):
         run_calls(failing, plan.forward, lambda path: reload_calls(path, "tab@v2", 9.0))
@@ -219,19 +249,36 @@ def moving(monkeypatch, tmp_path):
     monkeypatch.setattr(inplace, "verify", verify)
     monkeypatch.setattr(inplace.time, "sleep", lambda s: None)
     restarts = []
-    fleet = SimpleNamespace(settings=SimpleNamespace(engine=EngineSettings(), fleet=SimpleNamespace(probe_atol=1e-3)),
-                            checkpoints=SimpleNamespace(local_dir=lambda info: dirs[info.version]),
-                            restart_replica=lambda group, r, why: restarts.append(why))
-    replica = SimpleNamespace(name="tab-1", url="http://engine", base=v(1), adapters={}, probes=[], state="ready",
-                              health_failures=0, last_error="", index=1)
+    fleet = SimpleNamespace(
+        settings=SimpleNamespace(engine=EngineSettings(), fleet=SimpleNamespace(probe_atol=1e-3)),
+        checkpoints=SimpleNamespace(local_dir=lambda info: dirs[info.version]),
+        restart_replica=lambda group, r, why: restarts.append(why),
+    )
+    replica = SimpleNamespace(
+        name="tab-1",
+        url="http://engine",
+        base=v(1),
+        adapters={},
+        probes=[],
+        state="ready",
+        health_failures=0,
+        last_error="",
+        index=1,
+    )
     return SimpleNamespace(fleet=fleet, replica=replica, log=log, outcome=outcome, restarts=restarts)
 
 
 def test_a_move_changes_the_recorded_version_only_after_its_probe(moving):
     report = strategy_for("reload").move(moving.fleet, None, moving.replica, v(2))
     assert report.ok and moving.replica.base == v(2) and moving.replica.state == "ready"
-    assert moving.log == ["/pause?mode=wait", "/collective_rpc", "/update_weight_version", "/reset_prefix_cache",
-                          "/resume", "probe tab@v2"]
+    assert moving.log == [
+        "/pause?mode=wait",
+        "/collective_rpc",
+        "/update_weight_version",
+        "/reset_prefix_cache",
+        "/resume",
+        "probe tab@v2",
+    ]
 
 
 def test_a_failed_probe_rolls_the_replica_back_and_verifies_the_old_weights(moving):
@@ -262,9 +309,17 @@ def test_deploy_and_retire_map_onto_canary_promotion_and_rollback(monkeypatch):
 
     monkeypatch.setattr(sync, "move", move)
     replicas = [SimpleNamespace(base=v(1), index=i, state="ready", probes=[]) for i in range(3)]
-    group = SimpleNamespace(base=v(1), surge={}, adapters={}, serving=1, replicas=replicas, strategy=sync,
-                            settings=SimpleNamespace(name="tab"), ready_replicas=lambda: replicas,
-                            live_replicas=lambda: replicas)
+    group = SimpleNamespace(
+        base=v(1),
+        surge={},
+        adapters={},
+        serving=1,
+        replicas=replicas,
+        strategy=sync,
+        settings=SimpleNamespace(name="tab"),
+        ready_replicas=lambda: replicas,
+        live_replicas=lambda: replicas,
+    )
     sync.deploy(None, group, v(2))
     assert moves == [(2, 2)] and group.surge == {2: v(2)}
     sync.retire(None, group, v(2))  # rollback
@@ -282,8 +337,16 @@ def test_the_canary_check_of_a_release_accepts_in_place_canaries():
     from serving.fleet_replies import ReplicaStatus
 
     def replica(i: int, served: dict[str, int]) -> ReplicaStatus:
-        return ReplicaStatus(name=f"tab-{i}", state="ready", url=f"http://127.0.0.1:{8100 + i}", pid=None, base_version=1,
-                             served=served, restarts=0, last_error="")
+        return ReplicaStatus(
+            name=f"tab-{i}",
+            state="ready",
+            url=f"http://127.0.0.1:{8100 + i}",
+            pid=None,
+            base_version=1,
+            served=served,
+            restarts=0,
+            last_error="",
+        )
 
     # what FleetClient.replicas answers: one replica moved in place to the candidate, one still on the champion
     fleet = SimpleNamespace(replicas=lambda model: [replica(0, {"tab@v1": 1}), replica(1, {"tab@v2": 2})])

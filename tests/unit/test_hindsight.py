@@ -23,11 +23,22 @@ def tok(champion_dir):
 
 def served(tok, event: str, kept: int | None, text: str = TEXT, rid: str = "r1") -> RewardSample:
     ids = tok.encode(text, add_special_tokens=False)
-    return RewardSample(request_id=rid, model="tab", version=1, arm="control", user_hash="u",
-                        prompt_token_ids=tok.encode("def f(heap, item):\n    ", add_special_tokens=False),
-                        completion_token_ids=ids, behaviour_logprobs=[-0.1 * (i + 1) for i in range(len(ids))],
-                        completion_text=text, event=event, accepted_chars=kept, reward=0.0, reward_rule="cursor-tab@1",
-                        completion_time_ms=0)
+    return RewardSample(
+        request_id=rid,
+        model="tab",
+        version=1,
+        arm="control",
+        user_hash="u",
+        prompt_token_ids=tok.encode("def f(heap, item):\n    ", add_special_tokens=False),
+        completion_token_ids=ids,
+        behaviour_logprobs=[-0.1 * (i + 1) for i in range(len(ids))],
+        completion_text=text,
+        event=event,
+        accepted_chars=kept,
+        reward=0.0,
+        reward_rule="cursor-tab@1",
+        completion_time_ms=0,
+    )
 
 
 def boundaries(tok, text: str) -> list[int]:
@@ -63,9 +74,18 @@ def test_a_partial_inside_a_token_encodes_the_kept_rest(tok) -> None:
 
 def test_scaled_rule_rewards_the_kept_characters_and_other_verdicts_add_nothing(tok) -> None:
     rule = RewardRule(accept_scale_by_chars=True, accept_chars_cap=32)
-    rows = hindsight_samples([served(tok, "accepted", None, rid="a"), served(tok, "rejected", None, rid="b"),
-                              served(tok, "partial", 8, rid="c"), served(tok, "partial", 0, rid="d"),
-                              served(tok, "none", None, rid="e")], tok, rule, "\n")
+    rows = hindsight_samples(
+        [
+            served(tok, "accepted", None, rid="a"),
+            served(tok, "rejected", None, rid="b"),
+            served(tok, "partial", 8, rid="c"),
+            served(tok, "partial", 0, rid="d"),
+            served(tok, "none", None, rid="e"),
+        ],
+        tok,
+        rule,
+        "\n",
+    )
     assert [h.request_id for h in rows.samples] == ["c#hindsight"] and rows.skipped == {"no_chars_kept": 1}
     assert rows.samples[0].reward == pytest.approx(0.75 * 8 / 32)
 

@@ -31,27 +31,50 @@ def deployment(tmp_path: Path, lora: bool = True, **cfg) -> dict:
 
 # ---- the engine Deployment ----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("gpus", [0, 1, 2])
 @pytest.mark.parametrize("lora", [True, False])
 def test_the_engine_deployment_is_a_valid_v1_deployment(tmp_path, gpus, lora):
-    manifest = deployment(tmp_path, lora, gpus=gpus, flavor="cuda" if gpus else "cpu", env={"NCCL_DEBUG": "WARN"},
-                          env_from_secrets=["hf-token"], cpu_request=0.5)
+    manifest = deployment(
+        tmp_path,
+        lora,
+        gpus=gpus,
+        flavor="cuda" if gpus else "cpu",
+        env={"NCCL_DEBUG": "WARN"},
+        env_from_secrets=["hf-token"],
+        cpu_request=0.5,
+    )
     assert round_trips(manifest, "V1Deployment")
     d = as_model(manifest, "V1Deployment")
-    assert (d.api_version, d.kind, d.metadata.name, d.metadata.namespace) == ("apps/v1", "Deployment", "tidal-engine-tab-v1", "tidal")
+    assert (d.api_version, d.kind, d.metadata.name, d.metadata.namespace) == (
+        "apps/v1",
+        "Deployment",
+        "tidal-engine-tab-v1",
+        "tidal",
+    )
     assert d.spec.replicas == 2 and d.spec.selector.match_labels.items() <= d.spec.template.metadata.labels.items()
     assert d.spec.selector.match_labels["tidal.dev/model"] == "tab" and d.spec.selector.match_labels["tidal.dev/version"] == "1"
     assert d.metadata.labels["app.kubernetes.io/managed-by"] == "tidal-fleet-supervisor" and d.metadata.annotations[DIGEST]
     assert d.spec.strategy.rolling_update.max_surge == 0  # a surge pod would belong to no replica: never verified
     pod = d.spec.template.spec
     vllm, sidecar = pod.containers
-    assert (vllm.name, vllm.image, sidecar.name, sidecar.image, pod.init_containers[0].image) == (ENGINE, VLLM, WEIGHTS, TIDAL, TIDAL)
+    assert (vllm.name, vllm.image, sidecar.name, sidecar.image, pod.init_containers[0].image) == (
+        ENGINE,
+        VLLM,
+        WEIGHTS,
+        TIDAL,
+        TIDAL,
+    )
     res = vllm.resources
     if gpus:
         assert res.requests["nvidia.com/gpu"] == res.limits["nvidia.com/gpu"] == str(gpus)
     else:
         assert "nvidia.com/gpu" not in res.requests and "nvidia.com/gpu" not in res.limits
-    assert res.requests["cpu"] == "500m" and res.limits == {"cpu": "8", "memory": "64Gi", **({"nvidia.com/gpu": str(gpus)} if gpus else {})}
+    assert res.requests["cpu"] == "500m" and res.limits == {
+        "cpu": "8",
+        "memory": "64Gi",
+        **({"nvidia.com/gpu": str(gpus)} if gpus else {}),
+    }
     assert ("--tensor-parallel-size" in vllm.args) == (gpus > 1) and ("--enable-lora" in vllm.args) == lora
     env = {e.name: e.value for e in vllm.env}
     assert env["NCCL_DEBUG"] == "WARN" and vllm.env_from[0].secret_ref.name == "hf-token"
@@ -64,7 +87,12 @@ def test_the_engine_command_is_the_one_a_local_replica_runs(tmp_path):
     vllm = as_model(deployment(tmp_path), "V1Deployment").spec.template.spec.containers[0]
     local = engine_command(s.engine, Path("/models") / V1.key, [V1.served_name], "0.0.0.0", 8000, enable_lora=True)
     assert vllm.command == ["python3", "-m", local[2]] and vllm.args == local[3:]
-    for flag, value in [("--dtype", "bfloat16"), ("--max-model-len", "4096"), ("--max-lora-rank", "8"), ("--served-model-name", "tab@v1")]:
+    for flag, value in [
+        ("--dtype", "bfloat16"),
+        ("--max-model-len", "4096"),
+        ("--max-lora-rank", "8"),
+        ("--served-model-name", "tab@v1"),
+    ]:
         assert vllm.args[vllm.args.index(flag) + 1] == value
     assert "--enforce-eager" not in vllm.args
 
@@ -88,7 +116,9 @@ def test_readiness_means_verified_weights(tmp_path):
 def test_engine_pods_are_locked_down(tmp_path):
     pod = as_model(deployment(tmp_path), "V1Deployment").spec.template.spec
     assert pod.service_account_name == "tidal-fleet" and pod.automount_service_account_token is False
-    assert pod.security_context.run_as_non_root and not pod.host_network and not pod.host_pid and pod.enable_service_links is False
+    assert (
+        pod.security_context.run_as_non_root and not pod.host_network and not pod.host_pid and pod.enable_service_links is False
+    )
     for c in [*pod.init_containers, *pod.containers]:
         sc = c.security_context
         assert sc.run_as_non_root and sc.run_as_user == 10001 and sc.read_only_root_filesystem, c.name
@@ -111,13 +141,21 @@ def test_defaults_match_the_fleet_node_group_and_the_chart(tmp_path):
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     cfg = settings(tmp_path).fleet.kubernetes
     assert cfg.service_account == values["serviceAccounts"]["fleet"]["name"] and cfg.port == values["vllm"]["port"]
-    assert cfg.node_selector == values["vllm"]["nodeSelector"] and [t.model_dump() for t in cfg.tolerations] == values["vllm"]["tolerations"]
+    assert (
+        cfg.node_selector == values["vllm"]["nodeSelector"]
+        and [t.model_dump() for t in cfg.tolerations] == values["vllm"]["tolerations"]
+    )
     from serving.kube_settings import ModelPod
 
     s = settings(tmp_path)
     per_model = s.fleet.kubernetes.model_copy(update={"models": {"tab": ModelPod(gpus=4, instance_type="p5.48xlarge")}})
-    typed = as_model(render_deployment(per_model, s.engine, model="tab", base=V1, enable_lora=True, replicas=1), "V1Deployment").spec.template.spec
-    assert typed.node_selector["node.kubernetes.io/instance-type"] == "p5.48xlarge" and typed.containers[0].resources.limits["nvidia.com/gpu"] == "4"
+    typed = as_model(
+        render_deployment(per_model, s.engine, model="tab", base=V1, enable_lora=True, replicas=1), "V1Deployment"
+    ).spec.template.spec
+    assert (
+        typed.node_selector["node.kubernetes.io/instance-type"] == "p5.48xlarge"
+        and typed.containers[0].resources.limits["nvidia.com/gpu"] == "4"
+    )
 
 
 @pytest.mark.parametrize("model", ["tab", "code_v2", "tab-", "a" * 63, "x_" * 20 + "y"])
@@ -131,13 +169,20 @@ def test_names_and_labels_are_valid_kubernetes_names(model):
 
 # ---- settings -------------------------------------------------------------------------------------
 
+
 def test_kubernetes_runtime_settings_are_checked_at_start_up(tmp_path):
     with pytest.raises(SettingsError) as e:
-        load_settings(fleet={"runtime": "kubernetes", "kubernetes": {"image": "vllm/vllm-openai:latest", "gpus": 0,
-                                                                     "models": {"other": {"gpus": 1}}}},
-                      engine={"flavor": "cuda"})
+        load_settings(
+            fleet={
+                "runtime": "kubernetes",
+                "kubernetes": {"image": "vllm/vllm-openai:latest", "gpus": 0, "models": {"other": {"gpus": 1}}},
+            },
+            engine={"flavor": "cuda"},
+        )
     msg = str(e.value)
-    assert "fleet.kubernetes.image 'vllm/vllm-openai:latest' has no fixed tag" in msg and "set fleet.kubernetes.weights_image" in msg
+    assert (
+        "fleet.kubernetes.image 'vllm/vllm-openai:latest' has no fixed tag" in msg and "set fleet.kubernetes.weights_image" in msg
+    )
     assert "s3://bucket/prefix" in msg and "mlflow.host '127.0.0.1'" in msg and "['other']" in msg and "asks no GPU" in msg
     with pytest.raises(SettingsError, match="memory_request 8Gi > memory_limit 4Gi"):
         load_settings(fleet={"kubernetes": {"memory_request": "8Gi", "memory_limit": "4Gi"}})
@@ -162,13 +207,32 @@ def test_the_chart_fills_only_real_settings():
     fields = set(KubernetesFleetSettings.model_fields)
     assert filled and filled <= fields and set(values["supervisor"]["kubernetes"]) <= fields
     v = values["vllm"]
-    chart = {**values["supervisor"]["kubernetes"], "namespace": "tidal", "instance": "tidal", "image": f"{v['image']['repository']}:{v['image']['tag']}",
-             "weights_image": TIDAL, "image_pull_policy": v["image"]["pullPolicy"], "service_account": values["serviceAccounts"]["fleet"]["name"],
-             "node_selector": v["nodeSelector"], "tolerations": v["tolerations"], "cpu_request": v["resources"]["requests"]["cpu"],
-             "cpu_limit": v["resources"]["limits"]["cpu"], "memory_request": v["resources"]["requests"]["memory"],
-             "memory_limit": v["resources"]["limits"]["memory"], "shm_size": v["shmSizeLimit"], "port": v["port"],
-             "startup_timeout_s": v["startupTimeoutSeconds"], "models": {"tab": {"gpus": 1}}}
+    chart = {
+        **values["supervisor"]["kubernetes"],
+        "namespace": "tidal",
+        "instance": "tidal",
+        "image": f"{v['image']['repository']}:{v['image']['tag']}",
+        "weights_image": TIDAL,
+        "image_pull_policy": v["image"]["pullPolicy"],
+        "service_account": values["serviceAccounts"]["fleet"]["name"],
+        "node_selector": v["nodeSelector"],
+        "tolerations": v["tolerations"],
+        "cpu_request": v["resources"]["requests"]["cpu"],
+        "cpu_limit": v["resources"]["limits"]["cpu"],
+        "memory_request": v["resources"]["requests"]["memory"],
+        "memory_limit": v["resources"]["limits"]["memory"],
+        "shm_size": v["shmSizeLimit"],
+        "port": v["port"],
+        "startup_timeout_s": v["startupTimeoutSeconds"],
+        "models": {"tab": {"gpus": 1}},
+    }
     assert set(chart) - set(values["supervisor"]["kubernetes"]) == filled
-    s = load_settings(**{**values["settings"], "store": {"url": "s3://b/t"}, "models": [{"name": "tab"}],
-                         "fleet": {**values["settings"]["fleet"], "runtime": "kubernetes", "kubernetes": chart}})
+    s = load_settings(
+        **{
+            **values["settings"],
+            "store": {"url": "s3://b/t"},
+            "models": [{"name": "tab"}],
+            "fleet": {**values["settings"]["fleet"], "runtime": "kubernetes", "kubernetes": chart},
+        }
+    )
     assert s.fleet.kubernetes.cpu_limit == 8.0 and s.fleet.kubernetes.image == VLLM

@@ -29,8 +29,11 @@ def test_the_right_tokens_are_every_token_showing_the_next_kept_characters(tok, 
     texts = {tok.decode([v]) for v in right}
     assert texts and all("append(item)".startswith(t) for t in texts)
     # every token of the vocabulary whose text is a prefix of the rest, and no other
-    assert set(right) == {v for v in range(len(tok)) if tok.decode([v]) and "append(item)".startswith(tok.decode([v]))
-                          and "\ufffd" not in tok.decode([v])}
+    assert set(right) == {
+        v
+        for v in range(len(tok))
+        if tok.decode([v]) and "append(item)".startswith(tok.decode([v])) and "\ufffd" not in tok.decode([v])
+    }
 
 
 def test_a_partial_credits_the_positions_inside_its_kept_characters_only(tok, credit) -> None:

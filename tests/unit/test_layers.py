@@ -22,20 +22,28 @@ def test_the_serving_processes_start_without_torch_or_transformers():
     # The supervisor reads probe.json (data_contracts/probe.py) and replays it over HTTP; computing a probe is the
     # trainer's (training/probe.py). Before the probe file was a contract of its own, the supervisor loaded torch
     # and transformers to read it (~500 MiB resident at start instead of ~180).
-    assert imported_in_fresh_process("serving.supervisor, serving.gateway_app, serving.fleet, serving.replica, "
-                                     "serving.runtime.kubernetes, serving.kube_settings") == []
+    assert (
+        imported_in_fresh_process(
+            "serving.supervisor, serving.gateway_app, serving.fleet, serving.replica, "
+            "serving.runtime.kubernetes, serving.kube_settings"
+        )
+        == []
+    )
 
 
 def test_the_release_plane_starts_without_torch_or_transformers():
-    assert imported_in_fresh_process("release.operations, release.policy, release.outcomes, release.report, "
-                                     "release.live_state") == []
+    assert (
+        imported_in_fresh_process("release.operations, release.policy, release.outcomes, release.report, release.live_state")
+        == []
+    )
 
 
 def run_tool(*cmd: str) -> subprocess.CompletedProcess:
     """A console script of this environment, run at the repository root (where pyproject.toml configures it)."""
     root = Path(__file__).resolve().parents[2]
-    return subprocess.run([str(Path(sys.executable).parent / cmd[0]), *cmd[1:]], capture_output=True, text=True,
-                          timeout=300, cwd=root)
+    return subprocess.run(
+        [str(Path(sys.executable).parent / cmd[0]), *cmd[1:]], capture_output=True, text=True, timeout=300, cwd=root
+    )
 
 
 def test_the_import_contracts_hold():

@@ -58,10 +58,20 @@ def test_one_training_budget_raises_the_heldout_reward(champion_dir, code_dir) -
     rows = logged_traffic(load_policy(champion_dir), tok, users, 0.1, rule, 384, seed=0)
     assert {"partial", "rejected"} <= {r.event for r in rows}, "the dataset must hold verdicts to learn from"
 
-    cfg = PPOConfig(batch_size=32, minibatch_size=8, epochs=2, passes=2, learning_rate=3e-3, critic_learning_rate=1e-2,
-                    kl_coef=0.05, seed=0, stop_credit_coef=4.0)
-    trainer = PPOTrainer(build_trainable(champion_dir, champion_dir, cfg), cfg, tok.pad_token_id,
-                         stop=StopCredit(tok, rule, cfg.hindsight_stop))
+    cfg = PPOConfig(
+        batch_size=32,
+        minibatch_size=8,
+        epochs=2,
+        passes=2,
+        learning_rate=3e-3,
+        critic_learning_rate=1e-2,
+        kl_coef=0.05,
+        seed=0,
+        stop_credit_coef=4.0,
+    )
+    trainer = PPOTrainer(
+        build_trainable(champion_dir, champion_dir, cfg), cfg, tok.pad_token_id, stop=StopCredit(tok, rule, cfg.hindsight_stop)
+    )
     trainer.compute_reference(rows)
     trainer.train(rows, iteration_plan(len(rows), cfg))
 

@@ -34,6 +34,7 @@ from tidal.store import LocalStore, S3Store
 
 # ---- append → flush → Parquet ----------------------------------------------------------------------
 
+
 def test_append_then_flush_writes_parquet_at_hive_keys(tmp_path: Path, sinks) -> None:
     sink = start(sinks, tmp_path / "wal", LocalStore(tmp_path / "store"))
     comps, fbs = [completion(i, T0 + i) for i in range(5)], [feedback(i, T0 + 10 + i) for i in range(3)]
@@ -61,9 +62,11 @@ def test_records_in_two_hours_and_two_models_land_in_separate_partitions(tmp_pat
     assert sink.flush_now(timeout_s=10)
 
     by_partition = {re.sub(r"/part-.*", "", k): rows for k, rows in parquet_objects(tmp_path / "store", "feedback").items()}
-    assert set(by_partition) == {"logs/feedback/model=tab/date=2024-05-01/hour=14",
-                                 "logs/feedback/model=tab/date=2024-05-01/hour=15",
-                                 "logs/feedback/model=code/date=2024-05-01/hour=15"}
+    assert set(by_partition) == {
+        "logs/feedback/model=tab/date=2024-05-01/hour=14",
+        "logs/feedback/model=tab/date=2024-05-01/hour=15",
+        "logs/feedback/model=code/date=2024-05-01/hour=15",
+    }
     assert by_partition["logs/feedback/model=tab/date=2024-05-01/hour=14"] == [records[0], records[2]]
     assert by_partition["logs/feedback/model=tab/date=2024-05-01/hour=15"] == [records[1]]
     assert by_partition["logs/feedback/model=code/date=2024-05-01/hour=15"] == [records[3]]
@@ -104,8 +107,14 @@ def test_failed_fsync_fails_its_appends_and_cuts_them_off(tmp_path: Path, sinks,
 
 
 def test_size_and_age_rotation_upload_in_the_background(tmp_path: Path, sinks) -> None:
-    sink = start(sinks, tmp_path / "wal", LocalStore(tmp_path / "store"), segment_max_bytes=400,
-                 segment_max_age_s=0.05, upload_interval_s=0.05)
+    sink = start(
+        sinks,
+        tmp_path / "wal",
+        LocalStore(tmp_path / "store"),
+        segment_max_bytes=400,
+        segment_max_age_s=0.05,
+        upload_interval_s=0.05,
+    )
 
     async def one_by_one() -> None:
         for i in range(8):
@@ -114,7 +123,8 @@ def test_size_and_age_rotation_upload_in_the_background(tmp_path: Path, sinks) -
     asyncio.run(one_by_one())
     deadline = time.monotonic() + 2.5
     while sink.metrics()["records_appended_total:feedback"] != sum(
-            len(r) for r in parquet_objects(tmp_path / "store", "feedback").values()):
+        len(r) for r in parquet_objects(tmp_path / "store", "feedback").values()
+    ):
         assert time.monotonic() < deadline, "background uploader did not upload within 2.5 s"
         time.sleep(0.02)
     objects = parquet_objects(tmp_path / "store", "feedback")
@@ -124,13 +134,14 @@ def test_size_and_age_rotation_upload_in_the_background(tmp_path: Path, sinks) -
 
 # ---- crashes and re-uploads --------------------------------------------------------------------------
 
+
 def test_crash_recovery_uploads_acknowledged_records_once_and_drops_torn_line(tmp_path: Path, sinks) -> None:
     wal, store = tmp_path / "wal", LocalStore(tmp_path / "store")
     crashed = LogSink(wal, store, settings(segment_max_bytes=1000))  # never stopped: the "crash"
     crashed.start()
     acked = [feedback(i, T0 + i) for i in range(27)]
     for chunk in range(0, 27, 5):  # batches of ~550 bytes → two closed segments plus an open one
-        asyncio.run(append_all(crashed, "feedback", acked[chunk:chunk + 5]))
+        asyncio.run(append_all(crashed, "feedback", acked[chunk : chunk + 5]))
     assert wal_files(wal, "feedback", ".closed.jsonl")
     [open_segment] = wal_files(wal, "feedback", ".jsonl")
     with open(open_segment, "ab") as f:  # a write that was under way (not fsynced, never acknowledged)
@@ -179,8 +190,9 @@ def test_two_gateways_of_the_same_pid_never_write_the_same_object(tmp_path: Path
         asyncio.run(append_all(pod, "completions", [completion(i)]))
     assert all(pod.flush_now(timeout_s=10) for pod in pods)
     objects = parquet_objects(tmp_path / "store", "completions")
-    assert len(objects) == 2 and sorted(r["request_id"] for rows in objects.values() for r in rows) == \
-        sorted(completion(i)["request_id"] for i in range(2))
+    assert len(objects) == 2 and sorted(r["request_id"] for rows in objects.values() for r in rows) == sorted(
+        completion(i)["request_id"] for i in range(2)
+    )
     # the segments hold raw prompts: owner only
     wal = tmp_path / "pod0" / "wal"
     assert [oct(p.stat().st_mode & 0o777) for p in (wal, wal / "completions")] == ["0o700", "0o700"]
@@ -188,6 +200,7 @@ def test_two_gateways_of_the_same_pid_never_write_the_same_object(tmp_path: Path
 
 
 # ---- local reads, retention, lifecycle --------------------------------------------------------------
+
 
 def test_iter_recent_reads_uploaded_closed_and_open_segments_oldest_first(tmp_path: Path, sinks) -> None:
     sink = start(sinks, tmp_path / "wal", LocalStore(tmp_path / "store"), segment_max_bytes=600)

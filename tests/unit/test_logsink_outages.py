@@ -26,6 +26,7 @@ from tidal.store import LocalStore
 
 # ---- invalid rows, outages, the cap ---------------------------------------------------------------------
 
+
 class RefusingStore(FlakyStore):
     """A real LocalStore that always refuses the objects of one segment (say, a deny policy on those keys)."""
 
@@ -61,15 +62,18 @@ def test_a_segment_that_always_fails_is_set_aside_and_no_longer_blocks_the_other
     m = sink.metrics()
     assert m["segments_poisoned_total"] == 1 and m["quarantined_total"] == 2 and m["segments_pending"] == 0
     assert m["upload_errors_total"] == POISON_AFTER
-    assert sorted(r["request_id"] for rows in parquet_objects(tmp_path / "store", "completions").values() for r in rows) == \
-        sorted(completion(1 + n)["request_id"] for n in range(1, POISON_AFTER + 1))
+    assert sorted(
+        r["request_id"] for rows in parquet_objects(tmp_path / "store", "completions").values() for r in rows
+    ) == sorted(completion(1 + n)["request_id"] for n in range(1, POISON_AFTER + 1))
     poison = wal / "completions" / "poison"
     assert sorted(p.name for p in poison.iterdir()) == [f"{store.refuse}.jsonl", f"{store.refuse}.reason"]
     assert f"failed on {POISON_AFTER} passes in a row" in (poison / f"{store.refuse}.reason").read_text()
     assert "AccessDenied" in (poison / f"{store.refuse}.reason").read_text()
     copied = store.inner.list("quarantine/wal/completions/")
-    assert copied == [f"quarantine/wal/completions/poison-{store.refuse}.jsonl",
-                      f"quarantine/wal/completions/poison-{store.refuse}.reason"]
+    assert copied == [
+        f"quarantine/wal/completions/poison-{store.refuse}.jsonl",
+        f"quarantine/wal/completions/poison-{store.refuse}.reason",
+    ]
 
 
 def test_a_segment_failing_once_as_the_store_comes_back_is_retried_not_set_aside(tmp_path: Path, sinks) -> None:
@@ -90,8 +94,9 @@ def test_a_segment_failing_once_as_the_store_comes_back_is_retried_not_set_aside
 
     m = sink.metrics()
     assert m["upload_errors_total"] == 2 * passes - 1 and m["segments_poisoned_total"] == 0 and m["quarantined_total"] == 0
-    assert sorted(r["request_id"] for rows in parquet_objects(tmp_path / "store", "completions").values() for r in rows) == \
-        sorted(completion(i)["request_id"] for i in range(3))
+    assert sorted(
+        r["request_id"] for rows in parquet_objects(tmp_path / "store", "completions").values() for r in rows
+    ) == sorted(completion(i)["request_id"] for i in range(3))
     assert not (wal / "completions" / "poison").exists()
 
 
@@ -107,21 +112,29 @@ def test_invalid_rows_are_quarantined_with_a_reason_and_counted(tmp_path: Path, 
     assert sink.flush_now(timeout_s=10)
 
     assert sink.metrics()["quarantined_total"] == 4
-    quarantined = {k: [orjson.loads(line) for line in (tmp_path / "store" / k).read_bytes().splitlines()]
-                   for k in store.list("quarantine/wal/")}
+    quarantined = {
+        k: [orjson.loads(line) for line in (tmp_path / "store" / k).read_bytes().splitlines()]
+        for k in store.list("quarantine/wal/")
+    }
     assert set(quarantined) == {f"quarantine/wal/feedback/part-{old_id}.jsonl"} | {
-        k for k in quarantined if re.fullmatch(rf"quarantine/wal/(feedback|completions)/part-{SEGMENT_ID}\.jsonl", k)}
+        k for k in quarantined if re.fullmatch(rf"quarantine/wal/(feedback|completions)/part-{SEGMENT_ID}\.jsonl", k)
+    }
     assert len(quarantined) == 3
     entries = [e for es in quarantined.values() for e in es]
     reasons = " | ".join(e["reason"] for e in entries)
     assert "not JSON" in reasons and "event" in reasons and "'../escape'" in reasons and "stored schema" in reasons
     assert {e["record"]["request_id"] for e in entries if isinstance(e["record"], dict)} == {
-        feedback(1)["request_id"], feedback(2)["request_id"], completion(1)["request_id"]}
+        feedback(1)["request_id"],
+        feedback(2)["request_id"],
+        completion(1)["request_id"],
+    }
     # The valid rows are uploaded all the same.
-    assert sorted(r["request_id"] for rows in parquet_objects(tmp_path / "store", "feedback").values() for r in rows) == \
-        sorted([feedback(100)["request_id"], feedback(0)["request_id"]])
-    assert [r["request_id"] for rows in parquet_objects(tmp_path / "store", "completions").values() for r in rows] == \
-        [completion(0)["request_id"]]
+    assert sorted(r["request_id"] for rows in parquet_objects(tmp_path / "store", "feedback").values() for r in rows) == sorted(
+        [feedback(100)["request_id"], feedback(0)["request_id"]]
+    )
+    assert [r["request_id"] for rows in parquet_objects(tmp_path / "store", "completions").values() for r in rows] == [
+        completion(0)["request_id"]
+    ]
 
 
 def test_store_outage_is_retried_and_loses_nothing(tmp_path: Path, sinks) -> None:
@@ -131,7 +144,7 @@ def test_store_outage_is_retried_and_loses_nothing(tmp_path: Path, sinks) -> Non
 
     async def during_outage() -> None:
         for chunk in range(0, 20, 5):  # appends keep being acknowledged while uploads fail
-            await append_all(sink, "feedback", records[chunk:chunk + 5])
+            await append_all(sink, "feedback", records[chunk : chunk + 5])
             await asyncio.sleep(0.03)
 
     asyncio.run(during_outage())

@@ -17,9 +17,17 @@ pytest.importorskip("megatron.core")
 
 def tiny_config(tied: bool = True, vocab: int = 101) -> Qwen2Config:
     # vocab 101 is odd on purpose: tensor parallelism pads it, and the padding must never show
-    return Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                       tie_word_embeddings=tied, use_sliding_window=False)
+    return Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=tied,
+        use_sliding_window=False,
+    )
 
 
 def tiny_hf(tied: bool = True, seed: int = 0) -> Qwen2ForCausalLM:
@@ -55,13 +63,13 @@ def test_conversion_round_trips_exactly(tied, tp, pp):
 def test_shards_split_heads_by_group_and_pad_the_vocabulary():
     model = tiny_hf(tied=False)
     shape = ModelShape.of(model.config)
-    (r0, r1), = hf_to_mcore(hf_weights(model), shape, tp=2)
+    ((r0, r1),) = hf_to_mcore(hf_weights(model), shape, tp=2)
     qkv = "decoder.layers.0.self_attention.linear_qkv.weight"
     # one key/value group per rank: its 2 query heads, then its k, then its v, 16 rows each
     d = shape.head_dim
     attn = "model.layers.0.self_attn."
     q, k, v = (model.state_dict()[attn + f"{n}_proj.weight"] for n in "qkv")
-    assert torch.equal(r1[qkv], torch.cat([q[2 * d: 4 * d], k[d: 2 * d], v[d: 2 * d]]))
+    assert torch.equal(r1[qkv], torch.cat([q[2 * d : 4 * d], k[d : 2 * d], v[d : 2 * d]]))
     assert r0["embedding.word_embeddings.weight"].shape == (51, 64)  # 101 -> 102 rows, half each
     assert torch.all(r1["output_layer.weight"][-1] == 0)  # the padded row
     assert r0["decoder.layers.0.mlp.linear_fc1.weight"].shape == (96, 64)  # [gate_r; up_r], 48 rows each
@@ -116,8 +124,10 @@ def _forward_matches_hf(rank: int, world: int, port: int, tied: bool, out: str) 
         logits, values = MegatronPolicyWithValue(gpt, shape, head)(ids, mask)
     real = mask.bool()
     assert logits.shape == want_logits.shape  # the full, unpadded vocabulary on every rank
-    torch.save({"logits": (logits - want_logits)[real].abs().max(), "values": (values - want_values)[real].abs().max()},
-               f"{out}/rank{rank}.pt")
+    torch.save(
+        {"logits": (logits - want_logits)[real].abs().max(), "values": (values - want_values)[real].abs().max()},
+        f"{out}/rank{rank}.pt",
+    )
     dist.destroy_process_group()
 
 
@@ -137,22 +147,46 @@ def ppo_samples(n: int = 20) -> list:
     gen, out = torch.Generator().manual_seed(5), []
     for i in range(n):
         p, t = 2 + i % 6, 1 + i % 5  # ragged prompts and completions: left and right padding in every batch
-        out.append(RewardSample(
-            request_id=f"r{i}", model="tab", version=1, arm="control", user_hash="u",
-            prompt_token_ids=torch.randint(1, 101, (p,), generator=gen).tolist(),
-            completion_token_ids=torch.randint(1, 101, (t,), generator=gen).tolist(),
-            behaviour_logprobs=(-4.0 - torch.rand(t, generator=gen)).tolist(),
-            reward=0.75 if i % 3 == 0 else -0.25, event="accepted" if i % 3 == 0 else "rejected",
-            completion_text="x", accepted_chars=0, reward_rule="test", completion_time_ms=0, feedback_time_ms=0))
+        out.append(
+            RewardSample(
+                request_id=f"r{i}",
+                model="tab",
+                version=1,
+                arm="control",
+                user_hash="u",
+                prompt_token_ids=torch.randint(1, 101, (p,), generator=gen).tolist(),
+                completion_token_ids=torch.randint(1, 101, (t,), generator=gen).tolist(),
+                behaviour_logprobs=(-4.0 - torch.rand(t, generator=gen)).tolist(),
+                reward=0.75 if i % 3 == 0 else -0.25,
+                event="accepted" if i % 3 == 0 else "rejected",
+                completion_text="x",
+                accepted_chars=0,
+                reward_rule="test",
+                completion_time_ms=0,
+                feedback_time_ms=0,
+            )
+        )
     return out
 
 
 def ppo_cfg(**kw):
     from training.ppo_config import PPOConfig
 
-    return PPOConfig(**{"lora": False, "batch_size": 10, "minibatch_size": 5, "epochs": 2, "passes": 1,
-                        "learning_rate": 1e-3, "critic_learning_rate": 1e-2, "target_kl": None, "seed": 0,
-                        "max_grad_norm": 0.5, **kw})
+    return PPOConfig(
+        **{
+            "lora": False,
+            "batch_size": 10,
+            "minibatch_size": 5,
+            "epochs": 2,
+            "passes": 1,
+            "learning_rate": 1e-3,
+            "critic_learning_rate": 1e-2,
+            "target_kl": None,
+            "seed": 0,
+            "max_grad_norm": 0.5,
+            **kw,
+        }
+    )
 
 
 def _megatron_ppo(rank: int, world: int, port: int, champion: str, out: str) -> None:
@@ -170,8 +204,7 @@ def _megatron_ppo(rank: int, world: int, port: int, champion: str, out: str) -> 
     history = trainer.train(samples, iteration_plan(len(samples), c))
     hf = gather_hf_policy(model, Path(champion), Path(champion))
     if rank == 0:
-        torch.save({"weights": hf.state_dict(), "head": model.value_head.state_dict(), "history": history},
-                   f"{out}/megatron.pt")
+        torch.save({"weights": hf.state_dict(), "head": model.value_head.state_dict(), "history": history}, f"{out}/megatron.pt")
     dist.destroy_process_group()
 
 
@@ -193,8 +226,7 @@ def test_ppo_on_megatron_shards_takes_the_hf_backends_steps(tmp_path, tp):
 
     torch.multiprocessing.spawn(_megatron_ppo, args=(tp, _free_port(), str(champion), str(tmp_path)), nprocs=tp)
     got = torch.load(tmp_path / "megatron.pt")
-    assert [h["ppo/grad_norm"] for h in want_history] == pytest.approx(
-        [h["ppo/grad_norm"] for h in got["history"]], rel=1e-4)
+    assert [h["ppo/grad_norm"] for h in want_history] == pytest.approx([h["ppo/grad_norm"] for h in got["history"]], rel=1e-4)
     assert want_history[-1]["ppo/policy_loss"] == pytest.approx(got["history"][-1]["ppo/policy_loss"], abs=1e-5)
     moved = max(float((want[k] - start.state_dict()[k]).abs().max()) for k in want)
     assert moved > 1e-3  # the steps changed the weights, so the comparison below means something
@@ -212,8 +244,13 @@ def test_the_device_scripts_megatron_step_runs_and_matches_hf_on_this_machine(tm
 
     tiny_hf().save_pretrained(tmp_path / "policy")
     code = "import json, sys\nfrom training.megatron.check import gpu_check_step\nprint(json.dumps(gpu_check_step(sys.argv[1])))"
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "policy")], capture_output=True, text=True,
-                         timeout=300, cwd=Path(__file__).parents[2])
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "policy")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parents[2],
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     figures = json.loads(out.stdout.strip().splitlines()[-1])
     assert figures["megatron_device"] == ("cuda" if torch.cuda.is_available() else "cpu")

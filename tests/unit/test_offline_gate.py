@@ -65,8 +65,10 @@ def test_too_few_heldout_rows_fail(champion, tok, samples) -> None:
 
 
 def test_low_effective_sample_size_is_inconclusive_not_failed(champion, tok, samples) -> None:
-    rows = [s.model_copy(update={"behaviour_logprobs": [lp - 3.0 * (i % 2) for lp in s.behaviour_logprobs]})
-            for i, s in enumerate(samples[:40])]
+    rows = [
+        s.model_copy(update={"behaviour_logprobs": [lp - 3.0 * (i % 2) for lp in s.behaviour_logprobs]})
+        for i, s in enumerate(samples[:40])
+    ]
     figures = kl_and_ope(champion, champion, rows, tok.pad_token_id)
     assert figures["ess_champion"] < 40  # unequal weights now
     report = evaluate(copy.deepcopy(champion), champion, None, tok, rows, CODE, CFG.model_copy(update={"min_ess": 1000}))

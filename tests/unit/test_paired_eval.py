@@ -14,8 +14,9 @@ from sim.paired import claim_line, compare
 from sim.users import SimUsersConfig
 
 
-def version(rng: np.random.Generator, n: int, p_shown: float, p_accept: float, base: Outcomes | None = None,
-            flip: float = 0.0) -> Outcomes:
+def version(
+    rng: np.random.Generator, n: int, p_shown: float, p_accept: float, base: Outcomes | None = None, flip: float = 0.0
+) -> Outcomes:
     """Simulated per-request outcomes; with `base`, the same requests with a share `flip` of its rejections turned
     into accepts (what a better version does on the same sites)."""
     if base is None:
@@ -80,7 +81,8 @@ def test_the_claim_names_only_significant_moves_and_never_a_ratio_of_a_negative_
     assert "reward_per_request ×" not in line and not re.search(r"[+-]\d+%", line)  # no relative change of a mean < 0
     assert "suggestion_rate" in flat and "suggestion_rate" not in claimed
     assert claim_line(compare(a, a), "v1", "v1", 3000).startswith(
-        "learning claim (v1 against v1, 3000 paired held-out requests, 95% intervals): no significant change")
+        "learning claim (v1 against v1, 3000 paired held-out requests, 95% intervals): no significant change"
+    )
 
 
 def test_mismatched_replays_are_refused():
@@ -94,8 +96,9 @@ def test_the_learning_report_holds_ratios_intervals_and_the_truncation_verdict()
     a = version(rng, 2000, 0.95, 0.02)
     b = version(rng, 2000, 0, 0, base=a, flip=0.04)
     cut = Outcomes(a.shown, a.accepted, a.kept, np.zeros(len(a)))  # a baseline whose reward is 0 everywhere
-    report = learning_report(compare(a, b), compare(cut, b), final_version=3, requests=2000, promoted=1,
-                             total_s=12.34, train_s=5.0)
+    report = learning_report(
+        compare(a, b), compare(cut, b), final_version=3, requests=2000, promoted=1, total_s=12.34, train_s=5.0
+    )
     assert report.accept_ratio > 1 and report.accept_ratio_ci[0] <= report.accept_ratio <= report.accept_ratio_ci[1]
     assert report.reward_delta > 0 and report.reward_delta_ci[0] > 0
     assert report.beats_truncation == (report.chars_vs_truncation >= 0 and report.reward_vs_truncation >= 0)

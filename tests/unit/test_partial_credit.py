@@ -54,8 +54,12 @@ def test_a_scaled_rule_charges_nothing_for_going_on(tok) -> None:
 
 
 def test_other_verdicts_pass_unchanged_and_partials_without_kept_characters_are_counted(tok) -> None:
-    rows = [served(tok, "accepted", None, rid="a"), served(tok, "rejected", None, rid="b"),
-            served(tok, "partial", 0, rid="c"), partial(tok, boundaries(tok, TEXT)[1], rid="d")]
+    rows = [
+        served(tok, "accepted", None, rid="a"),
+        served(tok, "rejected", None, rid="b"),
+        served(tok, "partial", 0, rid="c"),
+        partial(tok, boundaries(tok, TEXT)[1], rid="d"),
+    ]
     out = credit_partials(rows, tok, RewardRule())
     assert out.samples[:3] == rows[:3] and not any(isinstance(s, CreditedSample) for s in out.samples[:3])
     assert out.credited == 1 and out.kept_tokens == 2 and out.skipped == {"no_chars_kept": 1}
@@ -72,8 +76,9 @@ def test_partial_rows_apply_the_aids_the_config_turns_on(tok) -> None:
 
 def test_the_batch_carries_each_rows_token_rewards_and_the_kl_penalty_adds_to_them(tok) -> None:
     rule = RewardRule()
-    rows = credit_partials([served(tok, "rejected", None, rid="a"), partial(tok, boundaries(tok, TEXT)[1], rule)],
-                           tok, rule).samples
+    rows = credit_partials(
+        [served(tok, "rejected", None, rid="a"), partial(tok, boundaries(tok, TEXT)[1], rule)], tok, rule
+    ).samples
     rows[0] = rows[0].model_copy(update={"reward": rule.rejected})
     b = collate(rows, pad_token_id=0)
     T = len(rows[0].completion_token_ids)
@@ -88,8 +93,7 @@ def test_the_batch_carries_each_rows_token_rewards_and_the_kl_penalty_adds_to_th
     assert terminal.sum(1) == pytest.approx(per_token.sum(1))
 
 
-def test_ppo_with_split_credit_makes_the_first_wrong_token_less_likely_and_the_last_kept_one_more(champion_dir,
-                                                                                                   tok) -> None:
+def test_ppo_with_split_credit_makes_the_first_wrong_token_less_likely_and_the_last_kept_one_more(champion_dir, tok) -> None:
     """The same positive partials (the user kept two tokens, then the text went wrong). Credited on the last token,
     every token shares one positive return; split, the wrong token's return is negative and the kept ones' positive.
     (Without the reward on the last token the critic's start values move the other tokens: compare, don't pin.)"""

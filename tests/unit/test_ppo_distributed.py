@@ -28,11 +28,11 @@ SCENARIOS = {
     # every weight trained, one-row minibatches (one process always has none). Approx KL per step of one process:
     # iteration 0: 0, 2.3e-3, 2.6e-4, 1.4e-3, 1.0e-3 | 0.13; iteration 1: 0, 2.5e-6, 2.9e-4, 2.6e-4, 1.0e-3 | 1.2e-4,
     # 1.3e-2: each stops in its second epoch (of 3), at the first step > 1.5 * target_kl = 5.1e-3 (2x margins)
-    "early_stop": dict(lora=False, batch_size=5, minibatch_size=1, epochs=3, passes=1, max_iterations=2,
-                       target_kl=3.4e-3, learning_rate=3e-4),
+    "early_stop": dict(
+        lora=False, batch_size=5, minibatch_size=1, epochs=3, passes=1, max_iterations=2, target_kl=3.4e-3, learning_rate=3e-4
+    ),
     # the code loss of PPO-ptx: 3 windows a step, 2 on one process and 1 on the other
-    "ptx": dict(batch_size=9, minibatch_size=3, epochs=2, passes=1, max_iterations=2, ptx_coef=1.0, ptx_batch=3,
-                ptx_seq_len=32),
+    "ptx": dict(batch_size=9, minibatch_size=3, epochs=2, passes=1, max_iterations=2, ptx_coef=1.0, ptx_batch=3, ptx_seq_len=32),
 }
 ATOL = 1e-5
 
@@ -40,8 +40,9 @@ ATOL = 1e-5
 def _train_rank(rank: int, init_file: str, champion_dir: Path, samples: list, out: Path) -> None:
     """One process of the data-parallel run: every scenario, then its weights, history and first checkpoint."""
     torch.set_num_threads(1)  # two processes on a shared CPU
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD, timeout=timedelta(seconds=120)
+    )
     try:
         for name, kw in SCENARIOS.items():
             c = cfg(**kw)
@@ -55,8 +56,7 @@ def _train_rank(rank: int, init_file: str, champion_dir: Path, samples: list, ou
                     first.update(copy.deepcopy(trainer.state_dict()))
 
             history = trainer.train(samples, plan, on_iteration=keep)
-            torch.save({"weights": trainable_weights(trainer), "history": history, "state": first},
-                       out / f"{name}-{rank}.pt")
+            torch.save({"weights": trainable_weights(trainer), "history": history, "state": first}, out / f"{name}-{rank}.pt")
     finally:
         distributed.close()
 
@@ -65,9 +65,15 @@ def _train_rank(rank: int, init_file: str, champion_dir: Path, samples: list, ou
 def rows(samples) -> list[RewardSample]:
     """The first ROWS samples with completions cut to 1..4 tokens: processes hold different numbers of tokens, so
     a loss weighted by rows instead of tokens would not add up to one process's."""
-    return [s.model_copy(update={"completion_token_ids": s.completion_token_ids[: 1 + i % 4],
-                                 "behaviour_logprobs": s.behaviour_logprobs[: 1 + i % 4]})
-            for i, s in enumerate(samples[:ROWS])]
+    return [
+        s.model_copy(
+            update={
+                "completion_token_ids": s.completion_token_ids[: 1 + i % 4],
+                "behaviour_logprobs": s.behaviour_logprobs[: 1 + i % 4],
+            }
+        )
+        for i, s in enumerate(samples[:ROWS])
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -102,9 +108,13 @@ def test_the_scenarios_have_uneven_shards_and_minibatches_without_rows() -> None
         c = cfg(**kw)
         plan = iteration_plan(ROWS, c)
         assert all(len(batch) % WORLD for batch in plan), name  # shards of unequal size
-        empty = [mb for it, batch in enumerate(plan) for e in range(c.epochs)
-                 for mb in minibatch_order(len(batch), c, it, e)
-                 if len(set((mb % WORLD).tolist())) < WORLD]  # positions j go to process j % WORLD
+        empty = [
+            mb
+            for it, batch in enumerate(plan)
+            for e in range(c.epochs)
+            for mb in minibatch_order(len(batch), c, it, e)
+            if len(set((mb % WORLD).tolist())) < WORLD
+        ]  # positions j go to process j % WORLD
         assert empty, f"{name}: no minibatch leaves a process without rows"
 
 

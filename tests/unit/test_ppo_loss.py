@@ -191,8 +191,9 @@ def test_is_weight_is_safe_for_non_finite_inputs() -> None:
     assert tok.tolist() == [[2.0, 0.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]]
     seq = truncated_is_weight(logp_old, mu, mask, 2.0, level="sequence")
     assert torch.isfinite(seq).all() and seq.abs().sum() == 0  # a NaN drops its whole sequence
-    ok = truncated_is_weight(torch.tensor([[50.0, 50.0]]), torch.tensor([[-50.0, -50.0]]), torch.ones(1, 2), 2.0,
-                             level="sequence")
+    ok = truncated_is_weight(
+        torch.tensor([[50.0, 50.0]]), torch.tensor([[-50.0, -50.0]]), torch.ones(1, 2), 2.0, level="sequence"
+    )
     assert ok.tolist() == [[2.0, 2.0]]
     with pytest.raises(ValueError, match="level"):
         truncated_is_weight(logp_old, mu, mask, 2.0, level="batch")  # type: ignore[arg-type]

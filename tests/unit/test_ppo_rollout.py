@@ -14,13 +14,23 @@ from training.value_head import PolicyWithValue
 PAD = 0
 
 
-def sample(prompt: list[int], completion: list[int], reward: float = 0.0, version: int = 3,
-           logprobs: list[float] | None = None) -> RewardSample:
+def sample(
+    prompt: list[int], completion: list[int], reward: float = 0.0, version: int = 3, logprobs: list[float] | None = None
+) -> RewardSample:
     return RewardSample(
-        request_id=f"r{len(prompt)}-{len(completion)}-{version}", model="tab", version=version, arm="control",
-        user_hash="u", prompt_token_ids=prompt, completion_token_ids=completion,
+        request_id=f"r{len(prompt)}-{len(completion)}-{version}",
+        model="tab",
+        version=version,
+        arm="control",
+        user_hash="u",
+        prompt_token_ids=prompt,
+        completion_token_ids=completion,
         behaviour_logprobs=logprobs if logprobs is not None else [-1.0] * len(completion),
-        completion_text="x", event="accepted", reward=reward, reward_rule="test@1", completion_time_ms=0,
+        completion_text="x",
+        event="accepted",
+        reward=reward,
+        reward_rule="test@1",
+        completion_time_ms=0,
     )
 
 
@@ -55,12 +65,13 @@ def test_collated_logprobs_match_each_sample_scored_alone() -> None:
     rows = [sample([5, 6, 7, 11], [8, 9]), sample([4], [3, 2, 1]), sample([10, 20], [30])]
     b = collate(rows, PAD)
     with torch.no_grad():
-        logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask,
-                       position_ids=(b.attention_mask.cumsum(-1) - 1).clamp_min(0)).logits
+        logits = model(
+            input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=(b.attention_mask.cumsum(-1) - 1).clamp_min(0)
+        ).logits
         batched = token_logprobs(b.completion_view(logits), b.completion_ids) * b.mask
         for i, s in enumerate(rows):
             ids = torch.tensor([s.prompt_token_ids + s.completion_token_ids])
-            alone = token_logprobs(model(input_ids=ids).logits[:, :-1], ids[:, 1:])[0, -len(s.completion_token_ids):]
+            alone = token_logprobs(model(input_ids=ids).logits[:, :-1], ids[:, 1:])[0, -len(s.completion_token_ids) :]
             torch.testing.assert_close(batched[i, : len(alone)], alone, rtol=1e-5, atol=1e-5)
 
 

@@ -26,7 +26,9 @@ def test_plan_is_seeded_and_covers_rows_in_full_batches() -> None:
     assert plan == iteration_plan(10, c) and len(plan) == 2 * (10 // 4)
     assert all(len(b) == 4 and len(set(b)) == 4 for b in plan)
     assert plan[:2] != plan[2:]  # each pass reshuffles
-    assert len(iteration_plan(3, c)) == 2 and iteration_plan(10, c.model_copy(update={"max_iterations": 1, "passes": 5})) == plan[:1]
+    assert (
+        len(iteration_plan(3, c)) == 2 and iteration_plan(10, c.model_copy(update={"max_iterations": 1, "passes": 5})) == plan[:1]
+    )
 
 
 def test_ppo_raises_logprob_of_rewarded_tokens_on_heldout_rows(champion_dir, samples) -> None:
@@ -40,8 +42,15 @@ def test_ppo_raises_logprob_of_rewarded_tokens_on_heldout_rows(champion_dir, sam
     gain = after - before  # (N,)
     assert float(gain[good].mean() - gain[~good].mean()) > 0.2
     assert len(history) == 3 * (120 // 32)
-    for key in ("ppo/policy_loss", "ppo/value_loss", "ppo/approx_kl", "ppo/clipfrac", "ppo/is_weight_mean",
-                "ppo/is_truncated_frac", "charts/tokens_per_s"):
+    for key in (
+        "ppo/policy_loss",
+        "ppo/value_loss",
+        "ppo/approx_kl",
+        "ppo/clipfrac",
+        "ppo/is_weight_mean",
+        "ppo/is_truncated_frac",
+        "charts/tokens_per_s",
+    ):
         assert all(torch.isfinite(torch.tensor(h[key])) for h in history), key
     # mu = pi at the first rollout: weights start at exactly 1, nothing truncated
     assert history[0]["ppo/is_weight_mean"] == pytest.approx(1.0, abs=1e-4)

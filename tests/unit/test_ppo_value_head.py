@@ -16,9 +16,16 @@ pytestmark = pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is d
 
 
 def tiny_qwen(seed: int = 0) -> Qwen2ForCausalLM:
-    config = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         use_sliding_window=False)
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        use_sliding_window=False,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return Qwen2ForCausalLM(config).eval()
@@ -72,8 +79,7 @@ def test_peft_policy_logits_equal_base_and_gradients_reach_only_trainable_weight
     logits, values = pv(ids, am)
     logp = token_logprobs(logits[:, :-1], ids[:, 1:])  # (2, 5)
     mask, ones = torch.ones_like(logp), torch.ones_like(logp)
-    parts = ppo_losses(logp, logp.detach() - 0.01, ones, values[:, :-1], values[:, :-1].detach(), ones, ones,
-                       mask, 0.2, 0.2)
+    parts = ppo_losses(logp, logp.detach() - 0.01, ones, values[:, :-1], values[:, :-1].detach(), ones, ones, mask, 0.2, 0.2)
     parts.total(vf_coef=0.5, entropy_coef=0.0).backward()
 
     assert pv.value_head.linear.weight.grad.abs().sum() > 0

@@ -11,8 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from tidal.procs import (NotReady, PortInUse, ProcInfo, alive, port_free, read_procinfo, require_port, save_procinfo, spawn,
-                         stop_group, tail, wait_http)
+from tidal.procs import (
+    NotReady,
+    PortInUse,
+    ProcInfo,
+    alive,
+    port_free,
+    read_procinfo,
+    require_port,
+    save_procinfo,
+    spawn,
+    stop_group,
+    tail,
+    wait_http,
+)
 
 
 def _listening_socket() -> socket.socket:
@@ -45,6 +57,7 @@ def started():
 
 
 # ---- ports ----------------------------------------------------------------------------------------
+
 
 def test_port_free_false_while_listening_and_true_after() -> None:
     s = _listening_socket()
@@ -80,6 +93,7 @@ def test_require_port_raises_naming_the_setting() -> None:
 
 
 # ---- spawn ----------------------------------------------------------------------------------------
+
 
 def test_spawn_drops_inherited_tidal_vars_but_passes_given_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, started) -> None:
     monkeypatch.setenv("TIDAL_FLEET__BASE_PORT", "9999")
@@ -202,6 +216,7 @@ def test_stop_group_of_a_gone_pid_is_a_no_op(started) -> None:
 
 # ---- wait_http ------------------------------------------------------------------------------------
 
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -270,10 +285,12 @@ def test_stopping_a_service_whose_leader_died_stops_its_group_and_frees_its_port
         port = probe.getsockname()[1]
     settings = load_settings(data_dir=str(tmp_path / "data"), prefect={"runner_port": port})
     # The leader forks a child in its group that listens on the port, then exits.
-    code = ("import os, socket, sys, time\n"
-            "if os.fork() == 0:\n"
-            "    s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen()\n"
-            "    open(sys.argv[2], 'w').close(); time.sleep(300)\n")
+    code = (
+        "import os, socket, sys, time\n"
+        "if os.fork() == 0:\n"
+        "    s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen()\n"
+        "    open(sys.argv[2], 'w').close(); time.sleep(300)\n"
+    )
     ready = tmp_path / "listening"
     proc, info = spawn("flows", [sys.executable, "-c", code, str(port), str(ready)], tmp_path / "flows.log")
     proc.wait(timeout=30)  # the leader exited (and is reaped)

@@ -22,8 +22,7 @@ def code(champion_dir) -> torch.Tensor:
     return token_stream(load_tokenizer(champion_dir), corpus.read_texts([corpus.stdlib_root() / "heapq.py"]))
 
 
-def test_stream_holds_training_files_only_and_stops_at_the_byte_budget(champion_dir, tmp_path: Path,
-                                                                      monkeypatch) -> None:
+def test_stream_holds_training_files_only_and_stops_at_the_byte_budget(champion_dir, tmp_path: Path, monkeypatch) -> None:
     for i in range(40):
         (tmp_path / f"m{i:02d}.py").write_text(f"marker_{i:02d} = {i}\n" * 5)
     monkeypatch.setattr(corpus, "stdlib_root", lambda: tmp_path)

@@ -25,7 +25,7 @@ def reason(signer: RequestIdSigner, request_id) -> str:
 
 
 def swap_char(text: str, i: int) -> str:
-    return text[:i] + ("B" if text[i] != "B" else "C") + text[i + 1:]
+    return text[:i] + ("B" if text[i] != "B" else "C") + text[i + 1 :]
 
 
 def test_round_trip(signer: RequestIdSigner) -> None:
@@ -77,9 +77,23 @@ def test_wrong_secret_is_refused(signer: RequestIdSigner) -> None:
     assert reason(signer, rid) == "bad_signature"
 
 
-@pytest.mark.parametrize("garbage", ["", "abc", ".", "a.b", "..", "abc.def.ghi", "a+b/c.AAAAAAAAAAAAAAAAAAAAAA",
-                                     "AAAA.AAAAAAAAAAAAAAAAAAAAA=", "héllo.AAAAAAAAAAAAAAAAAAAAAA",
-                                     ".AAAAAAAAAAAAAAAAAAAAAA", None, b"AAAA.AAAAAAAAAAAAAAAAAAAAAA"])
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        "",
+        "abc",
+        ".",
+        "a.b",
+        "..",
+        "abc.def.ghi",
+        "a+b/c.AAAAAAAAAAAAAAAAAAAAAA",
+        "AAAA.AAAAAAAAAAAAAAAAAAAAA=",
+        "héllo.AAAAAAAAAAAAAAAAAAAAAA",
+        ".AAAAAAAAAAAAAAAAAAAAAA",
+        None,
+        b"AAAA.AAAAAAAAAAAAAAAAAAAAAA",
+    ],
+)
 def test_garbage_is_malformed(signer: RequestIdSigner, garbage) -> None:
     assert reason(signer, garbage) == "malformed"
 
@@ -99,8 +113,7 @@ def test_signed_but_unknown_format_is_a_bad_payload(signer: RequestIdSigner) -> 
 
 def test_reasons_are_distinct(signer: RequestIdSigner) -> None:
     rid = signer.issue("tab", "client-42", T)
-    reasons = {reason(signer, "garbage"), reason(signer, rid[:-1] + ("A" if rid[-1] != "A" else "B")),
-               reason(signer, "A" * 300)}
+    reasons = {reason(signer, "garbage"), reason(signer, rid[:-1] + ("A" if rid[-1] != "A" else "B")), reason(signer, "A" * 300)}
     assert reasons == {"malformed", "bad_signature", "too_long"}
 
 

@@ -26,9 +26,21 @@ from training.train_settings import TrainSettings
 
 
 def row(i: int, **kw) -> dict:
-    base = RewardSample(request_id=f"r{i}", model="tab", version=1, arm="control", user_hash="u", prompt_token_ids=[1, 2],
-                        completion_token_ids=[3], behaviour_logprobs=[-0.5], completion_text="x", event="accepted",
-                        reward=0.75, reward_rule="cursor-tab@1", completion_time_ms=0).model_dump()
+    base = RewardSample(
+        request_id=f"r{i}",
+        model="tab",
+        version=1,
+        arm="control",
+        user_hash="u",
+        prompt_token_ids=[1, 2],
+        completion_token_ids=[3],
+        behaviour_logprobs=[-0.5],
+        completion_text="x",
+        event="accepted",
+        reward=0.75,
+        reward_rule="cursor-tab@1",
+        completion_time_ms=0,
+    ).model_dump()
     return {**base, **kw}
 
 
@@ -66,8 +78,11 @@ def test_wrong_schema_names_the_columns(store) -> None:
 
 def test_a_dataset_from_before_sampling_temperatures_says_so(store) -> None:
     write_dataset(store, "tab", "ds-old", samples_table([row(0)]).drop_columns(["temperature", "top_p"]), collect_record())
-    with pytest.raises(DatasetError, match=r"temperature: expected double, got absent.*predates rows carrying their "
-                                           r"sampling temperature.*train on a dataset collected since"):
+    with pytest.raises(
+        DatasetError,
+        match=r"temperature: expected double, got absent.*predates rows carrying their "
+        r"sampling temperature.*train on a dataset collected since",
+    ):
         load_dataset(store, "tab", "ds-old")
 
 
@@ -140,13 +155,27 @@ def test_run_key_changes_with_what_determines_the_result() -> None:
 
 def test_the_manifests_reward_rule_comes_with_the_dataset(store) -> None:
     rule = RewardRule(accept_scale_by_chars=True)
-    write_dataset(store, "tab", "ds-r", samples_table([row(0)]), collect_record(reward_rule={"id": rule.id, "rule": rule.model_dump(mode="json")}))
+    write_dataset(
+        store,
+        "tab",
+        "ds-r",
+        samples_table([row(0)]),
+        collect_record(reward_rule={"id": rule.id, "rule": rule.model_dump(mode="json")}),
+    )
     assert load_dataset(store, "tab", "ds-r").rule == rule
     other = RewardRule(version=2)
-    write_dataset(store, "tab", "ds-m", samples_table([row(0)]), collect_record(reward_rule={"id": other.id, "rule": other.model_dump(mode="json")}))
+    write_dataset(
+        store,
+        "tab",
+        "ds-m",
+        samples_table([row(0)]),
+        collect_record(reward_rule={"id": other.id, "rule": other.model_dump(mode="json")}),
+    )
     with pytest.raises(DatasetError, match=r"rewarded by \['cursor-tab@1'\], the manifest names cursor-tab@2"):
         load_dataset(store, "tab", "ds-m")
-    write_dataset(store, "tab", "ds-b", samples_table([row(0)]), collect_record(reward_rule={"id": "x", "rule": {"accepted": "lots"}}))
+    write_dataset(
+        store, "tab", "ds-b", samples_table([row(0)]), collect_record(reward_rule={"id": "x", "rule": {"accepted": "lots"}})
+    )
     with pytest.raises(DatasetError, match=r"reward_rule.rule is not a RewardRule: .* at \('accepted',\)"):
         load_dataset(store, "tab", "ds-b")
 

@@ -59,7 +59,12 @@ def test_vectorised_matches_scalar_and_rejects_unknown_events():
     events = np.array(["accepted", "rejected", "partial", "none", "accepted"], dtype=object)
     chars, shown = np.array([np.nan, np.nan, 5, np.nan, np.nan]), np.array([10, 10, 10, 10, 0])
     assert rule.rewards(events, chars, shown).tolist() == [
-        rule.reward("accepted", None, "x" * 10), -0.25, rule.reward("partial", 5, "x" * 10), 0.0, 0.0]
+        rule.reward("accepted", None, "x" * 10),
+        -0.25,
+        rule.reward("partial", 5, "x" * 10),
+        0.0,
+        0.0,
+    ]
     with pytest.raises(ValueError, match="unknown events.*loved"):
         rule.rewards(np.array(["loved"], dtype=object), np.array([np.nan]), np.array([3]))
 
@@ -89,8 +94,11 @@ def test_no_feedback_policies_and_the_rule_recorded_with_the_dataset(tmp_path, p
     rule = RewardRule(name="tab-test", version=7, no_feedback=policy)
     res = collect_once(store, FixedVersions([1], 1), "tab", CollectSettings(reward_rule=rule), T0 + 2 * HOUR)
     got = {r["request_id"]: (r["event"], r["reward"]) for r in res.samples.to_pylist()}
-    expected = {cs[0]["request_id"]: ("accepted", 0.75), cs[1]["request_id"]: ("partial", 0.375),
-                cs[4]["request_id"]: ("none", 0.0)}  # empty: nothing shown, kept under either policy
+    expected = {
+        cs[0]["request_id"]: ("accepted", 0.75),
+        cs[1]["request_id"]: ("partial", 0.375),
+        cs[4]["request_id"]: ("none", 0.0),
+    }  # empty: nothing shown, kept under either policy
     if policy == "ignored":
         expected |= {cs[2]["request_id"]: ("none", 0.0), cs[3]["request_id"]: ("none", 0.0)}
     assert got == expected

@@ -17,19 +17,41 @@ from pydantic import ValidationError
 
 from data_contracts.records import SamplingParams
 from serving import routes as routes_mod
-from serving.routes import (HISTORY_LIMIT, ArmSpec, CanaryGone, ModelRoutes, RouteError, RouteLimits, RouteTable,
-                            arm_key, assign, assignment_key, user_hash, user_hash_key)
+from serving.routes import (
+    HISTORY_LIMIT,
+    ArmSpec,
+    CanaryGone,
+    ModelRoutes,
+    RouteError,
+    RouteLimits,
+    RouteTable,
+    arm_key,
+    assign,
+    assignment_key,
+    user_hash,
+    user_hash_key,
+)
 
 KEY = arm_key(b"gateway-secret-0123456789abcdef")
 
 
-def make_routes(canary_weight: float | None = None, model: str = "tab", control: int = 3, canary: int = 4,
-                by: str = "tester", reason: str = "test", updated_ms: int = 1, **overrides) -> ModelRoutes:
+def make_routes(
+    canary_weight: float | None = None,
+    model: str = "tab",
+    control: int = 3,
+    canary: int = 4,
+    by: str = "tester",
+    reason: str = "test",
+    updated_ms: int = 1,
+    **overrides,
+) -> ModelRoutes:
     if canary_weight is None:
         arms = [ArmSpec(name="control", version=control, weight=1.0)]
     else:
-        arms = [ArmSpec(name="control", version=control, weight=1.0 - canary_weight),
-                ArmSpec(name="canary", version=canary, weight=canary_weight, **overrides)]
+        arms = [
+            ArmSpec(name="control", version=control, weight=1.0 - canary_weight),
+            ArmSpec(name="canary", version=canary, weight=canary_weight, **overrides),
+        ]
     return ModelRoutes(model=model, arms=arms, updated_ms=updated_ms, updated_by=by, reason=reason)
 
 
@@ -49,6 +71,7 @@ def no_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # ---- assignment ----------------------------------------------------------------------------------
+
 
 def test_assign_is_deterministic_and_follows_the_documented_formula() -> None:
     r = make_routes(0.3)
@@ -123,22 +146,26 @@ def test_user_hash_is_keyed_and_hides_the_raw_id() -> None:
 
 # ---- validation ----------------------------------------------------------------------------------
 
+
 def arm(name: str = "control", version: int = 1, weight: float = 1.0, **kw) -> dict:
     return {"name": name, "version": version, "weight": weight, **kw}
 
 
-@pytest.mark.parametrize("arms, fragments", [
-    ([arm(weight=0.7), arm("canary", 2, 0.2)], ["must sum to 1", "0.9", "control=0.7", "canary=0.2"]),
-    ([arm(weight=0.5), arm(weight=0.5)], ["unique", "'control', 'control'", "one 'control'"]),
-    ([arm("canary", 2, 1.0)], ["'control' arm is required", "['canary']"]),
-    ([arm(version=0)], ["version", "greater than or equal to 1"]),
-    ([], ["1 or 2 arms", "got 0"]),
-    ([arm(weight=0.5), arm("canary", 2, 0.25), arm("canary", 3, 0.25)], ["1 or 2 arms", "got 3"]),
-    ([arm("shadow")], ["name", "'control' or 'canary'"]),
-    ([arm(weight=1.5)], ["weight", "less than or equal to 1"]),
-    ([arm(weight=float("nan"))], ["weight", "finite"]),
-    ([arm(colour="red")], ["colour", "Extra inputs are not permitted"]),
-])
+@pytest.mark.parametrize(
+    "arms, fragments",
+    [
+        ([arm(weight=0.7), arm("canary", 2, 0.2)], ["must sum to 1", "0.9", "control=0.7", "canary=0.2"]),
+        ([arm(weight=0.5), arm(weight=0.5)], ["unique", "'control', 'control'", "one 'control'"]),
+        ([arm("canary", 2, 1.0)], ["'control' arm is required", "['canary']"]),
+        ([arm(version=0)], ["version", "greater than or equal to 1"]),
+        ([], ["1 or 2 arms", "got 0"]),
+        ([arm(weight=0.5), arm("canary", 2, 0.25), arm("canary", 3, 0.25)], ["1 or 2 arms", "got 3"]),
+        ([arm("shadow")], ["name", "'control' or 'canary'"]),
+        ([arm(weight=1.5)], ["weight", "less than or equal to 1"]),
+        ([arm(weight=float("nan"))], ["weight", "finite"]),
+        ([arm(colour="red")], ["colour", "Extra inputs are not permitted"]),
+    ],
+)
 def test_invalid_routes_say_what_is_wrong(arms: list[dict], fragments: list[str]) -> None:
     with pytest.raises(ValidationError) as exc:
         ModelRoutes(model="tab", arms=arms, updated_ms=0, updated_by="t", reason="")
@@ -160,11 +187,14 @@ def test_arm_overrides_apply_to_sampling_params() -> None:
     assert params.temperature == 0.7
 
 
-@pytest.mark.parametrize("overrides, weight, fragments", [
-    ({"temperature": 1.6}, 0.1, ["temperature override 1.6", "max_temperature=1.5", "'canary'"]),
-    ({"top_p": 0.4}, 0.1, ["top_p override 0.4", "min_top_p=0.5"]),
-    ({"temperature": 1.0}, 0.25, ["max_override_weight=0.2", "got weight 0.25"]),
-])
+@pytest.mark.parametrize(
+    "overrides, weight, fragments",
+    [
+        ({"temperature": 1.6}, 0.1, ["temperature override 1.6", "max_temperature=1.5", "'canary'"]),
+        ({"top_p": 0.4}, 0.1, ["top_p override 0.4", "min_top_p=0.5"]),
+        ({"temperature": 1.0}, 0.25, ["max_override_weight=0.2", "got weight 0.25"]),
+    ],
+)
 def test_limits_refuse_out_of_bounds_overrides(tmp_path: Path, overrides: dict, weight: float, fragments: list[str]) -> None:
     table = RouteTable(tmp_path / "routes.json", RouteLimits())
     with pytest.raises(RouteError) as exc:
@@ -190,6 +220,7 @@ def test_route_limits_are_checked_themselves() -> None:
 
 # ---- table: changes, persistence, history --------------------------------------------------------
 
+
 def test_missing_file_is_an_empty_table(tmp_path: Path) -> None:
     table = RouteTable(tmp_path / "nested" / "routes.json", RouteLimits())
     assert table.all() == {} and table.history == [] and table.get("tab") is None
@@ -205,7 +236,10 @@ def test_routes_and_history_survive_a_restart(tmp_path: Path) -> None:
     assert again.all() == table.all()
     assert again.history == table.history
     assert [(c.model, c.action, c.by) for c in again.history] == [
-        ("tab", "set", "bootstrap"), ("tab", "set_weights", "alice"), ("chat", "set", "tester")]
+        ("tab", "set", "bootstrap"),
+        ("tab", "set_weights", "alice"),
+        ("chat", "set", "tester"),
+    ]
     assert again.get("chat").canary.temperature == 1.1
     assert [p.name for p in path.parent.iterdir()] == ["routes.json"]  # no temp files left behind
 
@@ -267,8 +301,9 @@ def test_an_unwatched_canary_is_never_expired_and_a_watch_needs_a_canary(tmp_pat
     with pytest.raises(CanaryGone, match="chat@v4"):
         table.watch("chat", 4, 60)
     with pytest.raises(ValidationError, match="only a canary is watched"):
-        ModelRoutes(model="tab", arms=[ArmSpec(name="control", version=3, weight=1.0)], updated_ms=0, updated_by="t",
-                    watch_until_ms=5)
+        ModelRoutes(
+            model="tab", arms=[ArmSpec(name="control", version=3, weight=1.0)], updated_ms=0, updated_by="t", watch_until_ms=5
+        )
 
 
 def test_history_is_bounded(tmp_path: Path, no_fsync: None) -> None:
@@ -291,13 +326,16 @@ def test_leftover_temp_file_from_a_crash_is_ignored(tmp_path: Path) -> None:
     assert RouteTable(path, RouteLimits()).get("tab").canary.weight == 0.2
 
 
-@pytest.mark.parametrize("content, fragment", [
-    (None, "not valid JSON"),  # truncated copy of a real table
-    (b"", "not valid JSON"),
-    (b'{"format": 1, "routes": {"tab": {"model": "tab"}}}', "does not hold a valid route table"),
-    (b'{"format": 9}', "does not hold a valid route table"),
-    (b'{"format": 1, "routes": {"chat": ' + make_routes(None).model_dump_json().encode() + b"}}", "holds routes for 'tab'"),
-])
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        (None, "not valid JSON"),  # truncated copy of a real table
+        (b"", "not valid JSON"),
+        (b'{"format": 1, "routes": {"tab": {"model": "tab"}}}', "does not hold a valid route table"),
+        (b'{"format": 9}', "does not hold a valid route table"),
+        (b'{"format": 1, "routes": {"chat": ' + make_routes(None).model_dump_json().encode() + b"}}", "holds routes for 'tab'"),
+    ],
+)
 def test_corrupt_file_gives_a_clear_error_and_is_left_alone(tmp_path: Path, content: bytes | None, fragment: str) -> None:
     path = tmp_path / "routes.json"
     if content is None:

@@ -41,8 +41,15 @@ def run_sh(root: Path, *args: str, **env: str) -> tuple[subprocess.CompletedProc
     log = root.parent / "calls.log"
     log.write_text("")
     full = {k: v for k, v in os.environ.items() if not k.startswith("TIDAL_")}
-    full.update({"TIDAL_CACHE_DIR": str(root.parent / "cache"), "TIDAL_BASE_PYTHON": str(root.parent / "python-stub"),
-                 "TIDAL_ENGINE_FLAVOR": "cpu", "STUB_LOG": str(log), **env})
+    full.update(
+        {
+            "TIDAL_CACHE_DIR": str(root.parent / "cache"),
+            "TIDAL_BASE_PYTHON": str(root.parent / "python-stub"),
+            "TIDAL_ENGINE_FLAVOR": "cpu",
+            "STUB_LOG": str(log),
+            **env,
+        }
+    )
     run = subprocess.run(["bash", str(root / "run.sh"), *args], capture_output=True, text=True, env=full, timeout=120)
     return run, log.read_text().splitlines()
 

@@ -18,11 +18,26 @@ from training.policy import load_policy, load_tokenizer
 from training.rollout import collate, nucleus
 
 
-def row(i: int, prompt: list[int], completion: list[int], mu: list[float], temperature: float,
-        reward: float = 0.0, top_p: float = 1.0) -> RewardSample:
-    return RewardSample(request_id=f"t{i}", model="tab", version=1, arm="control", user_hash="u", prompt_token_ids=prompt,
-                        completion_token_ids=completion, behaviour_logprobs=mu, temperature=temperature, top_p=top_p,
-                        completion_text="x", event="rejected", reward=reward, reward_rule="r@1", completion_time_ms=0)
+def row(
+    i: int, prompt: list[int], completion: list[int], mu: list[float], temperature: float, reward: float = 0.0, top_p: float = 1.0
+) -> RewardSample:
+    return RewardSample(
+        request_id=f"t{i}",
+        model="tab",
+        version=1,
+        arm="control",
+        user_hash="u",
+        prompt_token_ids=prompt,
+        completion_token_ids=completion,
+        behaviour_logprobs=mu,
+        temperature=temperature,
+        top_p=top_p,
+        completion_text="x",
+        event="rejected",
+        reward=reward,
+        reward_rule="r@1",
+        completion_time_ms=0,
+    )
 
 
 def top_p_logprobs(logp: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -35,8 +50,7 @@ def top_p_logprobs(logp: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 @torch.no_grad()
-def tempered_rows(champion_dir, temperature: float, n: int = 24, tokens: int = 4,
-                  top_p: float = 1.0) -> list[RewardSample]:
+def tempered_rows(champion_dir, temperature: float, n: int = 24, tokens: int = 4, top_p: float = 1.0) -> list[RewardSample]:
     """Completions the champion sampled at `temperature` from the `top_p` nucleus, μ the log-prob of each token
     after the scaling and the cut (what an engine with processed log-probs logs)."""
     model, tok = load_policy(champion_dir), load_tokenizer(champion_dir)

@@ -25,8 +25,13 @@ def dead_uri(monkeypatch) -> str:
 @pytest.mark.parametrize("call", ["versions", "aliases", "by_alias", "get", "next_version"])
 def test_lookups_during_an_outage_fail_loudly(dead_uri, call):
     registry = Registry(dead_uri)
-    args = {"versions": ("tab",), "aliases": ("tab",), "by_alias": ("tab", "champion"), "get": ("tab", 1),
-            "next_version": ("tab",)}[call]
+    args = {
+        "versions": ("tab",),
+        "aliases": ("tab",),
+        "by_alias": ("tab", "champion"),
+        "get": ("tab", 1),
+        "next_version": ("tab",),
+    }[call]
     with pytest.raises(RegistryUnavailable) as e:
         getattr(registry, call)(*args)
     assert dead_uri in str(e.value) and "connection refused" in str(e.value) and "tidal up" in str(e.value)
@@ -53,8 +58,11 @@ def test_a_lost_prefect_server_is_named_with_the_fix(tmp_path):
 
 def test_other_failures_pass_through_unchanged(tmp_path):
     settings = TidalSettings(data_dir=tmp_path)
-    for error in (_connect_error("http://127.0.0.1:9/v1/fleet"), RuntimeError("something else"),
-                  httpx.ConnectError("no request attached")):
+    for error in (
+        _connect_error("http://127.0.0.1:9/v1/fleet"),
+        RuntimeError("something else"),
+        httpx.ConnectError("no request attached"),
+    ):
         with pytest.raises(type(error)) as e, prefect_reachable(settings):
             raise error
         assert e.value is error

@@ -27,7 +27,9 @@ def write_config(path: Path, text: str) -> Path:
     return path
 
 
-def settings_error(monkeypatch: pytest.MonkeyPatch, env: dict[str, str] | None = None, yaml: str | None = None, tmp: Path | None = None) -> str:
+def settings_error(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str] | None = None, yaml: str | None = None, tmp: Path | None = None
+) -> str:
     for k, v in (env or {}).items():
         monkeypatch.setenv(k, v)
     if yaml is not None:
@@ -38,6 +40,7 @@ def settings_error(monkeypatch: pytest.MonkeyPatch, env: dict[str, str] | None =
 
 
 # ---- defaults and sources -------------------------------------------------------------------------
+
 
 def test_defaults_load_without_any_config(clean_env: Path) -> None:
     s = load_settings()
@@ -104,10 +107,12 @@ def test_one_demo_setting_keeps_the_demos_other_defaults(monkeypatch: pytest.Mon
 
 
 def test_nested_model_list_from_yaml(clean_env: Path) -> None:
-    write_config(clean_env / "tidal.yaml",
-                 "models:\n"
-                 "  - name: tab\n    replicas: 2\n    update_strategy: restart\n"
-                 "  - name: code-x\n    replicas: 0\n    serve_alias: candidate\n")
+    write_config(
+        clean_env / "tidal.yaml",
+        "models:\n"
+        "  - name: tab\n    replicas: 2\n    update_strategy: restart\n"
+        "  - name: code-x\n    replicas: 0\n    serve_alias: candidate\n",
+    )
     s = load_settings()
     assert [m.name for m in s.models] == ["tab", "code-x"]
     tab, code = s.model("tab"), s.model("code-x")
@@ -127,6 +132,7 @@ def test_overrides_passed_to_load_settings(clean_env: Path) -> None:
 
 
 # ---- errors ---------------------------------------------------------------------------------------
+
 
 def test_null_in_the_environment_unsets_an_optional_setting(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
     assert load_settings().demo.train.ppo.final_norm_learning_rate is not None  # the demo's default sets it
@@ -277,8 +283,9 @@ def test_prefect_server_gets_its_database_wait_from_settings(monkeypatch: pytest
 def test_sandbox_config_sections_merge_with_the_sandboxes_own(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
     from tidal.sandbox import write_config
 
-    path = write_config(clean_env, [{"name": "tab"}], base_port=21000,
-                        gateway={"logsink": {"segment_max_age_s": 5.0}}, canary={"steps": [0.5]})
+    path = write_config(
+        clean_env, [{"name": "tab"}], base_port=21000, gateway={"logsink": {"segment_max_age_s": 5.0}}, canary={"steps": [0.5]}
+    )
     monkeypatch.setenv("TIDAL_CONFIG", str(path))
     s = load_settings()
     assert s.gateway.logsink.segment_max_age_s == 5.0 and s.gateway.logsink.upload_interval_s == 0.5  # merged, not replaced
@@ -289,8 +296,12 @@ def test_sandbox_config_sections_merge_with_the_sandboxes_own(monkeypatch: pytes
 def test_a_model_sets_its_own_canary_margins(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
     from tidal.sandbox import write_config
 
-    path = write_config(clean_env, [{"name": "tab", "canary_margins": {"accepted_chars": 0.2}}, {"name": "chat"}],
-                        base_port=21000, canary={"margins": {"error_rate": 0.01}})
+    path = write_config(
+        clean_env,
+        [{"name": "tab", "canary_margins": {"accepted_chars": 0.2}}, {"name": "chat"}],
+        base_port=21000,
+        canary={"margins": {"error_rate": 0.01}},
+    )
     monkeypatch.setenv("TIDAL_CONFIG", str(path))
     s = load_settings()
     assert s.model("tab").canary_margins.accepted_chars == 0.2 and s.model("chat").canary_margins is None
@@ -302,10 +313,12 @@ def test_a_model_sets_its_own_canary_margins(monkeypatch: pytest.MonkeyPatch, cl
 
 # ---- credentials -------------------------------------------------------------------------------------
 
+
 def test_a_bad_credential_setting_is_named_but_never_echoed(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
     short_token = "tok-9f8e7d"  # too short to be an admin token, still a secret
-    text = settings_error(monkeypatch, yaml=f"admin_token: {short_token}\n"
-                          "gateway:\n  clients:\n    - key: alice-key-0123456789\n", tmp=clean_env)
+    text = settings_error(
+        monkeypatch, yaml=f"admin_token: {short_token}\ngateway:\n  clients:\n    - key: alice-key-0123456789\n", tmp=clean_env
+    )
     assert "admin_token" in text and "at least 16 characters" in text
     assert "gateway.clients.0.client_id" in text  # missing: its input is the whole entry, key included
     assert short_token not in text and "alice-key-0123456789" not in text
@@ -367,10 +380,14 @@ def test_a_first_byte_timeout_longer_than_the_whole_call_is_refused(monkeypatch:
 
 # ---- each component's root ------------------------------------------------------------------------
 
+
 def test_the_serving_processes_read_their_sections_of_the_shared_file(clean_env: Path) -> None:
-    write_config(clean_env / "tidal.yaml", "fleet: {admin_port: 8300}\ngateway: {port: 8301}\n"
-                 "models: [{name: tab, replicas: 2, canary_margins: {accepted_chars: 0.2}}]\n"
-                 "train: {ppo: {learning_rate: 0.001}}\ndemo: {cycles: 2}\n")
+    write_config(
+        clean_env / "tidal.yaml",
+        "fleet: {admin_port: 8300}\ngateway: {port: 8301}\n"
+        "models: [{name: tab, replicas: 2, canary_margins: {accepted_chars: 0.2}}]\n"
+        "train: {ppo: {learning_rate: 0.001}}\ndemo: {cycles: 2}\n",
+    )
     serving, whole = load_serving_settings(), load_settings()
     assert type(serving) is ServingSettings and isinstance(whole, ServingSettings)
     # the same file gives the serving processes what the CLI passes them, and none of the other planes' sections
@@ -399,4 +416,3 @@ def test_an_admin_header_is_authorized_only_with_the_exact_token() -> None:
     assert bearer("Bearer  key ") == "key" and bearer("") == ""
     assert admin_authorized(f"Bearer {token}", token)
     assert not any(admin_authorized(h, token) for h in ("", "Bearer ", f"Bearer {token[:-1]}", f"Bearer {token}x", token[:-1]))
-

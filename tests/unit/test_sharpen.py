@@ -103,12 +103,18 @@ def test_distillation_targets_the_reference_at_the_temperature_given_that_the_li
 
 
 @pytest.mark.parametrize("lora", [True, False], ids=["adapter", "full-weights"])
-def test_training_with_a_sharpen_temperature_moves_towards_the_sharper_reference(tok, sharpen, champion_dir,
-                                                                                 lora) -> None:
+def test_training_with_a_sharpen_temperature_moves_towards_the_sharper_reference(tok, sharpen, champion_dir, lora) -> None:
     """The reference is the model with its adapter off, or (every weight trained) a frozen copy of the start."""
     rows = [served(tok, "rejected", None, rid=f"r{i}") for i in range(16)]
-    c = cfg(sharpen_coef=1.0, sharpen_temperature=0.5, learning_rate=3e-3 if lora else 3e-4, passes=4, batch_size=16,
-            kl_coef=0.0, lora=lora)
+    c = cfg(
+        sharpen_coef=1.0,
+        sharpen_temperature=0.5,
+        learning_rate=3e-3 if lora else 3e-4,
+        passes=4,
+        batch_size=16,
+        kl_coef=0.0,
+        lora=lora,
+    )
     trainer = PPOTrainer(make_trainer(champion_dir, cfg(lora=lora)).model, c, 0, sharpen=sharpen)
     b = collate(rows, 0)
     with torch.no_grad():

@@ -10,16 +10,19 @@ from sim.users import SimUsersConfig, population, verdict
 from data_contracts import corpus
 
 
-@pytest.mark.parametrize("suggestion, intended, min_chars, expected", [
-    ("", "return x", 3, (None, 0)),  # nothing shown: no feedback
-    ("ret", "return x", 3, ("accepted", 3)),  # a prefix, long enough
-    ("re", "return x", 3, ("rejected", 0)),  # a prefix, too short to be worth it
-    ("return x", "return x", 3, ("accepted", 8)),  # the whole rest of the line
-    ("return y", "return x", 3, ("partial", 7)),  # kept up to the first wrong character
-    ("return x\n    y", "return x", 3, ("partial", 8)),  # ran over the line: the line is kept
-    ("rx", "return x", 1, ("partial", 1)),
-    ("xyz", "return x", 3, ("rejected", 0)),
-])
+@pytest.mark.parametrize(
+    "suggestion, intended, min_chars, expected",
+    [
+        ("", "return x", 3, (None, 0)),  # nothing shown: no feedback
+        ("ret", "return x", 3, ("accepted", 3)),  # a prefix, long enough
+        ("re", "return x", 3, ("rejected", 0)),  # a prefix, too short to be worth it
+        ("return x", "return x", 3, ("accepted", 8)),  # the whole rest of the line
+        ("return y", "return x", 3, ("partial", 7)),  # kept up to the first wrong character
+        ("return x\n    y", "return x", 3, ("partial", 8)),  # ran over the line: the line is kept
+        ("rx", "return x", 1, ("partial", 1)),
+        ("xyz", "return x", 3, ("rejected", 0)),
+    ],
+)
 def test_verdict_follows_the_intended_text_only(suggestion, intended, min_chars, expected):
     assert verdict(suggestion, intended, min_chars) == expected
 
@@ -33,10 +36,13 @@ def test_population_is_seeded_and_varied():
     assert population(cfg.model_copy(update={"seed": 4})) != a
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("min_chars", (0, 3), "min_chars must start at >= 1"),
-    ("think_s", (1.0, 0.5), "need 0 <= low <= high"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("min_chars", (0, 3), "min_chars must start at >= 1"),
+        ("think_s", (1.0, 0.5), "need 0 <= low <= high"),
+    ],
+)
 def test_bad_user_ranges_are_refused(field, value, message):
     with pytest.raises(ValidationError, match=message):
         SimUsersConfig(**{field: value})

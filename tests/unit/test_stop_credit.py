@@ -25,8 +25,9 @@ def rewarded(tok, event: str, kept: int | None, rule: RewardRule, rid: str = "r1
     s = served(tok, event, kept, rid=rid)
     if stop:
         (nl,) = tok.encode("\n", add_special_tokens=False)
-        s = s.model_copy(update={"completion_token_ids": s.completion_token_ids + [nl],
-                                 "behaviour_logprobs": s.behaviour_logprobs + [-0.5]})
+        s = s.model_copy(
+            update={"completion_token_ids": s.completion_token_ids + [nl], "behaviour_logprobs": s.behaviour_logprobs + [-0.5]}
+        )
     return s.model_copy(update={"reward": rule.reward(event, kept if event == "partial" else None, TEXT)})
 
 

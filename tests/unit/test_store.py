@@ -39,6 +39,7 @@ def make_tree(root: Path) -> dict[str, str]:
 
 # ---- shared behaviour, run on both stores ---------------------------------------------------------
 
+
 def check_round_trip(store, tmp_path: Path) -> None:
     src = make_file(tmp_path / "src" / "a.txt", "hello")
     store.put_file(src, "dir/sub/a.txt")
@@ -79,6 +80,7 @@ def check_dir_round_trip(store, tmp_path: Path) -> None:
 
 
 # ---- LocalStore ---------------------------------------------------------------------------------
+
 
 def test_local_round_trip(tmp_path: Path) -> None:
     check_round_trip(LocalStore(tmp_path / "store"), tmp_path)
@@ -175,6 +177,7 @@ def test_download_dir_does_not_mix_sibling_prefixes(tmp_path: Path) -> None:
 
 # ---- open_store -----------------------------------------------------------------------------------
 
+
 def test_open_store_default_is_local_under_data_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("TIDAL_DATA_DIR", str(tmp_path / "state"))
     store = open_store(load_settings())
@@ -213,6 +216,7 @@ def test_registry_source_for_local_store(tmp_path: Path) -> None:
 
 
 # ---- S3Store against moto -------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def s3_bucket(s3_endpoint: str) -> str:
@@ -295,8 +299,12 @@ def test_routed_store_keeps_each_area_in_its_own_store(tmp_path) -> None:
 
     default, logs, ckpt = (LocalStore(tmp_path / n) for n in ("default", "logs", "ckpt"))
     store = RoutedStore(default, {"logs": logs, "checkpoints": ckpt})
-    for key in ("logs/completions/model=tab/a.parquet", "checkpoints/model=tab/version=1/probe.json",
-                "datasets/model=tab/ds-1/manifest.json", "state/watermarks/tab.json"):
+    for key in (
+        "logs/completions/model=tab/a.parquet",
+        "checkpoints/model=tab/version=1/probe.json",
+        "datasets/model=tab/ds-1/manifest.json",
+        "state/watermarks/tab.json",
+    ):
         store.put_file(make_file(tmp_path / "src" / key, key), key)
     assert logs.list("") == ["logs/completions/model=tab/a.parquet"]  # same keys, area prefix kept
     assert ckpt.list("") == ["checkpoints/model=tab/version=1/probe.json"]

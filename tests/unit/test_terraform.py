@@ -33,14 +33,24 @@ from tests.unit.terraform_hcl import (
 
 # ---- the checkers can fail ---------------------------------------------------------------------
 
+
 def _module_from(text: str) -> dict:
-    merged = {"resource": {}, "data": {}, "module": {}, "variable": {}, "locals": {}, "terraform": [], "output": {}, "provider": []}
+    merged = {
+        "resource": {},
+        "data": {},
+        "module": {},
+        "variable": {},
+        "locals": {},
+        "terraform": [],
+        "output": {},
+        "provider": [],
+    }
     _merge(merged, parse_text(text))
     return merged
 
 
 def test_checkers_flag_bad_configurations():
-    wildcard = _module_from('''
+    wildcard = _module_from("""
 locals { admin = ["s3:GetObject", "s3:*"] }
 data "aws_iam_policy_document" "p" {
   statement {
@@ -54,10 +64,10 @@ data "aws_iam_policy_document" "q" {
     actions   = ["*"]
     resources = ["*"]
   }
-}''')
+}""")
     assert sorted(wildcard_grants(wildcard)) == ["p: s3:*", "q: *"]
 
-    bare_bucket = _module_from('''
+    bare_bucket = _module_from("""
 resource "aws_s3_bucket" "b" { bucket = "x" }
 resource "aws_s3_bucket_public_access_block" "b" {
   bucket                  = aws_s3_bucket.b.id
@@ -65,7 +75,7 @@ resource "aws_s3_bucket_public_access_block" "b" {
   block_public_policy     = true
   ignore_public_acls      = false
   restrict_public_buckets = true
-}''')
+}""")
     found = " ".join(bucket_findings(bare_bucket))
     for what in ("SSE-KMS", "versioning", "public access block", "lifecycle", "TLS"):
         assert what in found
@@ -103,6 +113,7 @@ def test_references_resolve(module_dir):
 
 # ---- S3 ----------------------------------------------------------------------------------------
 
+
 def test_storage_creates_the_four_buckets():
     storage = load_dir(TF / "modules" / "storage")
     assert set(storage["resource"]["aws_s3_bucket"]) == {"this"}
@@ -126,6 +137,7 @@ def test_logs_bucket_ages_out_and_kms_key_rotates():
 
 
 # ---- IAM ---------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("module_dir", all_dirs(), ids=lambda p: p.name)
 def test_no_iam_statement_grants_wildcard_actions(module_dir):
@@ -177,6 +189,7 @@ def test_irsa_resources_are_scoped_and_trust_one_service_account():
 
 # ---- EKS ---------------------------------------------------------------------------------------
 
+
 def test_gpu_node_groups_are_tainted_and_labelled():
     cluster = load_dir(TF / "modules" / "cluster")
     loc = cluster["locals"]
@@ -196,6 +209,7 @@ def test_gpu_node_groups_are_tainted_and_labelled():
 
 
 # ---- pins --------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("module_dir", all_dirs(), ids=lambda p: p.name)
 def test_registry_modules_have_exact_version_pins(module_dir):
@@ -220,8 +234,13 @@ def test_every_provider_has_a_version_constraint(module_dir):
     for name, spec in declared.items():
         assert spec.get("source", "").startswith("hashicorp/"), name
         assert re.match(r"^(~>|>=|=)\s*\d", spec.get("version", "")), f"provider {name} needs a version constraint"
-    used = {p for p, prefix in PROVIDER_PREFIX.items()
-            for kind in ("resource", "data") for rtype in mod[kind] if rtype.startswith(prefix)}
+    used = {
+        p
+        for p, prefix in PROVIDER_PREFIX.items()
+        for kind in ("resource", "data")
+        for rtype in mod[kind]
+        if rtype.startswith(prefix)
+    }
     assert used <= set(declared), f"providers used without required_providers: {used - set(declared)}"
     if module_dir == TF:
         assert {"aws", "helm", "kubernetes"} <= set(declared)
@@ -242,6 +261,7 @@ def test_helm_releases_pin_chart_versions():
 
 
 # ---- RDS ---------------------------------------------------------------------------------------
+
 
 def test_rds_is_private_encrypted_and_protected():
     db = load_dir(TF / "modules" / "database")
@@ -268,6 +288,7 @@ def test_rds_is_private_encrypted_and_protected():
 
 # ---- variables ---------------------------------------------------------------------------------
 
+
 def test_update_strategy_is_validated():
     variables = load_dir(TF)["variable"]
     checks = variables["models"]["validation"]
@@ -278,6 +299,7 @@ def test_update_strategy_is_validated():
 
 
 # ---- in-cluster network ------------------------------------------------------------------------
+
 
 def _components(selector: dict, local_values: dict) -> set[str] | None:
     """The components a pod selector picks (the literals of its component matchers), None = any pod."""
@@ -309,7 +331,7 @@ def ingress_sources(policy: dict, local_values: dict) -> set[str]:
 
 
 def test_the_ingress_checker_sees_an_open_policy():
-    bad = _module_from('''
+    bad = _module_from("""
 resource "kubernetes_network_policy_v1" "engines" {
   metadata { name = "x" }
   spec {
@@ -326,7 +348,7 @@ resource "kubernetes_network_policy_v1" "engines" {
       }
     }
   }
-}''')
+}""")
     assert ingress_sources(bad["resource"]["kubernetes_network_policy_v1"]["engines"], {}) == {"ANY"}
 
 
@@ -361,7 +383,10 @@ def test_only_the_gateway_and_the_supervisor_reach_the_engines():
     from serving.kube_settings import KubernetesFleetSettings
 
     k8s = KubernetesFleetSettings.model_fields
-    assert (int(local_values["engine_port"]), int(local_values["weights_port"])) == (k8s["port"].default, k8s["weights_port"].default)
+    assert (int(local_values["engine_port"]), int(local_values["weights_port"])) == (
+        k8s["port"].default,
+        k8s["weights_port"].default,
+    )
     assert int(local_values["gateway_pod_port"]) == values["gateway"]["port"]
 
 

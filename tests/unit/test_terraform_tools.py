@@ -34,16 +34,31 @@ def _plan_variables(tmp_path: Path, tfvars: str) -> subprocess.CompletedProcess:
     shutil.copy(TF / "variables.tf", tmp_path / "variables.tf")
     (tmp_path / "terraform.tfvars").write_text(tfvars)
     env = {**os.environ, "TF_IN_AUTOMATION": "1", "CHECKPOINT_DISABLE": "1"}
-    init = subprocess.run([tf, "init", "-backend=false", "-input=false", "-no-color"], cwd=tmp_path,
-                          capture_output=True, text=True, check=False, env=env, timeout=120)
+    init = subprocess.run(
+        [tf, "init", "-backend=false", "-input=false", "-no-color"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+        timeout=120,
+    )
     assert init.returncode == 0, init.stdout + init.stderr
-    return subprocess.run([tf, "plan", "-input=false", "-no-color", "-lock=false"], cwd=tmp_path,
-                          capture_output=True, text=True, check=False, env=env, timeout=120)
+    return subprocess.run(
+        [tf, "plan", "-input=false", "-no-color", "-lock=false"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+        timeout=120,
+    )
 
 
 # The example leaves the one secret variable out on purpose; the tests supply a throw-away client.
-EXAMPLE = (TF / "terraform.tfvars.example").read_text() + \
-    '\ngateway_clients = [{ client_id = "test", key = "0123456789abcdef0123" }]\n'
+EXAMPLE = (
+    TF / "terraform.tfvars.example"
+).read_text() + '\ngateway_clients = [{ client_id = "test", key = "0123456789abcdef0123" }]\n'
 
 
 def test_tfvars_example_passes_validation(tmp_path):
@@ -51,20 +66,34 @@ def test_tfvars_example_passes_validation(tmp_path):
     assert plan.returncode == 0, plan.stdout + plan.stderr
 
 
-@pytest.mark.parametrize("change, message", [
-    (('update_strategy = "restart"', 'update_strategy = "hot-swap"'), "must be one of lora, restart, reload, nccl"),
-    (('instance_type   = "g6e.xlarge"\n  },\n]', 'instance_type   = "p5.48xlarge"\n  },\n]'), "must be one of fleet_node_group.instance_types"),
-    (('["203.0.113.0/24"]', '["0.0.0.0/0"]'), "must not contain 0.0.0.0/0"),
-    (('tag        = "0.1.0"', 'tag        = "latest"'), "immutable tag"),
-    (('name            = "tabfull"', 'name            = "tab"'), "must be unique"),
-    (('key = "0123456789abcdef0123"', 'key = "short"'), "key at least 16 characters"),
-    # the gateway: TLS unless plain HTTP is asked for, and never plain HTTP to the whole internet
-    (('gateway_certificate_arn = "arn:aws:acm:', 'gateway_certificate_arn = "" # "arn:aws:acm:'), "gateway_certificate_arn is empty"),
-    (('gateway_certificate_arn = "arn:aws:acm:', 'gateway_allow_plain_http = true\ngateway_certificate_arn = "" # "arn:aws:acm:'),
-     "contains 0.0.0.0/0 while the gateway serves plain HTTP"),
-    (('gateway_allowed_cidrs   = ["0.0.0.0/0"]', ''), '"gateway_allowed_cidrs" is not set, and has no default value'),
-    (('[{ client_id = "test", key = "0123456789abcdef0123" }]', '[]'), "must list at least one API client"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (('update_strategy = "restart"', 'update_strategy = "hot-swap"'), "must be one of lora, restart, reload, nccl"),
+        (
+            ('instance_type   = "g6e.xlarge"\n  },\n]', 'instance_type   = "p5.48xlarge"\n  },\n]'),
+            "must be one of fleet_node_group.instance_types",
+        ),
+        (('["203.0.113.0/24"]', '["0.0.0.0/0"]'), "must not contain 0.0.0.0/0"),
+        (('tag        = "0.1.0"', 'tag        = "latest"'), "immutable tag"),
+        (('name            = "tabfull"', 'name            = "tab"'), "must be unique"),
+        (('key = "0123456789abcdef0123"', 'key = "short"'), "key at least 16 characters"),
+        # the gateway: TLS unless plain HTTP is asked for, and never plain HTTP to the whole internet
+        (
+            ('gateway_certificate_arn = "arn:aws:acm:', 'gateway_certificate_arn = "" # "arn:aws:acm:'),
+            "gateway_certificate_arn is empty",
+        ),
+        (
+            (
+                'gateway_certificate_arn = "arn:aws:acm:',
+                'gateway_allow_plain_http = true\ngateway_certificate_arn = "" # "arn:aws:acm:',
+            ),
+            "contains 0.0.0.0/0 while the gateway serves plain HTTP",
+        ),
+        (('gateway_allowed_cidrs   = ["0.0.0.0/0"]', ""), '"gateway_allowed_cidrs" is not set, and has no default value'),
+        (('[{ client_id = "test", key = "0123456789abcdef0123" }]', "[]"), "must list at least one API client"),
+    ],
+)
 def test_bad_variables_are_refused_with_a_clear_message(tmp_path, change, message):
     old, new = change
     assert old in EXAMPLE
@@ -74,6 +103,7 @@ def test_bad_variables_are_refused_with_a_clear_message(tmp_path, change, messag
 
 
 # ---- suppressions, format, checkov -------------------------------------------------------------
+
 
 def test_every_checkov_suppression_is_justified():
     skips = []
@@ -89,13 +119,16 @@ def test_every_checkov_suppression_is_justified():
 
 def test_terraform_fmt():
     tf = _terraform()
-    fmt = subprocess.run([tf, "fmt", "-check", "-recursive", "-diff", str(TF)], capture_output=True, text=True, check=False, timeout=120)
+    fmt = subprocess.run(
+        [tf, "fmt", "-check", "-recursive", "-diff", str(TF)], capture_output=True, text=True, check=False, timeout=120
+    )
     assert fmt.returncode == 0, "run `terraform fmt -recursive infra/terraform`:\n" + fmt.stdout
 
 
 def _check_sh(root: Path) -> subprocess.CompletedProcess:
-    run = subprocess.run(["bash", str(root / "infra" / "check.sh"), "checkov"], capture_output=True, text=True, check=False,
-                         timeout=1200)
+    run = subprocess.run(
+        ["bash", str(root / "infra" / "check.sh"), "checkov"], capture_output=True, text=True, check=False, timeout=1200
+    )
     out = run.stdout + run.stderr
     if run.returncode == 2 and ("could not install" in out or "to create the Checkov environment" in out):
         pytest.skip("the Checkov virtualenv could not be created here: " + out.strip().splitlines()[-1])
@@ -117,6 +150,7 @@ def test_checkov_passes_and_catches_a_bad_bucket(tmp_path):
 
 
 # ---- Helm chart --------------------------------------------------------------------------------
+
 
 def _chart_values() -> dict:
     return yaml.safe_load((CHART / "values.yaml").read_text())
@@ -161,21 +195,37 @@ def _helm() -> str:
 def test_chart_renders_gateway_and_fleet(tmp_path):
     helm = _helm()
     values = tmp_path / "values.yaml"
-    values.write_text(yaml.safe_dump({
-        "image": {"repository": "registry.example/tidal", "tag": "0.1.0"},
-        "gateway": {"existingSecret": "tidal-gateway"},
-        "serviceAccounts": {"gateway": {"name": "tidal-gateway", "roleArn": "arn:aws:iam::123456789012:role/tidal-gateway"}},
-        "metrics": {"serviceMonitor": {"enabled": True}},
-        "models": [{"name": "tab", "replicas": 2, "updateStrategy": "lora", "model": "s3://ckpt/tab/1/", "gpus": 1},
-                   {"name": "tabfull", "replicas": 1, "updateStrategy": "restart", "model": "s3://ckpt/tabfull/1/"}],
-    }))
-    out = subprocess.run([helm, "template", "tidal", str(CHART), "-f", str(values)], capture_output=True, text=True, check=False, timeout=120)
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "image": {"repository": "registry.example/tidal", "tag": "0.1.0"},
+                "gateway": {"existingSecret": "tidal-gateway"},
+                "serviceAccounts": {
+                    "gateway": {"name": "tidal-gateway", "roleArn": "arn:aws:iam::123456789012:role/tidal-gateway"}
+                },
+                "metrics": {"serviceMonitor": {"enabled": True}},
+                "models": [
+                    {"name": "tab", "replicas": 2, "updateStrategy": "lora", "model": "s3://ckpt/tab/1/", "gpus": 1},
+                    {"name": "tabfull", "replicas": 1, "updateStrategy": "restart", "model": "s3://ckpt/tabfull/1/"},
+                ],
+            }
+        )
+    )
+    out = subprocess.run(
+        [helm, "template", "tidal", str(CHART), "-f", str(values)], capture_output=True, text=True, check=False, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     docs = [d for d in yaml.safe_load_all(out.stdout) if d]
     kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
-    assert {("StatefulSet", "tidal-gateway"), ("Service", "tidal-gateway"), ("HorizontalPodAutoscaler", "tidal-gateway"),
-            ("ServiceMonitor", "tidal-gateway"), ("ConfigMap", "tidal-settings"),
-            ("Deployment", "tidal-vllm-tab"), ("Deployment", "tidal-vllm-tabfull")} <= kinds
+    assert {
+        ("StatefulSet", "tidal-gateway"),
+        ("Service", "tidal-gateway"),
+        ("HorizontalPodAutoscaler", "tidal-gateway"),
+        ("ServiceMonitor", "tidal-gateway"),
+        ("ConfigMap", "tidal-settings"),
+        ("Deployment", "tidal-vllm-tab"),
+        ("Deployment", "tidal-vllm-tabfull"),
+    } <= kinds
     by_name = {(d["kind"], d["metadata"]["name"]): d for d in docs}
     sa = by_name[("ServiceAccount", "tidal-gateway")]
     assert sa["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].endswith("role/tidal-gateway")
@@ -192,7 +242,11 @@ def test_chart_renders_gateway_and_fleet(tmp_path):
     fleet = by_name[("Deployment", "tidal-vllm-tab")]["spec"]["template"]["spec"]
     vllm = fleet["containers"][0]
     assert vllm["command"][-1] == "vllm.entrypoints.openai.api_server"
-    assert "--model=s3://ckpt/tab/1/" in vllm["args"] and "--served-model-name=tab" in vllm["args"] and "--enable-lora" in vllm["args"]
+    assert (
+        "--model=s3://ckpt/tab/1/" in vllm["args"]
+        and "--served-model-name=tab" in vllm["args"]
+        and "--enable-lora" in vllm["args"]
+    )
     assert vllm["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert fleet["nodeSelector"]["tidal.dev/pool"] == "fleet"
     assert {"key": "nvidia.com/gpu", "operator": "Equal", "value": "true", "effect": "NoSchedule"} in fleet["tolerations"]
@@ -200,7 +254,9 @@ def test_chart_renders_gateway_and_fleet(tmp_path):
     assert [m["update_strategy"] for m in settings["models"]] == ["lora", "restart"]
     bad = values.read_text().replace("updateStrategy: restart", "updateStrategy: hot-swap")
     values.write_text(bad)
-    refused = subprocess.run([helm, "template", "tidal", str(CHART), "-f", str(values)], capture_output=True, text=True, check=False, timeout=120)
+    refused = subprocess.run(
+        [helm, "template", "tidal", str(CHART), "-f", str(values)], capture_output=True, text=True, check=False, timeout=120
+    )
     assert refused.returncode != 0 and "must be one of lora, restart, reload, nccl" in refused.stderr
 
 
@@ -211,21 +267,38 @@ def test_chart_renders_the_fleet_supervisor(tmp_path, monkeypatch):
 
     helm = _helm()
     values = tmp_path / "values.yaml"
-    values.write_text(yaml.safe_dump({
-        "image": {"repository": "registry.example/tidal", "tag": "0.1.0"},
-        "gateway": {"existingSecret": "tidal-gateway"},
-        "supervisor": {"enabled": True},
-        "settings": {"store": {"url": "s3://tidal-checkpoints"}},
-        "models": [{"name": "tab", "replicas": 2, "updateStrategy": "lora", "gpus": 2, "instanceType": "g6e.12xlarge"}],
-    }))
-    out = subprocess.run([helm, "template", "tidal", str(CHART), "-f", str(values), "--namespace", "tidal"], capture_output=True,
-                         text=True, check=False, timeout=120)
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "image": {"repository": "registry.example/tidal", "tag": "0.1.0"},
+                "gateway": {"existingSecret": "tidal-gateway"},
+                "supervisor": {"enabled": True},
+                "settings": {"store": {"url": "s3://tidal-checkpoints"}},
+                "models": [{"name": "tab", "replicas": 2, "updateStrategy": "lora", "gpus": 2, "instanceType": "g6e.12xlarge"}],
+            }
+        )
+    )
+    out = subprocess.run(
+        [helm, "template", "tidal", str(CHART), "-f", str(values), "--namespace", "tidal"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out.stdout) if d}
-    assert {("Deployment", "tidal-fleet-supervisor"), ("Service", "tidal-fleet-supervisor"), ("Role", "tidal-fleet-supervisor"),
-            ("RoleBinding", "tidal-fleet-supervisor")} <= set(docs) and ("Deployment", "tidal-vllm-tab") not in docs
-    assert docs[("Role", "tidal-fleet-supervisor")]["rules"] == yaml.safe_load((CHART / "files" / "fleet-supervisor-rules.yaml").read_text())
-    assert docs[("RoleBinding", "tidal-fleet-supervisor")]["subjects"] == [{"kind": "ServiceAccount", "name": "tidal-fleet", "namespace": "tidal"}]
+    assert {
+        ("Deployment", "tidal-fleet-supervisor"),
+        ("Service", "tidal-fleet-supervisor"),
+        ("Role", "tidal-fleet-supervisor"),
+        ("RoleBinding", "tidal-fleet-supervisor"),
+    } <= set(docs) and ("Deployment", "tidal-vllm-tab") not in docs
+    assert docs[("Role", "tidal-fleet-supervisor")]["rules"] == yaml.safe_load(
+        (CHART / "files" / "fleet-supervisor-rules.yaml").read_text()
+    )
+    assert docs[("RoleBinding", "tidal-fleet-supervisor")]["subjects"] == [
+        {"kind": "ServiceAccount", "name": "tidal-fleet", "namespace": "tidal"}
+    ]
     sup = docs[("Deployment", "tidal-fleet-supervisor")]["spec"]
     assert sup["replicas"] == 1 and sup["strategy"]["type"] == "Recreate"
     pod = sup["template"]["spec"]

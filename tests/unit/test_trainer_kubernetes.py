@@ -27,11 +27,17 @@ RBAC = ROOT / "infra" / "prefect" / "trainer-launcher-rbac.yaml"
 
 def trainer_job(gpus: int = 1, **cfg) -> dict:
     s = spec()
-    return render_job(KubernetesJobSettings(image=IMAGE, gpus_per_node=gpus, **cfg), name=job_name("train", s),
-                      command="train", spec_ref=STORE_REF + spec_key(s), labels=job_labels("train", s))
+    return render_job(
+        KubernetesJobSettings(image=IMAGE, gpus_per_node=gpus, **cfg),
+        name=job_name("train", s),
+        command="train",
+        spec_ref=STORE_REF + spec_key(s),
+        labels=job_labels("train", s),
+    )
 
 
 # ---- the trainer Job ------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("gpus", [0, 1, 2])
 def test_the_trainer_job_is_a_valid_v1_job(gpus):
@@ -54,7 +60,9 @@ def test_gpu_requests_and_limits_tolerations_and_node_selector():
     res = pod.containers[0].resources
     assert res.requests["nvidia.com/gpu"] == res.limits["nvidia.com/gpu"] == "1"
     assert {"cpu", "memory"} <= set(res.limits) and {"cpu", "memory"} <= set(res.requests)
-    assert k8s.ApiClient().sanitize_for_serialization(pod.tolerations) == [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "true", "effect": "NoSchedule"}]
+    assert k8s.ApiClient().sanitize_for_serialization(pod.tolerations) == [
+        {"key": "nvidia.com/gpu", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+    ]
     assert pod.node_selector == {"tidal.dev/pool": "training"}
     cpu_only = as_model(trainer_job(0), "V1Job").spec.template.spec.containers[0].resources
     assert "nvidia.com/gpu" not in cpu_only.requests and "nvidia.com/gpu" not in cpu_only.limits
@@ -105,15 +113,23 @@ def test_one_gpu_runs_python_several_run_torchrun():
 
 # ---- exit codes from the pod ----------------------------------------------------------------------
 
+
 def pod(state: k8s.V1ContainerState | None, phase: str = "Failed", conditions=None) -> k8s.V1Pod:
-    statuses = None if state is None else [k8s.V1ContainerStatus(name=CONTAINER, image=IMAGE, image_id="", ready=False,
-                                                                   restart_count=0, state=state)]
-    return k8s.V1Pod(metadata=k8s.V1ObjectMeta(name="p"), status=k8s.V1PodStatus(phase=phase, container_statuses=statuses,
-                                                                                   conditions=conditions))
+    statuses = (
+        None
+        if state is None
+        else [k8s.V1ContainerStatus(name=CONTAINER, image=IMAGE, image_id="", ready=False, restart_count=0, state=state)]
+    )
+    return k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(name="p"),
+        status=k8s.V1PodStatus(phase=phase, container_statuses=statuses, conditions=conditions),
+    )
 
 
 def job(kind: str, reason: str | None = None, message: str | None = None) -> k8s.V1Job:
-    return k8s.V1Job(status=k8s.V1JobStatus(conditions=[k8s.V1JobCondition(type=kind, status="True", reason=reason, message=message)]))
+    return k8s.V1Job(
+        status=k8s.V1JobStatus(conditions=[k8s.V1JobCondition(type=kind, status="True", reason=reason, message=message)])
+    )
 
 
 def exited(code: int, reason: str = "Error") -> k8s.V1ContainerState:
@@ -130,16 +146,23 @@ def test_the_containers_exit_code_is_the_trainers(code):
 
 def test_a_trainer_that_never_ran_is_a_crash_with_the_reason():
     waiting = k8s.V1ContainerState(waiting=k8s.V1ContainerStateWaiting(reason="ImagePullBackOff", message="not found"))
-    code, why = outcome(job("Failed", "DeadlineExceeded", "Job was active longer than specified deadline"), pod(waiting, "Pending"))
+    code, why = outcome(
+        job("Failed", "DeadlineExceeded", "Job was active longer than specified deadline"), pod(waiting, "Pending")
+    )
     assert code == EXIT_NOT_RUN and "DeadlineExceeded" in why and "ImagePullBackOff" in why
-    unschedulable = k8s.V1PodCondition(type="PodScheduled", status="False", reason="Unschedulable",
-                                       message="0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
+    unschedulable = k8s.V1PodCondition(
+        type="PodScheduled",
+        status="False",
+        reason="Unschedulable",
+        message="0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+    )
     code, why = outcome(job("Failed", "DeadlineExceeded"), pod(None, "Pending", [unschedulable]))
     assert code == EXIT_NOT_RUN and "Insufficient nvidia.com/gpu" in why
     assert outcome(job("Failed", "BackoffLimitExceeded"), None)[0] == EXIT_NOT_RUN
 
 
 # ---- the Kubernetes launcher against a minimal API double ------------------------------------------
+
 
 class FakeApi:
     """The five BatchV1Api/CoreV1Api methods the launcher calls, answering with real client models: the Job's
@@ -205,8 +228,9 @@ class Clock:
 def launch(tmp_path: Path, api: FakeApi, **cfg) -> tuple[int, str]:
     s, clock = spec(), Clock()
     (tmp_path / "spec.json").write_text(s.model_dump_json())
-    launcher = KubernetesLauncher(KubernetesJobSettings(image=IMAGE, **cfg), LocalStore(tmp_path / "store"), apis=(api, api),
-                                  clock=clock, sleep=clock.sleep)
+    launcher = KubernetesLauncher(
+        KubernetesJobSettings(image=IMAGE, **cfg), LocalStore(tmp_path / "store"), apis=(api, api), clock=clock, sleep=clock.sleep
+    )
     code = launcher.run("train", s, tmp_path / "spec.json", tmp_path / "train.log")
     return code, (tmp_path / "train.log").read_text()
 
@@ -233,10 +257,15 @@ def test_the_rbac_role_allows_exactly_what_the_launcher_calls(tmp_path):
     api, s = FakeApi(0, "done\n"), spec()
     (tmp_path / "spec.json").write_text(s.model_dump_json())
     KubernetesLauncher(KubernetesJobSettings(image=IMAGE), LocalStore(tmp_path), apis=(api, api)).run(
-        "gate", s, tmp_path / "spec.json", tmp_path / "log")
-    needs = {"create_namespaced_job": ("batch", "jobs", "create"), "read_namespaced_job_status": ("batch", "jobs/status", "get"),
-             "list_namespaced_pod": ("", "pods", "list"), "read_namespaced_pod_log": ("", "pods/log", "get"),
-             "delete_namespaced_job": ("batch", "jobs", "delete")}
+        "gate", s, tmp_path / "spec.json", tmp_path / "log"
+    )
+    needs = {
+        "create_namespaced_job": ("batch", "jobs", "create"),
+        "read_namespaced_job_status": ("batch", "jobs/status", "get"),
+        "list_namespaced_pod": ("", "pods", "list"),
+        "read_namespaced_pod_log": ("", "pods/log", "get"),
+        "delete_namespaced_job": ("batch", "jobs", "delete"),
+    }
     granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
     assert {needs[c] for c in api.calls} == granted
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
@@ -244,6 +273,7 @@ def test_the_rbac_role_allows_exactly_what_the_launcher_calls(tmp_path):
 
 
 # ---- the Prefect work pool ------------------------------------------------------------------------
+
 
 def render_pool(job_variables: dict) -> dict:
     """The flow-run Job the worker builds: variable defaults overlaid by a deployment's job variables,
@@ -277,7 +307,9 @@ def test_the_work_pool_renders_a_valid_job():
     assert pod.automount_service_account_token is False and pod.node_selector == {"tidal.dev/pool": "cpu"}
     assert c.resources.limits == {"cpu": "2", "memory": "4Gi"} and c.resources.requests == {"cpu": "500m", "memory": "1Gi"}
     sc = c.security_context
-    assert sc.run_as_non_root and sc.read_only_root_filesystem and sc.privileged is False and sc.allow_privilege_escalation is False
+    assert (
+        sc.run_as_non_root and sc.read_only_root_filesystem and sc.privileged is False and sc.allow_privilege_escalation is False
+    )
     assert {v.name: v.config_map.name for v in pod.volumes if v.config_map} == {"settings": "tidal-settings"}
     env = {e.name: e for e in c.env}
     assert env["TIDAL_CONFIG"].value == "/etc/tidal/tidal.yaml"
@@ -286,8 +318,15 @@ def test_the_work_pool_renders_a_valid_job():
 
 
 def test_a_train_deployment_gets_its_service_account_and_api_token():
-    config = render_pool({"image": IMAGE, "service_account_name": "tidal-trainer", "automount_service_account_token": True,
-                          "env": {"TIDAL_TRAINER__LAUNCHER": "kubernetes"}, "memory_limit": "8Gi"})
+    config = render_pool(
+        {
+            "image": IMAGE,
+            "service_account_name": "tidal-trainer",
+            "automount_service_account_token": True,
+            "env": {"TIDAL_TRAINER__LAUNCHER": "kubernetes"},
+            "memory_limit": "8Gi",
+        }
+    )
     pod = config["job_manifest"]["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "tidal-trainer" and pod["automountServiceAccountToken"] is True
     assert pod["containers"][0]["resources"]["limits"]["memory"] == "8Gi"

@@ -23,6 +23,7 @@ from training.train_settings import LaunchSettings
 
 # ---- the local launcher: a real trainer process, through the flow's code path ---------------------
 
+
 def test_local_launcher_runs_the_trainer_and_maps_its_exit_code(tmp_path):
     from tasks.train import TrainerRejected, TrainPlan, _job
 
@@ -73,9 +74,26 @@ def torchrun(tmp_path: Path, command: str, s: TrainJob) -> subprocess.CompletedP
     (tmp_path / "spec.json").write_text(s.model_dump_json())
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIDAL_") and k not in TORCHRUN_ENV}
     env["PYTHONPATH"] = str(ROOT)
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "-m", "training.job", command, str(tmp_path / "spec.json")], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "training.job",
+            command,
+            str(tmp_path / "spec.json"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_torchrun_starts_the_trainer_as_two_processes_that_agree(tmp_path):
@@ -103,6 +121,7 @@ def _json(tmp_path: Path, data: dict) -> Path:
 
 # ---- settings -------------------------------------------------------------------------------------
 
+
 def test_kubernetes_launcher_settings_are_checked_at_start_up():
     with pytest.raises(SettingsError) as e:
         load_settings(trainer={"launcher": "kubernetes", "kubernetes": {"image": "tidal:latest", "gpus_per_node": 2}})
@@ -112,12 +131,18 @@ def test_kubernetes_launcher_settings_are_checked_at_start_up():
     with pytest.raises(SettingsError, match="set trainer.kubernetes.image"):
         load_settings(trainer={"launcher": "kubernetes"}, store={"url": "s3://b/t"}, mlflow={"host": "tidal-mlflow"})
     with pytest.raises(SettingsError, match=r"training \(local disk\)"):  # one area routed back to local disk
-        load_settings(trainer={"launcher": "kubernetes", "kubernetes": {"image": IMAGE}}, store={"url": "s3://b/t", "routes": {"training": ""}},
-                      mlflow={"host": "tidal-mlflow"})
+        load_settings(
+            trainer={"launcher": "kubernetes", "kubernetes": {"image": IMAGE}},
+            store={"url": "s3://b/t", "routes": {"training": ""}},
+            mlflow={"host": "tidal-mlflow"},
+        )
     with pytest.raises(SettingsError, match="memory_request 8Gi > memory_limit 4Gi"):
         load_settings(trainer={"kubernetes": {"memory_request": "8Gi", "memory_limit": "4Gi"}})
-    ok = load_settings(trainer={"launcher": "kubernetes", "kubernetes": {"image": IMAGE + "@sha256:" + "a" * 64}},
-                       store={"url": "s3://b/t"}, mlflow={"host": "tidal-mlflow.tidal.svc.cluster.local", "port": 80})
+    ok = load_settings(
+        trainer={"launcher": "kubernetes", "kubernetes": {"image": IMAGE + "@sha256:" + "a" * 64}},
+        store={"url": "s3://b/t"},
+        mlflow={"host": "tidal-mlflow.tidal.svc.cluster.local", "port": 80},
+    )
     assert ok.trainer.launcher == "kubernetes"
     assert load_settings().trainer.launcher == "local"  # today's behaviour by default
 
@@ -125,15 +150,19 @@ def test_kubernetes_launcher_settings_are_checked_at_start_up():
 def test_where_the_trainer_runs_changes_neither_run_key_nor_spec():
     from tasks.train import trainer_threads
 
-    s = load_settings(trainer={"launcher": "kubernetes", "kubernetes": {"image": IMAGE, "cpu_limit": 6}}, store={"url": "s3://b/t"},
-                      mlflow={"host": "tidal-mlflow"})
+    s = load_settings(
+        trainer={"launcher": "kubernetes", "kubernetes": {"image": IMAGE, "cpu_limit": 6}},
+        store={"url": "s3://b/t"},
+        mlflow={"host": "tidal-mlflow"},
+    )
     assert s.train == load_settings().train and "launcher" not in s.train.model_dump()
     assert trainer_threads(s) == 6  # the pod's CPU limit, not the flow machine's cores
 
 
-
-@pytest.mark.parametrize(("strategy", "lora", "fix"), [("lora", False, "serve the model with 'restart'"),
-                                                       ("restart", True, "train every weight \\(lora=false\\)")])
+@pytest.mark.parametrize(
+    ("strategy", "lora", "fix"),
+    [("lora", False, "serve the model with 'restart'"), ("restart", True, "train every weight \\(lora=false\\)")],
+)
 def test_a_run_whose_candidate_the_models_strategy_cannot_serve_is_refused_before_training(strategy, lora, fix):
     from tasks.train import plan_run
     from tidal.section import SettingsError
@@ -153,10 +182,17 @@ def test_local_processes_run_the_trainer_under_torchrun_and_must_fill_tensor_par
     assert two[1:4] == ["-m", "torch.distributed.run", "--standalone"] and two[two.index("--nproc-per-node") + 1] == "2"
     assert two[-4:] == ["-m", "training.job", "train", str(tmp_path / "spec.json")]
     megatron = {"ppo": {"backend": "megatron", "lora": False, "tensor_parallel": 2}}
-    with pytest.raises(SettingsError, match="tensor_parallel=2 needs a multiple of 2 trainer processes, but "
-                                            "trainer.local_processes=1: set trainer.local_processes to 2"):
+    with pytest.raises(
+        SettingsError,
+        match="tensor_parallel=2 needs a multiple of 2 trainer processes, but "
+        "trainer.local_processes=1: set trainer.local_processes to 2",
+    ):
         load_settings(train=megatron)
     assert load_settings(train=megatron, trainer={"local_processes": 4}).trainer.local_processes == 4
     with pytest.raises(SettingsError, match="trainer.kubernetes.gpus_per_node=1"):
-        load_settings(train=megatron, trainer={"kubernetes": {"gpus_per_node": 1, "image": IMAGE}, "launcher": "kubernetes"},
-                      store={"url": "s3://b/t"}, mlflow={"host": "tidal-mlflow"})
+        load_settings(
+            train=megatron,
+            trainer={"kubernetes": {"gpus_per_node": 1, "image": IMAGE}, "launcher": "kubernetes"},
+            store={"url": "s3://b/t"},
+            mlflow={"host": "tidal-mlflow"},
+        )

@@ -41,11 +41,7 @@ def test_split_follows_the_path_hash(tmp_path: Path) -> None:
     names = [f"m{i}.py" for i in range(200)]
     files = [tmp_path / n for n in names]
     _, heldout = split_files(files, tmp_path, heldout_fraction=0.3)
-    expected = {
-        tmp_path / n
-        for n in names
-        if int.from_bytes(hashlib.sha256(n.encode()).digest()[:8], "big") / 2**64 < 0.3
-    }
+    expected = {tmp_path / n for n in names if int.from_bytes(hashlib.sha256(n.encode()).digest()[:8], "big") / 2**64 < 0.3}
     assert set(heldout) == expected
     # The side of a file depends on its relative path only, not on where the root is.
     other = tmp_path / "elsewhere"

@@ -13,8 +13,7 @@ from data_contracts.corpus import read_texts, stdlib_root
 from training.policy import PolicyConfig, build_policy, load_policy, load_tokenizer, save_policy
 from training.tokenizer import train_tokenizer
 
-TINY = PolicyConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64,
-                    max_position_embeddings=128)
+TINY = PolicyConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64, max_position_embeddings=128)
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 

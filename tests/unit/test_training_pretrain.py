@@ -19,10 +19,23 @@ from training.pretrain import (
 )
 from training.tokenizer import train_tokenizer
 
-TINY = PolicyConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64,
-                    max_position_embeddings=128)
-TRAIN = ["heapq.py", "bisect.py", "abc.py", "colorsys.py", "fnmatch.py", "glob.py", "keyword.py",
-         "linecache.py", "numbers.py", "queue.py", "sched.py", "shlex.py", "string.py", "textwrap.py"]
+TINY = PolicyConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64, max_position_embeddings=128)
+TRAIN = [
+    "heapq.py",
+    "bisect.py",
+    "abc.py",
+    "colorsys.py",
+    "fnmatch.py",
+    "glob.py",
+    "keyword.py",
+    "linecache.py",
+    "numbers.py",
+    "queue.py",
+    "sched.py",
+    "shlex.py",
+    "string.py",
+    "textwrap.py",
+]
 HELDOUT = ["copy.py", "reprlib.py"]
 
 
@@ -38,8 +51,9 @@ def tok(corpus):
 
 
 def quick_cfg(**kw) -> PretrainConfig:
-    base = dict(seq_len=64, batch_size=8, learning_rate=1e-2, warmup_steps=5, max_steps=60,
-                max_seconds=60.0, eval_bytes=6000, seed=0)
+    base = dict(
+        seq_len=64, batch_size=8, learning_rate=1e-2, warmup_steps=5, max_steps=60, max_seconds=60.0, eval_bytes=6000, seed=0
+    )
     return PretrainConfig(**{**base, **kw})
 
 

@@ -13,8 +13,7 @@ from training.policy import PolicyConfig, build_policy
 from training.probe import ProbeSet, compute_probe, load_probe, probe_prompts, save_probe
 from training.tokenizer import train_tokenizer
 
-TINY = PolicyConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64,
-                    max_position_embeddings=256)
+TINY = PolicyConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64, max_position_embeddings=256)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from training.tokenizer import EOT, train_tokenizer
 SAMPLES = [
     "def f(x):\n    return x ** 2  # square\n",
     "s = 'héllo wörld — 世界 🚀 ∑ x² naïve'\r\n\tpass\n",
-    "    if a  !=  b :\n\n\n        raise ValueError(f\"{a!r} vs {b!r}\")   \n",
+    '    if a  !=  b :\n\n\n        raise ValueError(f"{a!r} vs {b!r}")   \n',
     "x = 12345678901234567890; y = 0xDEAD_BEEF\n",
     "\x00\x07 control chars \u200b zero width \ufeff bom\n",
     f"text that spells {EOT} out\n",

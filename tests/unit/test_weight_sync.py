@@ -55,6 +55,7 @@ def test_lora_and_restart_accept_cpu_engines(name: str) -> None:
 
 # ---- engine ---------------------------------------------------------------------------------------
 
+
 def test_engine_flavor_missing_environment_says_how_to_fix(tmp_path: Path) -> None:
     missing = tmp_path / "nope"
     with pytest.raises(EngineEnvironmentMissing) as exc:
@@ -94,7 +95,7 @@ def test_engine_command_with_lora() -> None:
     assert _flag_value(cmd, "--model") == "/ckpt/v1"
     assert _flag_value(cmd, "--port") == "8123" and _flag_value(cmd, "--host") == "127.0.0.1"
     i = cmd.index("--served-model-name")
-    assert cmd[i + 1:i + 3] == ["tab@v1", "tab"]
+    assert cmd[i + 1 : i + 3] == ["tab@v1", "tab"]
     assert all(isinstance(x, str) for x in cmd)
 
 
@@ -110,8 +111,9 @@ def test_engine_command_without_lora() -> None:
 def test_engine_command_eager_and_extra_args() -> None:
     eager = engine_command(EngineSettings(python=Path("/p")), Path("/m"), ["a"], "h", 1, False)
     assert "--enforce-eager" in eager
-    lazy = engine_command(EngineSettings(python=Path("/p"), enforce_eager=False, extra_args=["--seed", "7"]),
-                          Path("/m"), ["a"], "h", 1, True)
+    lazy = engine_command(
+        EngineSettings(python=Path("/p"), enforce_eager=False, extra_args=["--seed", "7"]), Path("/m"), ["a"], "h", 1, True
+    )
     assert "--enforce-eager" not in lazy
     assert lazy[-2:] == ["--seed", "7"]
 

@@ -23,6 +23,15 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 
 def spec(model: str = "tab") -> TrainJob:
-    return TrainJob(model=model, run_key="run-0123456789abcdef", dataset_id="ds-1", dataset_digest="sha256:" + "0" * 64,
-                    champion_version=1, tracking_uri="http://tidal-mlflow", mlflow_run_id="r1", train=TrainSettings(),
-                    corpus_heldout_fraction=0.1, torch_threads=1)
+    return TrainJob(
+        model=model,
+        run_key="run-0123456789abcdef",
+        dataset_id="ds-1",
+        dataset_digest="sha256:" + "0" * 64,
+        champion_version=1,
+        tracking_uri="http://tidal-mlflow",
+        mlflow_run_id="r1",
+        train=TrainSettings(),
+        corpus_heldout_fraction=0.1,
+        torch_threads=1,
+    )

@@ -47,8 +47,13 @@ def job_name(command: str, spec: TrainJob) -> str:
 
 
 def job_labels(command: str, spec: TrainJob) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "tidal", "app.kubernetes.io/component": "trainer",
-            "tidal.dev/model": _dns_label(spec.model, 63), "tidal.dev/run": spec.run_key, "tidal.dev/command": command}
+    return {
+        "app.kubernetes.io/name": "tidal",
+        "app.kubernetes.io/component": "trainer",
+        "tidal.dev/model": _dns_label(spec.model, 63),
+        "tidal.dev/run": spec.run_key,
+        "tidal.dev/command": command,
+    }
 
 
 def _cores(n: float) -> str:
@@ -61,11 +66,13 @@ def render_job(cfg: KubernetesJobSettings, *, name: str, command: str, spec_ref:
     limits: dict[str, str] = {"cpu": _cores(cfg.cpu_limit), "memory": cfg.memory_limit}
     if cfg.gpus_per_node:  # extended resources: request must equal limit
         requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(cfg.gpus_per_node)
-    env = [{"name": "TIDAL_CONFIG", "value": f"{SETTINGS_DIR}/tidal.yaml"},
-           {"name": "HOME", "value": "/tmp"},  # caches of torch/transformers: the root filesystem is read-only
-           {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
-           {"name": "PYTHONUNBUFFERED", "value": "1"},  # lines reach the pod log as they are printed
-           *({"name": k, "value": v} for k, v in sorted(cfg.env.items()))]
+    env = [
+        {"name": "TIDAL_CONFIG", "value": f"{SETTINGS_DIR}/tidal.yaml"},
+        {"name": "HOME", "value": "/tmp"},  # caches of torch/transformers: the root filesystem is read-only
+        {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},  # lines reach the pod log as they are printed
+        *({"name": k, "value": v} for k, v in sorted(cfg.env.items())),
+    ]
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": cfg.image,
@@ -74,9 +81,14 @@ def render_job(cfg: KubernetesJobSettings, *, name: str, command: str, spec_ref:
         "env": env,
         "resources": {"requests": requests, "limits": limits},
         "securityContext": {
-            "runAsNonRoot": True, "runAsUser": cfg.run_as_user, "runAsGroup": cfg.run_as_user,
-            "allowPrivilegeEscalation": False, "privileged": False, "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
+            "runAsNonRoot": True,
+            "runAsUser": cfg.run_as_user,
+            "runAsGroup": cfg.run_as_user,
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
         },
         "volumeMounts": [
             {"name": "settings", "mountPath": SETTINGS_DIR, "readOnly": True},

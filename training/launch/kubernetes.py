@@ -30,17 +30,27 @@ MAX_API_ERRORS = 6  # consecutive failed status reads (an API server restart) be
 class KubernetesLauncher(TrainerLauncher):
     name = "kubernetes"
 
-    def __init__(self, cfg: KubernetesJobSettings, store: ObjectStore, apis: tuple[Any, Any] | None = None,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+    def __init__(
+        self,
+        cfg: KubernetesJobSettings,
+        store: ObjectStore,
+        apis: tuple[Any, Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         """`apis`: (BatchV1Api, CoreV1Api); None = connect on first use (in-cluster, else kubeconfig)."""
         self.cfg, self.store, self._apis, self.clock, self.sleep = cfg, store, apis, clock, sleep
 
     def _connect(self) -> tuple[Any, Any]:
         from kubernetes import client
 
-        api = api_client(self.cfg.kube_context, LaunchError, "trainer.launcher 'kubernetes'",
-                         "run the flow in a pod with a service account token, or point "
-                         "KUBECONFIG/trainer.kubernetes.kube_context at the cluster")
+        api = api_client(
+            self.cfg.kube_context,
+            LaunchError,
+            "trainer.launcher 'kubernetes'",
+            "run the flow in a pod with a service account token, or point "
+            "KUBECONFIG/trainer.kubernetes.kube_context at the cluster",
+        )
         return client.BatchV1Api(api), client.CoreV1Api(api)
 
     def _run(self, command: str, spec: TrainJob, spec_path: Path, log: BinaryIO) -> int:
@@ -50,17 +60,18 @@ class KubernetesLauncher(TrainerLauncher):
         key = spec_key(spec)
         self.store.put_file(spec_path, key)  # the pod reads its spec where it reads everything else
         name, ns = job_name(command, spec), self.cfg.namespace
-        manifest = render_job(self.cfg, name=name, command=command, spec_ref=STORE_REF + key,
-                              labels=job_labels(command, spec))
+        manifest = render_job(self.cfg, name=name, command=command, spec_ref=STORE_REF + key, labels=job_labels(command, spec))
         if self._apis is None:
             self._apis = self._connect()
         batch, core = self._apis
         try:
             batch.create_namespaced_job(ns, V1Job.from_dict(manifest))
         except ApiException as e:
-            raise LaunchError(f"could not create trainer Job {ns}/{name}: {e.status} {e.reason}: {_message(e)}. "
-                              "Check the namespace exists and the flow's service account may create Jobs there "
-                              "(infra/prefect/trainer-launcher-rbac.yaml)") from e
+            raise LaunchError(
+                f"could not create trainer Job {ns}/{name}: {e.status} {e.reason}: {_message(e)}. "
+                "Check the namespace exists and the flow's service account may create Jobs there "
+                "(infra/prefect/trainer-launcher-rbac.yaml)"
+            ) from e
         note(log, f"job {ns}/{name}: {' '.join(manifest['spec']['template']['spec']['containers'][0]['command'])}")
         try:
             job, waited = self._wait(batch, name)
@@ -68,8 +79,13 @@ class KubernetesLauncher(TrainerLauncher):
             self._copy_log(core, pod, log)
             code, why = outcome(job, pod)
             if job is None or not job_finished(job):  # Kubernetes never ended it: stop it here (finally) and retry
-                code, why = EXIT_NOT_RUN, (f"job {name} not finished after {waited:.0f} s (activeDeadlineSeconds "
-                                           f"{self.cfg.active_deadline_s} + {WAIT_GRACE_S}); {why or 'its pod exited 0'}")
+                code, why = (
+                    EXIT_NOT_RUN,
+                    (
+                        f"job {name} not finished after {waited:.0f} s (activeDeadlineSeconds "
+                        f"{self.cfg.active_deadline_s} + {WAIT_GRACE_S}); {why or 'its pod exited 0'}"
+                    ),
+                )
             if why:
                 note(log, why)
             return code
@@ -88,9 +104,11 @@ class KubernetesLauncher(TrainerLauncher):
             except (ApiException, HTTPError, OSError) as e:
                 errors += 1
                 if errors >= MAX_API_ERRORS:
-                    raise LaunchError(f"lost the Kubernetes API while waiting for trainer Job {self.cfg.namespace}/{name} "
-                                      f"({e}); check `kubectl get job {name}` before running the flow again, so that "
-                                      "two trainers never write the same run") from e
+                    raise LaunchError(
+                        f"lost the Kubernetes API while waiting for trainer Job {self.cfg.namespace}/{name} "
+                        f"({e}); check `kubectl get job {name}` before running the flow again, so that "
+                        "two trainers never write the same run"
+                    ) from e
             if job is not None and job_finished(job):
                 return job, self.clock() - start
             if self.clock() - start > self.cfg.active_deadline_s + WAIT_GRACE_S:

@@ -25,13 +25,28 @@ class LocalLauncher(TrainerLauncher):
         if self.processes == 1:
             return [sys.executable, *job]
         # torchrun of the flow's own interpreter (torch.distributed.run is what the `torchrun` script calls)
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-                "--nproc-per-node", str(self.processes), *job]
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            str(self.processes),
+            *job,
+        ]
 
     def _run(self, command: str, spec: TrainJob, spec_path: Path, log: BinaryIO) -> int:
         # Same interpreter as the flow; a kill -9 of the trainer shows here as a negative code (a crash, retried).
         # Under torchrun any failed process makes the job exit 1: a bad input or divergence is then retried as a
         # crash (each retry fails the same way), since torchrun does not pass a worker's own exit code on.
-        proc = subprocess.run(self.command(command, spec_path), cwd=PROJECT_ROOT,
-                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=False)
+        proc = subprocess.run(
+            self.command(command, spec_path),
+            cwd=PROJECT_ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
         return proc.returncode

@@ -21,8 +21,16 @@ def gpu_check_step(policy_dir: str | Path, n_samples: int = 16) -> dict:
     from training.value_head import PolicyWithValue
 
     policy_dir = Path(policy_dir)
-    cfg = PPOConfig(backend="megatron", lora=False, batch_size=n_samples, minibatch_size=n_samples // 2, epochs=1,
-                    passes=1, max_iterations=1, target_kl=None)
+    cfg = PPOConfig(
+        backend="megatron",
+        lora=False,
+        batch_size=n_samples,
+        minibatch_size=n_samples // 2,
+        epochs=1,
+        passes=1,
+        max_iterations=1,
+        target_kl=None,
+    )
     t0 = time.perf_counter()
     model = build_megatron_trainable(policy_dir, policy_dir, cfg)
     device = parallel.device()
@@ -32,12 +40,24 @@ def gpu_check_step(policy_dir: str | Path, n_samples: int = 16) -> dict:
     gen, samples = torch.Generator().manual_seed(0), []
     for i in range(n_samples):  # ragged prompts and completions: padding on both sides of the batch
         p, t = 4 + i % 7, 2 + i % 5
-        samples.append(RewardSample(
-            request_id=f"check-{i}", model="check", version=1, arm="control", user_hash="u",
-            prompt_token_ids=torch.randint(3, vocab, (p,), generator=gen).tolist(),
-            completion_token_ids=torch.randint(3, vocab, (t,), generator=gen).tolist(),
-            behaviour_logprobs=[-5.0] * t, completion_text="x", event="accepted" if i % 2 else "rejected",
-            accepted_chars=None, reward=0.75 if i % 2 else -0.25, reward_rule="check@1", completion_time_ms=0))
+        samples.append(
+            RewardSample(
+                request_id=f"check-{i}",
+                model="check",
+                version=1,
+                arm="control",
+                user_hash="u",
+                prompt_token_ids=torch.randint(3, vocab, (p,), generator=gen).tolist(),
+                completion_token_ids=torch.randint(3, vocab, (t,), generator=gen).tolist(),
+                behaviour_logprobs=[-5.0] * t,
+                completion_text="x",
+                event="accepted" if i % 2 else "rejected",
+                accepted_chars=None,
+                reward=0.75 if i % 2 else -0.25,
+                reward_rule="check@1",
+                completion_time_ms=0,
+            )
+        )
     batch = collate(samples, pad_token_id=0).to(device)
     hf = PolicyWithValue(load_policy(policy_dir).to(device), model.value_head)
     with torch.no_grad():
@@ -53,6 +73,11 @@ def gpu_check_step(policy_dir: str | Path, n_samples: int = 16) -> dict:
     [metrics] = trainer.train(samples, iteration_plan(len(samples), cfg))
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return {"megatron_device": device.type, "megatron_build_s": round(build_s, 3),
-            "megatron_step_s": round(time.perf_counter() - t1, 3), "megatron_hf_logit_max_diff": diff,
-            "megatron_policy_loss": metrics["ppo/policy_loss"], "megatron_grad_norm": metrics["ppo/grad_norm"]}
+    return {
+        "megatron_device": device.type,
+        "megatron_build_s": round(build_s, 3),
+        "megatron_step_s": round(time.perf_counter() - t1, 3),
+        "megatron_hf_logit_max_diff": diff,
+        "megatron_policy_loss": metrics["ppo/policy_loss"],
+        "megatron_grad_norm": metrics["ppo/grad_norm"],
+    }

@@ -56,11 +56,17 @@ class ModelShape:
         heads = int(config.num_attention_heads)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         arch = (getattr(config, "model_type", "") or "").lower()
-        return cls(num_layers=int(config.num_hidden_layers), hidden_size=int(config.hidden_size), num_heads=heads,
-                   num_kv_heads=int(getattr(config, "num_key_value_heads", None) or heads), head_dim=int(head_dim),
-                   ffn_hidden_size=int(config.intermediate_size), vocab_size=int(config.vocab_size),
-                   tied_embeddings=bool(config.tie_word_embeddings),
-                   qkv_bias=bool(getattr(config, "attention_bias", arch == "qwen2")))
+        return cls(
+            num_layers=int(config.num_hidden_layers),
+            hidden_size=int(config.hidden_size),
+            num_heads=heads,
+            num_kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+            head_dim=int(head_dim),
+            ffn_hidden_size=int(config.intermediate_size),
+            vocab_size=int(config.vocab_size),
+            tied_embeddings=bool(config.tie_word_embeddings),
+            qkv_bias=bool(getattr(config, "attention_bias", arch == "qwen2")),
+        )
 
     def padded_vocab(self, tp: int) -> int:
         return -(-self.vocab_size // tp) * tp
@@ -71,13 +77,17 @@ class ModelShape:
             problems.append(f"tensor_parallel={tp}, pipeline_parallel={pp}: both must be >= 1")
         else:
             if self.num_kv_heads % tp:
-                problems.append(f"{self.num_kv_heads} key/value heads do not split over tensor_parallel={tp}: "
-                                f"use a divisor of {self.num_kv_heads}")
+                problems.append(
+                    f"{self.num_kv_heads} key/value heads do not split over tensor_parallel={tp}: "
+                    f"use a divisor of {self.num_kv_heads}"
+                )
             if self.ffn_hidden_size % tp:
                 problems.append(f"MLP width {self.ffn_hidden_size} does not split over tensor_parallel={tp}")
             if self.num_layers % pp:
-                problems.append(f"{self.num_layers} layers do not split evenly over pipeline_parallel={pp}: "
-                                f"use a divisor of {self.num_layers}")
+                problems.append(
+                    f"{self.num_layers} layers do not split evenly over pipeline_parallel={pp}: "
+                    f"use a divisor of {self.num_layers}"
+                )
         if self.num_heads % self.num_kv_heads:
             problems.append(f"{self.num_heads} query heads are not a multiple of {self.num_kv_heads} key/value heads")
         if problems:
@@ -119,8 +129,10 @@ def _layer_to_mcore(hf: dict[str, torch.Tensor], i: int, s: ModelShape, tp: int)
     split = {
         **{f"self_attention.linear_qkv.{n}": _split(t, tp, 0) for n, t in qkv.items()},  # whole groups per rank
         "self_attention.linear_proj.weight": _split(hf[a + "o_proj.weight"], tp, 1),
-        "mlp.linear_fc1.weight": [torch.cat([g, u]) for g, u in zip(_split(hf[h + "mlp.gate_proj.weight"], tp, 0),
-                                                                   _split(hf[h + "mlp.up_proj.weight"], tp, 0))],
+        "mlp.linear_fc1.weight": [
+            torch.cat([g, u])
+            for g, u in zip(_split(hf[h + "mlp.gate_proj.weight"], tp, 0), _split(hf[h + "mlp.up_proj.weight"], tp, 0))
+        ],
         "mlp.linear_fc2.weight": _split(hf[h + "mlp.down_proj.weight"], tp, 1),
     }
     for r in range(tp):
@@ -159,8 +171,10 @@ def mcore_to_hf(shards: Shards, shape: ModelShape) -> dict[str, torch.Tensor]:
     def cat(stage: int, key: str, dim: int) -> torch.Tensor:
         missing = [r for r in range(tp) if key not in shards[stage][r]]
         if missing:
-            raise ConversionError(f"Megatron shard (stage {stage}, tensor ranks {missing}) has no {key!r}: "
-                                  "the shards come from another model shape or layout")
+            raise ConversionError(
+                f"Megatron shard (stage {stage}, tensor ranks {missing}) has no {key!r}: "
+                "the shards come from another model shape or layout"
+            )
         return torch.cat([shards[stage][r][key] for r in range(tp)], dim=dim)
 
     for i in range(shape.num_layers):

@@ -31,17 +31,32 @@ def transformer_config(hf_config, shape: ModelShape, tp: int, pp: int, dtype: to
     if act != "silu":
         raise ValueError(f"hidden_act={act!r}: the Megatron backend converts SwiGLU (silu) models only")
     return TransformerConfig(
-        num_layers=shape.num_layers, hidden_size=shape.hidden_size, num_attention_heads=shape.num_heads,
-        num_query_groups=shape.num_kv_heads, kv_channels=shape.head_dim, ffn_hidden_size=shape.ffn_hidden_size,
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-        normalization="RMSNorm", layernorm_epsilon=float(hf_config.rms_norm_eps),
-        gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False, add_qkv_bias=shape.qkv_bias,
+        num_layers=shape.num_layers,
+        hidden_size=shape.hidden_size,
+        num_attention_heads=shape.num_heads,
+        num_query_groups=shape.num_kv_heads,
+        kv_channels=shape.head_dim,
+        ffn_hidden_size=shape.ffn_hidden_size,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        normalization="RMSNorm",
+        layernorm_epsilon=float(hf_config.rms_norm_eps),
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=shape.qkv_bias,
         # no dropout: pi_old must equal pi_theta at the first step (and no RNG stream is consumed)
-        hidden_dropout=0.0, attention_dropout=0.0,
-        params_dtype=dtype, bf16=dtype == torch.bfloat16, use_cpu_initialization=not torch.cuda.is_available(),
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        use_cpu_initialization=not torch.cuda.is_available(),
         # unfused paths: identical numerics on CPU and GPU without apex / Transformer Engine kernels
-        bias_dropout_fusion=False, apply_rope_fusion=False, masked_softmax_fusion=False,
-        gradient_accumulation_fusion=False, persist_layer_norm=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        masked_softmax_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
     )
 
 
@@ -62,9 +77,12 @@ def build_gpt(hf_config, tp: int = 1, pp: int = 1, dtype: torch.dtype = torch.fl
     return GPTModel(
         transformer_config(hf_config, shape, tp, pp, dtype),
         get_gpt_layer_local_spec(normalization="RMSNorm"),
-        vocab_size=shape.padded_vocab(tp), max_sequence_length=int(hf_config.max_position_embeddings),
-        pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
-        position_embedding_type="rope", rotary_base=int(rope_theta),
+        vocab_size=shape.padded_vocab(tp),
+        max_sequence_length=int(hf_config.max_position_embeddings),
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
+        position_embedding_type="rope",
+        rotary_base=int(rope_theta),
         share_embeddings_and_output_weights=shape.tied_embeddings,
         parallel_output=False,  # gather the vocabulary: PPO's log-softmax needs every logit
     ), shape
@@ -85,8 +103,7 @@ class MegatronPolicyWithValue(nn.Module):
         # (L, B, H) final-norm output, the hidden state the output layer reads (as HF's hidden_states[-1])
         gpt.decoder.final_layernorm.register_forward_hook(lambda _m, _i, out: setattr(self, "_hidden", out))
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         B, L = input_ids.shape
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
@@ -107,8 +124,10 @@ class MegatronPolicyWithValue(nn.Module):
     def param_groups(self, learning_rate: float, critic_learning_rate: float) -> list[dict]:
         policy = [p for p in self.policy.parameters() if p.requires_grad]
         head = [p for p in self.value_head.parameters() if p.requires_grad]
-        return [{"params": policy, "lr": learning_rate, "name": "policy"},
-                {"params": head, "lr": critic_learning_rate, "name": "value_head"}]
+        return [
+            {"params": policy, "lr": learning_rate, "name": "policy"},
+            {"params": head, "lr": critic_learning_rate, "name": "value_head"},
+        ]
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """Clip by the norm of the whole model's gradient (all tensor-parallel shards); returns that norm."""
@@ -136,5 +155,8 @@ class MegatronPolicyWithValue(nn.Module):
 
     def hf_state_dict_shard(self) -> dict[str, torch.Tensor]:
         """This rank's Megatron weights (no extra state), ready for convert.mcore_to_hf after a gather."""
-        return {k: v.detach().cpu() for k, v in self.policy.state_dict().items()
-                if isinstance(v, torch.Tensor) and not k.endswith("_extra_state")}
+        return {
+            k: v.detach().cpu()
+            for k, v in self.policy.state_dict().items()
+            if isinstance(v, torch.Tensor) and not k.endswith("_extra_state")
+        }

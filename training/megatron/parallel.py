@@ -30,16 +30,19 @@ def init_model_parallel(tp: int = 1, pp: int = 1, seed: int = 0) -> None:
 
     if not dist.is_initialized():
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            raise LaunchEnvError("started by torchrun but no process group is open: open it (training.distributed) "
-                                 "before the Megatron backend")
+            raise LaunchEnvError(
+                "started by torchrun but no process group is open: open it (training.distributed) before the Megatron backend"
+            )
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if torch.cuda.is_available():
             torch.cuda.set_device(0)
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     world = dist.get_world_size()
     if world % (tp * pp):
-        raise LaunchEnvError(f"{world} processes do not split into tensor_parallel={tp} x pipeline_parallel={pp}: "
-                             f"start a multiple of {tp * pp} processes (torchrun --nproc-per-node)")
+        raise LaunchEnvError(
+            f"{world} processes do not split into tensor_parallel={tp} x pipeline_parallel={pp}: "
+            f"start a multiple of {tp * pp} processes (torchrun --nproc-per-node)"
+        )
     if ps.model_parallel_is_initialized():
         if (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()) != (tp, pp):
             raise RuntimeError("Megatron's model-parallel state is already set up with another layout")

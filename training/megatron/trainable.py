@@ -32,13 +32,16 @@ def build_megatron_trainable(champion_dir: Path, base_dir: Path, cfg: PPOConfig)
     sd = hf.state_dict()
     if shape.tied_embeddings:
         sd.pop("lm_head.weight", None)
-    shard = hf_to_mcore(sd, shape, cfg.tensor_parallel, cfg.pipeline_parallel)[
-        ps.get_pipeline_model_parallel_rank()][ps.get_tensor_model_parallel_rank()]
+    shard = hf_to_mcore(sd, shape, cfg.tensor_parallel, cfg.pipeline_parallel)[ps.get_pipeline_model_parallel_rank()][
+        ps.get_tensor_model_parallel_rank()
+    ]
     missing, unexpected = gpt.load_state_dict(shard, strict=False)
     missing = [k for k in missing if not k.endswith("_extra_state")]
     if missing or unexpected:
-        raise RuntimeError(f"the converted champion does not fit the Megatron model (missing {missing[:3]}, "
-                           f"unexpected {unexpected[:3]}): a conversion bug, report it with the model's config")
+        raise RuntimeError(
+            f"the converted champion does not fit the Megatron model (missing {missing[:3]}, "
+            f"unexpected {unexpected[:3]}): a conversion bug, report it with the model's config"
+        )
     gpt.requires_grad_(True)
     head = ValueHead(shape.hidden_size, seed=cfg.seed)
     critic = champion_dir / CRITIC_FILE
@@ -59,15 +62,15 @@ def gather_hf_policy(model: MegatronPolicyWithValue, champion_dir: Path, base_di
     hf = _champion_hf(champion_dir, base_dir)
     missing, unexpected = hf.load_state_dict(mcore_to_hf([shards], model.shape), strict=False)
     if unexpected or [k for k in missing if k != "lm_head.weight" or not model.shape.tied_embeddings]:
-        raise RuntimeError(f"gathered weights do not fit {champion_dir} (missing {missing[:3]}, unexpected "
-                           f"{unexpected[:3]})")
+        raise RuntimeError(f"gathered weights do not fit {champion_dir} (missing {missing[:3]}, unexpected {unexpected[:3]})")
     if model.shape.tied_embeddings:
         hf.tie_weights()
     return hf
 
 
-def save_megatron_candidate(model: MegatronPolicyWithValue, champion_dir: Path, base_dir: Path, out: Path,
-                            note: str = "") -> Path | None:
+def save_megatron_candidate(
+    model: MegatronPolicyWithValue, champion_dir: Path, base_dir: Path, out: Path, note: str = ""
+) -> Path | None:
     """Gather the shards and write the HF candidate (weights, probe, critic) on tensor-parallel rank 0."""
     hf = gather_hf_policy(model, champion_dir, base_dir)
     if hf is None:
