@@ -208,10 +208,10 @@ def megatron_step(policy_dir: Path, timeout_s: float) -> dict:
 
 
 def run(args) -> tuple[dict, list[str]]:
+    from serving.settings import EngineSettings
     from serving.weight_sync.nccl import NcclSync
     from serving.weight_sync.reload import ReloadSync
     from tidal.procs import port_free
-    from serving.settings import EngineSettings
 
     dl, work, figures, errors = Deadline(args.deadline), Path(args.work), {"gpus": args.gpus}, []
     logs = work / "logs"

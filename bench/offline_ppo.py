@@ -141,17 +141,17 @@ def main() -> None:
     if args.data_dir is not None:
         os.environ["TIDAL_DATA_DIR"] = str(args.data_dir)
 
+    from data_contracts import corpus
     from data_contracts.rewards import RewardRule
     from sim.evaluate import eval_cases
     from tidal.settings import load_settings
     from tidal.store import open_store
-    from data_contracts import corpus
     from training.candidate import build_trainable
-    from training.policy import load_policy, load_tokenizer
-    from training.pretrain import bits_per_byte, fitted_bits_per_byte
-    from training.partial_credit import partial_rows
-    from training.ppo_trainer import PPOTrainer, iteration_plan
     from training.job import loss_terms
+    from training.partial_credit import partial_rows
+    from training.policy import load_policy, load_tokenizer
+    from training.ppo_trainer import PPOTrainer, iteration_plan
+    from training.pretrain import bits_per_byte, fitted_bits_per_byte
     from training.reward_data import load_dataset, split
     from training.rollout import select_samples
     from training.stop_credit import stop_token_ids

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from data_contracts.collect_settings import CollectSettings
 from data_contracts.derive import completion_frame, feedback_frame
+from data_contracts.log_layout import partition_key
 from data_contracts.pipeline import (
     Versions,
     assemble_samples,
@@ -37,7 +38,6 @@ from data_contracts.records import to_table
 from data_contracts.suites import completion_suite, feedback_suite
 from data_contracts.validate import validate_frames
 from serving.request_ids import RequestIdSigner
-from data_contracts.log_layout import partition_key
 from tidal.store import LocalStore
 
 HOUR = 3_600_000

@@ -29,8 +29,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sim.users import SimTraffic, SimUsersConfig  # noqa: E402
 from sim.audit import not_exactly_once, wait_stored  # noqa: E402
+from sim.users import SimTraffic, SimUsersConfig  # noqa: E402
 from tidal.sandbox import sandbox_platform  # noqa: E402
 from tidal.store import open_store  # noqa: E402
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import httpx
 
-from tidal.procs import NotReady, ProcInfo, spawn, wait_http
 from serving.settings import EngineSettings
+from tidal.procs import NotReady, ProcInfo, spawn, wait_http
 
 
 class EngineEnvironmentMissing(RuntimeError):

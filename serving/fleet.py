@@ -15,12 +15,12 @@ from serving.fleet_replies import FleetState, ModelStatus
 from serving.probe import ProbeReport
 from serving.replica import Replica, boot, drain
 from serving.runtime import EngineRuntime, runtime_for
+from serving.settings import ServingSettings
 from serving.weight_sync import WeightSync, strategy_for
+from tidal.model_settings import ModelSettings
 from tidal.procs import write_json
 from tidal.registry import CheckpointCache, Registry, RegistryError, VersionInfo
-from tidal.model_settings import ModelSettings
 from tidal.section import SettingsError
-from serving.settings import ServingSettings
 
 log = logging.getLogger("tidal.fleet")
 

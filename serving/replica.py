@@ -10,14 +10,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from data_contracts.probe import load_probe
-from serving.fleet_replies import ReplicaState, ReplicaStatus
 from serving.engine import EngineClient
+from serving.fleet_replies import ReplicaState, ReplicaStatus
 from serving.probe import ProbeReport, verify
 from serving.runtime.base import EngineRuntime
 from serving.runtime.local import LocalRuntime, kill
+from serving.settings import ServingSettings
 from tidal.procs import ProcInfo
 from tidal.registry import CheckpointCache, VersionInfo
-from serving.settings import ServingSettings
 
 State = ReplicaState  # serving/fleet_replies.py: the states the admin API reports
 

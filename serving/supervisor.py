@@ -18,7 +18,7 @@ from serving.engine import EngineEnvironmentMissing, EngineError
 from serving.fleet import Fleet
 from serving.fleet_replies import DeployReply, FleetStatus, ScaleReply, ServingReply, UndeployReply
 from serving.probe import ProbeFailed
-from serving.route_guard import RouteGuard, RoutedVersion, RoutesUnknown
+from serving.route_guard import RoutedVersion, RouteGuard, RoutesUnknown
 from serving.runtime.base import ClusterError
 from serving.settings import ServingSettings, load_serving_settings
 from serving.weight_sync import StrategyUnavailable

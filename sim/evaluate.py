@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
+from data_contracts import corpus
 from data_contracts.rewards import RewardRule
 from sim.tab_sites import TabSite, cursor_sites, site_files
-from data_contracts import corpus
 from sim.users import SimUsersConfig, population, verdict
 
 TRUNCATIONS = (2, 3, 4, 6, 8, 12)

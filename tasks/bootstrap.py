@@ -10,16 +10,16 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from data_contracts import corpus as corpus_mod
 from tidal import lineage
 from tidal.registry import Registry, VersionInfo, code_revision, publish
 from tidal.section import PROJECT_ROOT
-from training.train_settings import BootstrapSettings
 from tidal.store import ObjectStore
-from data_contracts import corpus as corpus_mod
 from training.policy import build_policy, save_policy
 from training.pretrain import PretrainResult, pretrain
 from training.probe import ProbeSet, compute_probe, probe_prompts, save_probe
 from training.tokenizer import train_tokenizer
+from training.train_settings import BootstrapSettings
 
 
 @dataclass

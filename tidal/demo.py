@@ -283,13 +283,13 @@ def run_cycle(model: str, n: int, quiet_while: str | None = None, traffic=None) 
 
 
 def cmd_demo(settings: TidalSettings, args) -> None:
+    from serving.settings import client_keys
     from sim.users import SimTraffic
     from tidal.cli import ensure_champions, print_status
     from tidal.client_env import use_platform_env
     from tidal.platform import Platform
     from tidal.registry import Registry
     from tidal.store import open_store
-    from serving.settings import client_keys
 
     stop_on_signals()
     settings = demo_profile(settings)

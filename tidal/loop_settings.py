@@ -7,10 +7,9 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from release.policy import CanaryConfig
-
-from tidal.model_settings import Margins
 from sim.users import SimUsersConfig
 from tidal.kube import unpinned
+from tidal.model_settings import Margins
 from tidal.section import Section, deep_merge
 from tidal.strategy import UpdateStrategy, strategy_mismatch
 from training.ppo_config import PPOConfig

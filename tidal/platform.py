@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, Field
 
 from serving.fleet_replies import FleetState, FleetStatus
+from tidal.client_env import TELEMETRY_OFF
 from tidal.procs import (
     NotReady,
     ProcInfo,
@@ -35,7 +36,6 @@ from tidal.procs import (
     wait_port_free,
 )
 from tidal.section import SettingsError
-from tidal.client_env import TELEMETRY_OFF
 from tidal.settings import TidalSettings
 
 log = logging.getLogger("tidal.platform")

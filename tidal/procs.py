@@ -8,8 +8,8 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import asdict, dataclass
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx

@@ -53,10 +53,10 @@ from training.rollout import RolloutBatch, collate
 from training.value_head import PolicyWithValue
 
 if TYPE_CHECKING:
-    from training.ptx import PtxLoss
     from training.kept_credit import KeptCredit
-    from training.stop_credit import StopCredit
+    from training.ptx import PtxLoss
     from training.sharpen import Sharpen
+    from training.stop_credit import StopCredit
 
 
 # LossParts fields summed over processes and averaged over steps into the iteration's ppo/ metrics.

@@ -40,8 +40,8 @@ if TYPE_CHECKING:
     from kubernetes.client import V1Pod
 
     from serving.kube_settings import KubernetesFleetSettings
-    from tidal.registry import VersionInfo
     from serving.settings import EngineSettings
+    from tidal.registry import VersionInfo
 
 ENGINE, FETCH, WEIGHTS = "vllm", "fetch-weights", "weights"  # container names
 MODELS_DIR = "/models"  # the pod's checkpoint volume: <MODELS_DIR>/<checkpoint key>

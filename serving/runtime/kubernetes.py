@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,8 +53,8 @@ from tidal.procs import NotReady
 
 if TYPE_CHECKING:
     from serving.replica import Replica
-    from tidal.registry import CheckpointCache, VersionInfo
     from serving.settings import ServingSettings
+    from tidal.registry import CheckpointCache, VersionInfo
 
 log = logging.getLogger("tidal.fleet")
 MERGE, STRATEGIC = "application/merge-patch+json", "application/strategic-merge-patch+json"

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from tests.chaos.test_serving_faults import finish, since, users, wait_for
 from sim.audit import not_exactly_once, wait_stored
+from tests.chaos.test_serving_faults import finish, since, users, wait_for
 from tidal.platform import prefect_reachable
 from tidal.procs import alive
 

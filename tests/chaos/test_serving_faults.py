@@ -20,10 +20,10 @@ import httpx
 import pytest
 import yaml
 
+from sim.audit import not_exactly_once, wait_stored
 from sim.users import SimTraffic, SimUsersConfig
 from tests.conftest import make_bucket
 from tests.integration.tcpproxy import TcpProxy
-from sim.audit import not_exactly_once, wait_stored
 from tidal.procs import group_members, stop_group, wait_http
 from tidal.sandbox import SPARE
 from tidal.store import S3Store

@@ -12,11 +12,11 @@ import httpx
 import psutil
 import pytest
 
+from data_contracts import corpus
 from serving.client import FleetError
 from serving.replica import Replica, boot
 from tidal.procs import NotReady, PortInUse, port_free
 from tidal.registry import publish
-from data_contracts import corpus
 from training.variants import noisy_copy, random_adapter
 
 pytestmark = pytest.mark.slow

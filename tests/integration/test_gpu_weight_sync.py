@@ -18,10 +18,10 @@ import pytest
 from bench.gpu_check import tiny_versions
 from serving.fleet import Fleet
 from serving.probe import ProbeFailed
-from tidal.registry import CheckpointCache, VersionInfo, checkpoint_key
-from tidal.sandbox import port_block
 from serving.settings import EngineSettings, FleetSettings
 from tidal.model_settings import ModelSettings
+from tidal.registry import CheckpointCache, VersionInfo, checkpoint_key
+from tidal.sandbox import port_block
 from tidal.settings import TidalSettings
 from tidal.store import open_store
 from training.variants import noisy_copy

@@ -18,9 +18,9 @@ import psutil
 import pytest
 import torch
 
+from data_contracts import corpus
 from tests.manifest_helpers import collect_record
 from tidal.procs import alive
-from data_contracts import corpus
 from training.probe import probe_prompts
 from training.reward_data import load_dataset, split
 

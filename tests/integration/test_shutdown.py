@@ -3,11 +3,10 @@ wrote or answered, then `tidal down` leaves nothing running."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
-
-import asyncio
 from pathlib import Path
 
 import aiohttp

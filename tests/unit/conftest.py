@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from data_contracts.samples import RewardSample
 from data_contracts.corpus import read_texts, stdlib_root
+from data_contracts.samples import RewardSample
 from serving.logsink import LogSink
 from training.policy import (
     PolicyConfig,

@@ -14,14 +14,14 @@ import functools
 import itertools
 import threading
 import uuid
-from datetime import datetime, timedelta, UTC
+from datetime import UTC, datetime, timedelta
 
 from kubernetes import client as k8s
 
+from data_contracts.probe import ProbeItem, ProbeSet
 from serving.engine import EngineError
 from serving.runtime.k8s_manifest import DELETION_COST, ENGINE, GATE
 from serving.runtime.kubernetes import MERGE, STRATEGIC
-from data_contracts.probe import ProbeItem, ProbeSet
 
 PROBE = ProbeSet(
     max_new_tokens=3,

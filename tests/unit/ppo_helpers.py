@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from training.candidate import build_trainable
 from data_contracts.corpus import read_texts, stdlib_root
+from training.candidate import build_trainable
 from training.policy import load_tokenizer
 from training.ppo_config import PPOConfig
 from training.ppo_trainer import PPOTrainer

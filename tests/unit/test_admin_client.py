@@ -85,7 +85,7 @@ def test_an_error_answer_is_not_retried_and_names_the_service() -> None:
 def test_route_guard_reads_the_table_file_when_the_gateway_does_not_answer(tmp_path):
     """What the supervisor must not unload: the versions the route table names (from the file a gateway that is
     down will route by again), else the serving version."""
-    from serving.route_guard import RouteGuard, RoutedVersion, RoutesUnknown
+    from serving.route_guard import RoutedVersion, RouteGuard, RoutesUnknown
     from serving.routes import ArmSpec, ModelRoutes, RouteTable
 
     with socket.socket() as s:  # a port nobody listens on

@@ -3,18 +3,16 @@ each guardrail of `look()` firing with its reason, and `Ramp` stepping only when
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from pydantic import ValidationError
 
 from release.policy import ArmHealth, CanaryConfig, Outcome, Ramp, look
-
-from tidal.model_settings import Margins
 from release.stats import Summary, cuped, fit_mixture_sd, msprt, plan_step, stratified_msprt
+from tidal.model_settings import Margins
 
 ALPHA = 0.05
 

@@ -9,8 +9,8 @@ import pytest
 from data_contracts import dataset
 from data_contracts.collect_settings import CollectSettings
 from data_contracts.dataset import read_manifest, read_parquet, read_watermark
-from tests.collect_harness import collect_once
 from data_contracts.scope import rid_time_ms
+from tests.collect_harness import collect_once
 from tests.unit.test_contracts_data import HOUR, SIGNER, T0, FixedVersions, completion, feedback, put_logs
 from tidal.store import LocalStore
 

@@ -12,8 +12,8 @@ import pytest
 
 from data_contracts.collect_settings import CollectSettings
 from data_contracts.dataset import read_parquet
-from tests.collect_harness import collect_once
 from data_contracts.records import to_table
+from tests.collect_harness import collect_once
 from tests.unit.test_contracts_data import HOUR, SIGNER, T0, FixedVersions, completion, feedback, put_logs, put_rows
 from tidal.store import LocalStore
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from data_contracts.log_layout import partition_key
 from data_contracts.records import CompletionRecord, FeedbackEvent, SamplingParams, to_table
 from serving.request_ids import RequestIdSigner
-from data_contracts.log_layout import partition_key
 from tidal.store import ObjectStore
 
 SIGNER = RequestIdSigner(b"unit-test-request-id-secret")

@@ -11,8 +11,8 @@ import pytest
 from pydantic import ValidationError
 
 from serving.engine import engine_args, engine_env, engine_flavor
-from tidal.registry import VersionInfo
 from serving.settings import EngineSettings
+from tidal.registry import VersionInfo
 from tidal.section import SettingsError
 
 ROOT = Path(__file__).resolve().parents[2]

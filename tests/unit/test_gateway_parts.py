@@ -7,10 +7,10 @@ import time
 
 import pytest
 
+from serving.fleet_replies import FleetState, ModelStatus, ReplicaState, ReplicaStatus
 from serving.gateway import GatewayError
 from serving.gateway_app import BodyLimit
 from serving.gateway_metrics import RateLimiter
-from serving.fleet_replies import FleetState, ModelStatus, ReplicaState, ReplicaStatus
 from serving.upstream import NoReplica, ReplicaPool
 
 
@@ -296,9 +296,8 @@ def test_a_stuck_wal_fails_requests_and_health_within_its_timeout_then_recovers(
     import threading
     import types
 
-    from fastapi.testclient import TestClient
-
     import orjson
+    from fastapi.testclient import TestClient
 
     import serving.wal as wal_module
     from serving.gateway import Limits

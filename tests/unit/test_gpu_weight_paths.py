@@ -17,12 +17,12 @@ from types import SimpleNamespace
 import pytest
 
 from serving.probe import ProbeFailed, ProbeReport
+from serving.settings import EngineSettings
 from serving.weight_sync import StrategyUnavailable, inplace, strategy_for
 from serving.weight_sync.inplace import Call, inplace_refusal, move_plan, pick_canary, reload_calls, run_calls
 from serving.weight_sync.nccl import fresh_rendezvous, sender_command, sender_env
 from serving.weight_sync.nccl_sender import checkpoint_tensors, parse_args
 from tidal.registry import VersionInfo
-from serving.settings import EngineSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 

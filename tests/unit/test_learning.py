@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.logged_traffic import logged_traffic, sample_completions
+from data_contracts.corpus import stdlib_root
 from data_contracts.rewards import RewardRule
 from sim.evaluate import eval_cases, outcomes
-from bench.logged_traffic import logged_traffic, sample_completions
 from sim.paired import compare
 from sim.users import SimUsersConfig
 from training.candidate import build_trainable
-from data_contracts.corpus import stdlib_root
 from training.policy import load_policy, load_tokenizer
 from training.ppo_config import PPOConfig
 from training.ppo_trainer import PPOTrainer, iteration_plan

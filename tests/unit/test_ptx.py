@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.unit.ppo_helpers import cfg
 from data_contracts import corpus
+from tests.unit.ppo_helpers import cfg
 from training.candidate import build_trainable
 from training.policy import load_tokenizer
 from training.ppo_trainer import PPOTrainer, iteration_plan

@@ -7,8 +7,8 @@ import pytest
 from pydantic import ValidationError
 
 from data_contracts.collect_settings import CollectSettings
-from tests.collect_harness import collect_once
 from data_contracts.rewards import RewardRule, kept_chars
+from tests.collect_harness import collect_once
 from tests.unit.test_contracts_data import HOUR, T0, FixedVersions, completion, feedback, put_logs
 from tidal.store import LocalStore
 

@@ -10,9 +10,9 @@ import random
 import pytest
 import torch
 
+from data_contracts.corpus import read_texts, stdlib_root
 from data_contracts.samples import RewardSample
 from tests.unit.ppo_helpers import cfg, make_trainer
-from data_contracts.corpus import read_texts, stdlib_root
 from training.offline_gate import kl_and_ope
 from training.policy import load_policy, load_tokenizer
 from training.rollout import collate, nucleus

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from data_contracts import corpus
 from sim.tab_sites import cursor_sites, site_files
 from sim.users import SimUsersConfig, population, verdict
-from data_contracts import corpus
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ import torch
 from data_contracts.rewards import RewardRule
 from tests.unit.ppo_helpers import cfg, make_trainer
 from tests.unit.test_hindsight import TEXT, boundaries, served
-from training.ppo_trainer import PPOTrainer, iteration_plan
 from training.policy import load_tokenizer
+from training.ppo_trainer import PPOTrainer, iteration_plan
 from training.rollout import collate
 from training.stop_credit import BUDGET_PENALTY, StopCredit, clean_stop_ids, stop_token_ids
 

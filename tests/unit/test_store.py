@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import make_bucket
-
 from tidal.registry import checkpoint_key, registry_source
 from tidal.settings import load_settings
 from tidal.store import LocalStore, S3Store, download_dir, open_store, upload_dir

@@ -12,8 +12,8 @@ import yaml
 from kubernetes import client as k8s
 
 from tests.unit.k8s_fixtures import as_model, round_trips
-from tests.unit.trainer_fixtures import IMAGE, clean_env, spec  # noqa: F401  (clean_env: autouse fixture)
 from tests.unit.terraform_hcl import CHART, ROOT, TF, load_dir
+from tests.unit.trainer_fixtures import IMAGE, clean_env, spec  # noqa: F401  (clean_env: autouse fixture)
 from tidal.store import LocalStore
 from training.job_spec import EXIT_BAD_INPUT, TrainJob
 from training.launch import EXIT_NOT_RUN, STORE_REF, spec_key

@@ -11,15 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.trainer_fixtures import IMAGE, clean_env, spec  # noqa: F401  (clean_env: autouse fixture)
 from tests.unit.terraform_hcl import ROOT
+from tests.unit.trainer_fixtures import IMAGE, clean_env, spec  # noqa: F401  (clean_env: autouse fixture)
 from tidal.section import SettingsError
 from tidal.settings import load_settings
 from tidal.store import LocalStore
 from training.job_spec import EXIT_BAD_INPUT, TrainJob
 from training.launch import STORE_REF, spec_key
 from training.train_settings import LaunchSettings
-
 
 # ---- the local launcher: a real trainer process, through the flow's code path ---------------------
 

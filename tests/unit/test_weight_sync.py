@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from serving.engine import EngineEnvironmentMissing, engine_command, engine_env, engine_flavor
-from serving.weight_sync import StrategyUnavailable, WeightSync, strategy_for
 from serving.settings import EngineSettings
+from serving.weight_sync import StrategyUnavailable, WeightSync, strategy_for
 from tidal.strategy import GPU_ONLY_STRATEGIES
 
 ALL = ["lora", "restart", "reload", "nccl"]
