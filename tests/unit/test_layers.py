@@ -1,6 +1,6 @@
 """The layering the processes rely on: the serving processes (supervisor, gateway) start without the trainer's
 libraries, so a fleet that only reads probe files and checkpoints' metadata does not carry torch. And the code's
-own rules, run as the README's test command runs everything: the import contracts, ruff's lint, deptry."""
+own rules, run as the README's test command runs everything: the import contracts, ruff's lint and format, deptry."""
 
 from __future__ import annotations
 
@@ -56,6 +56,11 @@ def test_the_import_contracts_hold():
 def test_ruff_finds_nothing():
     out = run_tool("ruff", "check", "--no-cache", ".")
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+
+
+def test_the_code_is_as_ruff_formats_it():
+    out = run_tool("ruff", "format", "--check", "--no-cache", ".")
+    assert out.returncode == 0, "run `.venv/bin/ruff format .`: " + out.stdout[-4000:] + out.stderr[-2000:]
 
 
 def test_the_declared_dependencies_are_the_imported_ones():
