@@ -213,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("model")
     ca.add_argument("version", type=int)
     ca.add_argument("weight", type=float)
-    rb = rt.add_parser("rollback", help="control arm 100% at once")
+    rb = rt.add_parser("rollback", help="control arm 100%% at once")
     rb.add_argument("model")
     for parser in rt.choices.values():
         parser.add_argument("--by", default="cli", help="who (kept in the route history)")
@@ -226,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser(
         "eval",
         help=(
-            "replay held-out simulated users against versions: metrics with 95% CIs, and "
+            "replay held-out simulated users against versions: metrics with 95%% CIs, and "
             "each version's paired difference from the first listed"
         ),
     )

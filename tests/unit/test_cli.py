@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import socket
@@ -63,6 +64,22 @@ def test_incomplete_or_unknown_commands_are_usage_errors(argv: list[str], capsys
         main(argv)
     assert exc.value.code == 2
     assert "usage:" in capsys.readouterr().err
+
+
+def _parsers(p: argparse.ArgumentParser):
+    """`p` and every sub-command's parser below it."""
+    yield p
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _parsers(sub)
+
+
+def test_every_help_page_renders() -> None:
+    # a bare '%' in a help string made `tidal --help` crash inside argparse's formatting
+    pages = [sub.format_help() for sub in _parsers(build_parser())]
+    assert len(pages) > 10
+    assert any("control arm 100% at once" in page for page in pages)
 
 
 def test_parser_maps_commands_to_handlers() -> None:
