@@ -300,6 +300,13 @@ CONFIGS: dict[str, tuple[dict, dict]] = {
     ),
 }
 
+# the demo's configuration with the abstain decision credited in log space (ppo_config.abstain_credit): a rare
+# abstain moves as fast as a sampled token; the budget decides how often
+_DEMO = CONFIGS["full_norm1e2_stop2_budget25_kept4_t05"][0]
+CONFIGS["demo_abstain_log"] = ({**_DEMO, "abstain_credit": "log"}, {})
+CONFIGS["demo_abstain_log_budget20"] = ({**_DEMO, "abstain_credit": "log", "abstain_budget": 0.2}, {})
+CONFIGS["demo_abstain_log_stop1"] = ({**_DEMO, "abstain_credit": "log", "stop_credit_coef": 1.0}, {})
+
 
 def fmt(x, ci=None, digits: int = 2) -> str:
     if x is None:

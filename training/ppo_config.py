@@ -156,6 +156,14 @@ class PPOConfig(BaseModel):
         "where a shown suggestion ends (a partial's kept characters), never whether to show.",
     )
 
+    abstain_credit: Literal["probability", "log"] = Field(
+        "probability",
+        description="How stop credit weighs the abstain decision (stopping before the first token). 'probability': "
+        "pi(abstain) * (R_empty - R), the exact all-action gradient, whose push fades with pi(abstain) itself (a "
+        "policy that shows something 97% of the time hardly moves). 'log': (R_empty - R) * log pi(abstain), the same "
+        "direction divided by pi(abstain): every row's verdict moves a rare abstain as hard as a sampled token's "
+        "policy-gradient term does; the abstain_budget then decides how often. The other positions keep the exact term.",
+    )
     abstain_budget: float = Field(
         1.0,
         description="With stop_credit_abstain: the largest share of a minibatch's requests the policy may abstain on "
@@ -286,6 +294,13 @@ class PPOConfig(BaseModel):
             self.abstain_budget == 1.0 or (self.stop_credit_coef > 0 and self.stop_credit_abstain),
             f"abstain_budget={self.abstain_budget} caps what stop credit teaches about abstaining: it needs "
             "stop_credit_coef > 0 and stop_credit_abstain=true (or set abstain_budget=1)",
+        )
+        need(
+            self.abstain_credit == "probability"
+            or (self.stop_credit_coef > 0 and self.stop_credit_abstain and self.abstain_budget < 1.0),
+            "abstain_credit='log' weighs the abstain decision of stop credit, and without a cap it teaches silence "
+            "(most verdicts of a weak policy are rejections): it needs stop_credit_coef > 0, stop_credit_abstain=true "
+            "and abstain_budget < 1 (or set abstain_credit='probability')",
         )
         need(
             math.isfinite(self.kept_credit_coef) and self.kept_credit_coef >= 0,

@@ -275,7 +275,8 @@ class PPOTrainer:
                         # summed over each row's positions (one decision each), averaged over the minibatch's rows
                         # (every process's: the summed gradients are the whole minibatch's)
                         p_stop = self.stop.stop_prob(logits)  # (b, T)
-                        stop_loss = -(p_stop * ro.stop_adv[mine] * ro.stop_known[mine]).sum() / len(mb)
+                        abstain_log = cfg.abstain_credit == "log"
+                        stop_loss = self.stop.credit_loss(p_stop, ro.stop_adv[mine], ro.stop_known[mine], abstain_log) / len(mb)
                         if cfg.abstain_budget < 1.0:  # the share of this process's rows abstained on, capped
                             stop_loss = stop_loss + self.stop.over_budget(p_stop, b.mask[mine][:, 0], cfg.abstain_budget)
                     kept_loss = torch.zeros((), device=loss.device)

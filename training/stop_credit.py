@@ -103,6 +103,18 @@ class StopCredit:
         return adv, known
 
     @staticmethod
+    def credit_loss(p_stop: torch.Tensor, adv: torch.Tensor, known: torch.Tensor, abstain_log: bool) -> torch.Tensor:
+        """(b, T) pi(stop), (b, T) R_stop - R, (b, T) credited mask -> minus the summed credit of the b rows.
+
+        `abstain_log`: position 0 (abstaining) is weighed by log pi(abstain) instead of pi(abstain), i.e. the exact
+        gradient divided by pi(abstain), so a rare abstain moves as fast as a sampled token (ppo_config.abstain_credit).
+        """
+        weight = p_stop
+        if abstain_log:  # clamp: a row whose abstain probability underflows still gets a finite, bounded push
+            weight = torch.cat([p_stop[:, :1].clamp_min(1e-6).log(), p_stop[:, 1:]], dim=1)
+        return -(weight * adv * known).sum()
+
+    @staticmethod
     def over_budget(stop_prob: torch.Tensor, first: torch.Tensor, budget: float) -> torch.Tensor:
         """(b, T) pi(stop) of a minibatch's rows, (b,) 1 where a row has a first token -> BUDGET_PENALTY times the
         rows' mean abstain probability above `budget` (0 within it)."""

@@ -170,3 +170,35 @@ def test_with_an_abstain_budget_rejections_teach_silence_only_up_to_it(tok, cham
         cfg(abstain_budget=0.5)
     with pytest.raises(ValueError, match="abstain_budget=0.0: must be in"):
         cfg(stop_credit_coef=1.0, abstain_budget=0.0)
+
+
+def test_log_abstain_credit_divides_only_the_abstain_gradient_by_its_probability() -> None:
+    p = torch.tensor([[0.05, 0.5], [0.5, 0.2]], requires_grad=True)  # (b, T) pi(stop)
+    adv, known = torch.tensor([[0.25, 0.25], [-0.5, 0.25]]), torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    grads = {}
+    for log in (False, True):
+        p.grad = None
+        StopCredit.credit_loss(p, adv, known, abstain_log=log).backward()
+        grads[log] = p.grad.clone()
+    # the exact term's gradient is -(R_stop - R) everywhere credited; log divides position 0's by pi(abstain)
+    assert grads[False].flatten().tolist() == pytest.approx([-0.25, -0.25, 0.5, 0.0])
+    assert grads[True].flatten().tolist() == pytest.approx([-0.25 / 0.05, -0.25, 0.5 / 0.5, 0.0])
+
+
+def test_log_abstain_credit_moves_a_rare_abstain_faster_and_needs_its_budget(tok, champion_dir) -> None:
+    rule = RewardRule()
+    rows = [rewarded(tok, "rejected", None, rule, rid=f"r{i}") for i in range(16)]
+    after = {}
+    for credit_form in ("probability", "log"):
+        c = cfg(
+            stop_credit_coef=1.0, abstain_budget=0.9, abstain_credit=credit_form, learning_rate=1e-3, batch_size=16, kl_coef=0.0
+        )
+        credit = StopCredit(tok, rule)
+        trainer = PPOTrainer(make_trainer(champion_dir, cfg()).model, c, 0, stop=credit)
+        before = stop_at(trainer, credit, rows[0], 0)
+        trainer.compute_reference(rows)
+        trainer.train(rows, iteration_plan(len(rows), c))
+        after[credit_form] = stop_at(trainer, credit, rows[0], 0) - before
+    assert after["log"] > 2 * after["probability"] > 0, after
+    with pytest.raises(ValueError, match="abstain_credit='log' weighs the abstain decision"):
+        cfg(stop_credit_coef=1.0, abstain_credit="log")  # no budget
