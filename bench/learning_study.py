@@ -305,6 +305,12 @@ CONFIGS: dict[str, tuple[dict, dict]] = {
 _DEMO = CONFIGS["full_norm1e2_stop2_budget25_kept4_t05"][0]
 CONFIGS["demo_abstain_log"] = ({**_DEMO, "abstain_credit": "log"}, {})
 CONFIGS["demo_abstain_log_budget20"] = ({**_DEMO, "abstain_credit": "log", "abstain_budget": 0.2}, {})
+CONFIGS["demo_abstain_log_best_cut"] = ({**_DEMO, "abstain_credit": "log", "abstain_vs_best_cut": True}, {})
+CONFIGS["demo_abstain_log_budget15"] = ({**_DEMO, "abstain_credit": "log", "abstain_budget": 0.15}, {})
+CONFIGS["demo_abstain_log_best_cut_anchor"] = (
+    {**_DEMO, "abstain_credit": "log", "abstain_vs_best_cut": True, "stop_anchor_coef": 1.0},
+    {},
+)
 CONFIGS["demo_abstain_log_stop1"] = ({**_DEMO, "abstain_credit": "log", "stop_credit_coef": 1.0}, {})
 
 

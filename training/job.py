@@ -71,7 +71,9 @@ def loss_terms(cfg, tokenizer, rule, corpus_heldout_fraction: float) -> dict:
 
     return {
         "ptx": ptx_loss_for(cfg, tokenizer, corpus_heldout_fraction),
-        "stop": StopCredit(tokenizer, rule, cfg.hindsight_stop, cfg.stop_credit_abstain) if cfg.stop_credit_coef > 0 else None,
+        "stop": StopCredit(tokenizer, rule, cfg.hindsight_stop, cfg.stop_credit_abstain, cfg.abstain_vs_best_cut)
+        if cfg.stop_credit_coef > 0
+        else None,
         "kept": KeptCredit(tokenizer) if cfg.kept_credit_coef > 0 else None,
         "sharpen": Sharpen(tokenizer, cfg.hindsight_stop) if cfg.sharpen_coef > 0 else None,
     }

@@ -164,6 +164,20 @@ class PPOConfig(BaseModel):
         "direction divided by pi(abstain): every row's verdict moves a rare abstain as hard as a sampled token's "
         "policy-gradient term does; the abstain_budget then decides how often. The other positions keep the exact term.",
     )
+    abstain_vs_best_cut: bool = Field(
+        False,
+        description="Weigh abstaining against the best the verdict says showing could have earned (a partial's cut at "
+        "its kept characters earns the accept reward) instead of the row's own reward. Stop credit teaches stopping "
+        "at those cuts, so that is what showing is worth here; rows users kept then argue against silence 2-3 times "
+        "as hard, and the policy learns *where* to abstain rather than abstaining at random.",
+    )
+    stop_anchor_coef: float = Field(
+        0.0,
+        description="Weight of a binary KL, per completion token after the first, from the champion's probability of "
+        "stopping to the policy's (training/stop_credit.py). Abstain credit pushes the stop tokens' logits, which also "
+        "end suggestions early, where rejections say nothing; this holds the stop decision after the first token "
+        "at the champion's except where the verdict's credit moves it. 0 turns it off.",
+    )
     abstain_budget: float = Field(
         1.0,
         description="With stop_credit_abstain: the largest share of a minibatch's requests the policy may abstain on "
@@ -301,6 +315,14 @@ class PPOConfig(BaseModel):
             "abstain_credit='log' weighs the abstain decision of stop credit, and without a cap it teaches silence "
             "(most verdicts of a weak policy are rejections): it needs stop_credit_coef > 0, stop_credit_abstain=true "
             "and abstain_budget < 1 (or set abstain_credit='probability')",
+        )
+        need(
+            math.isfinite(self.stop_anchor_coef) and self.stop_anchor_coef >= 0,
+            f"stop_anchor_coef={self.stop_anchor_coef}: must be a finite number >= 0 (0 turns the anchor off)",
+        )
+        need(
+            not self.stop_anchor_coef or self.stop_credit_coef > 0,
+            f"stop_anchor_coef={self.stop_anchor_coef} holds what stop credit moves: it needs stop_credit_coef > 0",
         )
         need(
             math.isfinite(self.kept_credit_coef) and self.kept_credit_coef >= 0,

@@ -152,7 +152,9 @@ class PPOTrainer:
         # the frozen reference distillation sharpens from: a LoRA run's is the model with its adapter off; a
         # full-weight run keeps a copy of the policy as it starts (the champion)
         self._reference = (
-            copy.deepcopy(model).requires_grad_(False).eval() if cfg.sharpen_temperature is not None and not cfg.lora else None
+            copy.deepcopy(model).requires_grad_(False).eval()
+            if (cfg.sharpen_temperature is not None or cfg.stop_anchor_coef > 0) and not cfg.lora
+            else None
         )
         self.dp = dp if dp is not None else distributed.data_parallel()  # the processes that split each batch
         self.trainable = [p for p in model.parameters() if p.requires_grad]
@@ -282,21 +284,27 @@ class PPOTrainer:
                     kept_loss = torch.zeros((), device=loss.device)
                     if self.kept is not None:  # minus the expected right tokens where the user kept the text, per row
                         kept_loss = -self.kept.gain(logits, ro.kept, mine) / len(mb)
+                    ref = None  # (b, T, V) the reference's logits at the rows' sampling temperature, when a loss needs them
+                    if cfg.sharpen_temperature is not None or cfg.stop_anchor_coef > 0:
+                        with torch.no_grad():
+                            ref = b.sampled_logits(self._reference_logits(b.input_ids[mine], b.attention_mask[mine]), mine)
+                    n_tokens = ro.lengths[mb.to(ro.lengths.device)].sum()  # the minibatch's completion tokens
+                    anchor_loss = torch.zeros((), device=loss.device)
+                    if cfg.stop_anchor_coef > 0:  # the stop decision after the first token held at the reference's
+                        anchor_loss = self.stop.anchor_sum(p_stop, self.stop.stop_prob(ref), b.mask[mine]) / n_tokens
                     sharpen_loss = torch.zeros((), device=loss.device)
                     if self.sharpen is not None:  # this process's share of the minibatch's mean per token
                         if cfg.sharpen_temperature is None:
                             sharpen_sum = self.sharpen.entropy_sum(logits, b.mask[mine])
                         else:
-                            ref = self._reference_logits(b.input_ids[mine], b.attention_mask[mine])
-                            sharpen_sum = self.sharpen.distill_sum(
-                                logits, b.sampled_logits(ref, mine), b.mask[mine], cfg.sharpen_temperature
-                            )
-                        sharpen_loss = sharpen_sum / ro.lengths[mb.to(ro.lengths.device)].sum()
+                            sharpen_sum = self.sharpen.distill_sum(logits, ref, b.mask[mine], cfg.sharpen_temperature)
+                        sharpen_loss = sharpen_sum / n_tokens
                     (
                         loss * share
                         + cfg.stop_credit_coef * stop_loss
                         + cfg.kept_credit_coef * kept_loss
                         + cfg.sharpen_coef * sharpen_loss
+                        + cfg.stop_anchor_coef * anchor_loss
                     ).backward()
                     stats = torch.cat(
                         [

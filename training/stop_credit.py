@@ -55,10 +55,11 @@ def clean_stop_ids(tokenizer, stop: str = "\n") -> list[int]:
 class StopCredit:
     """Per-position advantages of stopping for logged rows, and pi(stop) of a batch's logits."""
 
-    def __init__(self, tokenizer, rule: RewardRule, stop: str = "\n", abstain: bool = True):
+    def __init__(self, tokenizer, rule: RewardRule, stop: str = "\n", abstain: bool = True, abstain_vs_best_cut: bool = False):
         """`abstain`: credit stopping before the first token (showing nothing) too; False credits only where a shown
-        suggestion ends."""
-        self.tokenizer, self.rule, self.abstain = tokenizer, rule, abstain
+        suggestion ends. `abstain_vs_best_cut`: abstaining is weighed against the best the verdict says showing could
+        have earned (the best known cut, e.g. a partial's kept characters), not against the row's own reward."""
+        self.tokenizer, self.rule, self.abstain, self.vs_best_cut = tokenizer, rule, abstain, abstain_vs_best_cut
         clean = clean_stop_ids(tokenizer, stop)
         if not clean:
             raise ValueError(f"stop credit: no token of the policy's tokenizer begins with the stop string {stop!r}")
@@ -91,6 +92,9 @@ class StopCredit:
             r = None if ids[j] in self._stops or s.event == "none" else self.stop_reward(s, self.tokenizer.decode(ids[:j]))
             adv.append(0.0 if r is None else r - s.reward)
             known.append(r is not None)
+        if self.vs_best_cut and known and known[0]:  # adv[j] + R: the known reward of stopping before token j
+            showing = max([s.reward] + [a + s.reward for a, k in zip(adv[1:], known[1:]) if k])
+            adv[0] = self.rule.empty - showing
         self._cache[s.request_id] = (adv, known)
         return adv, known
 
@@ -113,6 +117,17 @@ class StopCredit:
         if abstain_log:  # clamp: a row whose abstain probability underflows still gets a finite, bounded push
             weight = torch.cat([p_stop[:, :1].clamp_min(1e-6).log(), p_stop[:, 1:]], dim=1)
         return -(weight * adv * known).sum()
+
+    @staticmethod
+    def anchor_sum(p_stop: torch.Tensor, p_ref: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(b, T) pi(stop), (b, T) the reference's pi(stop), (b, T) completion mask -> the summed binary KL from the
+        reference's stop-or-go-on choice to the policy's at every position after the first (ppo_config.stop_anchor_coef).
+
+        Stop and abstain share the stop tokens' logits, so credit that moves the abstain decision also moves stopping
+        mid-suggestion, where rejections say nothing (every cut of a rejection is rejected too); this holds it."""
+        p, q = p_stop[:, 1:].clamp(1e-6, 1 - 1e-6), p_ref[:, 1:].detach().clamp(1e-6, 1 - 1e-6)
+        kl = q * (q.log() - p.log()) + (1 - q) * ((1 - q).log() - (1 - p).log())
+        return (kl * mask[:, 1:].to(kl.dtype)).sum()
 
     @staticmethod
     def over_budget(stop_prob: torch.Tensor, first: torch.Tensor, budget: float) -> torch.Tensor:

@@ -202,3 +202,58 @@ def test_log_abstain_credit_moves_a_rare_abstain_faster_and_needs_its_budget(tok
     assert after["log"] > 2 * after["probability"] > 0, after
     with pytest.raises(ValueError, match="abstain_credit='log' weighs the abstain decision"):
         cfg(stop_credit_coef=1.0, abstain_credit="log")  # no budget
+
+
+def test_abstaining_against_the_best_cut_weighs_a_partial_by_what_its_kept_text_would_have_earned(tok) -> None:
+    rule = RewardRule()
+    ends = boundaries(tok, TEXT)
+    partial, rejected = rewarded(tok, "partial", ends[1], rule), rewarded(tok, "rejected", None, rule, rid="r2")
+    plain, best = StopCredit(tok, rule), StopCredit(tok, rule, abstain_vs_best_cut=True)
+    a_plain, a_best = plain.advantages(partial)[0], best.advantages(partial)[0]
+    assert a_plain[0] == pytest.approx(-partial.reward)  # the row's own reward: 0.75 x kept / shown
+    assert a_best[0] == pytest.approx(rule.empty - rule.accepted)  # the cut at the kept text: accepted
+    assert a_best[0] < a_plain[0]
+    assert a_best[1:] == a_plain[1:]  # every other position as before
+    assert best.advantages(rejected) == plain.advantages(rejected)  # every cut of a rejection is rejected: no change
+
+
+def test_the_stop_anchor_is_zero_at_the_reference_and_spares_the_abstain_decision() -> None:
+    q = torch.tensor([[0.05, 0.1, 0.3], [0.5, 0.2, 0.9]])  # (b, T) the reference's pi(stop)
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])  # the second row has two completion tokens
+    assert float(StopCredit.anchor_sum(q.clone(), q, mask)) == pytest.approx(0.0, abs=1e-6)
+    p = q.clone()
+    p[:, 0] = 0.9  # abstaining moved: not charged
+    p[1, 2] = 0.01  # past the row's end: not charged
+    assert float(StopCredit.anchor_sum(p, q, mask)) == pytest.approx(0.0, abs=1e-6)
+    p = q.clone().requires_grad_(True)
+    drifted = p * torch.tensor([[1.0, 2.0, 1.0], [1.0, 1.0, 1.0]])  # stopping doubled before the second token
+    loss = StopCredit.anchor_sum(drifted, q, mask)
+    loss.backward()
+    assert float(loss) > 0 and float(p.grad[0, 1]) > 0  # it pulls the stop probability back down
+    with pytest.raises(ValueError, match="stop_anchor_coef=1.0 holds what stop credit moves"):
+        cfg(stop_anchor_coef=1.0)
+
+
+def test_with_the_stop_anchor_abstain_credit_leaks_less_into_stopping_mid_suggestion(tok, champion_dir) -> None:
+    rule = RewardRule()
+    rows = [rewarded(tok, "rejected", None, rule, rid=f"r{i}") for i in range(16)]
+    drift = {}
+    for anchor in (0.0, 4.0):
+        c = cfg(
+            stop_credit_coef=1.0,
+            abstain_budget=0.9,
+            abstain_credit="log",
+            stop_anchor_coef=anchor,
+            learning_rate=1e-3,
+            batch_size=16,
+            kl_coef=0.0,
+        )
+        credit = StopCredit(tok, rule)
+        trainer = PPOTrainer(make_trainer(champion_dir, cfg()).model, c, 0, stop=credit)
+        before = [stop_at(trainer, credit, rows[0], j) for j in (0, 2)]
+        trainer.compute_reference(rows)
+        trainer.train(rows, iteration_plan(len(rows), c))
+        after = [stop_at(trainer, credit, rows[0], j) for j in (0, 2)]
+        assert after[0] > before[0]  # abstaining learned either way
+        drift[anchor] = abs(after[1] - before[1])
+    assert drift[4.0] < 0.5 * drift[0.0], drift
