@@ -61,6 +61,30 @@ class TidalSettings(ServingSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _check_planes_agree(self) -> TidalSettings:
+        """Settings of two planes that describe one thing must agree; each refusal names both and the fix."""
+        problems = []
+        collect_len, engine_len = self.collect.max_model_len, self.engine.max_model_len
+        if collect_len < engine_len:  # the contract would quarantine rows the engines served, as too_many_tokens
+            problems.append(
+                f"collect.max_model_len={collect_len} is below engine.max_model_len={engine_len}: completions the "
+                f"engines serve between {collect_len} and {engine_len} tokens would be quarantined as too long; set "
+                f"collect.max_model_len to {engine_len}"
+            )
+        lora_models = [m.name for m in self.models if m.update_strategy == "lora"]
+        demo_lora = self.demo.update_strategy == "lora" or (self.demo.update_strategy is None and lora_models)
+        for section, ppo, served in (("train", self.train.ppo, lora_models), ("demo.train", self.demo.train.ppo, demo_lora)):
+            if served and ppo.lora and ppo.lora_rank > self.engine.max_lora_rank:  # vLLM refuses the adapter at load
+                problems.append(
+                    f"{section}.ppo.lora_rank={ppo.lora_rank} is above engine.max_lora_rank={self.engine.max_lora_rank}: "
+                    f"the engines could not load the adapters it trains; set engine.max_lora_rank to {ppo.lora_rank} or "
+                    f"lower {section}.ppo.lora_rank"
+                )
+        if problems:
+            raise ValueError("settings disagree:" + "".join(f"\n    - {p}" for p in problems))
+        return self
+
 
 def load_settings(**overrides) -> TidalSettings:
     """Read every section once at start-up; a bad value raises SettingsError naming field and fix."""

@@ -30,6 +30,7 @@ def settings(tmp_path: Path, models: list[dict] | None = None, flavor: str = "cu
         store={"url": "s3://b/t"},
         mlflow={"host": "tidal-mlflow"},
         engine={"flavor": flavor, "dtype": "bfloat16", "max_model_len": 4096, "enforce_eager": False},
+        collect={"max_model_len": 4096},
         fleet={
             "runtime": "kubernetes",
             "warmup_bursts": [],

@@ -416,3 +416,27 @@ def test_an_admin_header_is_authorized_only_with_the_exact_token() -> None:
     assert bearer("Bearer  key ") == "key" and bearer("") == ""
     assert admin_authorized(f"Bearer {token}", token)
     assert not any(admin_authorized(h, token) for h in ("", "Bearer ", f"Bearer {token[:-1]}", f"Bearer {token}x", token[:-1]))
+
+
+# ---- settings of two planes that must agree -------------------------------------------------------
+
+
+def test_a_collect_context_shorter_than_the_engines_is_refused_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    msg = settings_error(monkeypatch, {"TIDAL_ENGINE__MAX_MODEL_LEN": "4096"})
+    assert "collect.max_model_len=512 is below engine.max_model_len=4096" in msg
+    assert "set collect.max_model_len to 4096" in msg
+    monkeypatch.setenv("TIDAL_COLLECT__MAX_MODEL_LEN", "4096")
+    assert load_settings().collect.max_model_len == 4096
+
+
+def test_a_lora_rank_the_engines_cannot_load_is_refused_only_where_adapters_are_served(
+    monkeypatch: pytest.MonkeyPatch, clean_env: Path
+) -> None:
+    monkeypatch.setenv("TIDAL_TRAIN__PPO__LORA_RANK", "16")
+    msg = settings_error(monkeypatch)  # the default model is served with the 'lora' strategy
+    assert "train.ppo.lora_rank=16 is above engine.max_lora_rank=8" in msg and "set engine.max_lora_rank to 16" in msg
+    write_config(clean_env / "tidal.yaml", "models: [{name: tab, update_strategy: reload}]\n")
+    assert load_settings().train.ppo.lora_rank == 16  # merged into full checkpoints: no adapter is loaded
+    monkeypatch.setenv("TIDAL_ENGINE__MAX_LORA_RANK", "16")
+    write_config(clean_env / "tidal.yaml", "models: [{name: tab}]\n")
+    assert load_settings().engine.max_lora_rank == 16

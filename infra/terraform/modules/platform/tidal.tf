@@ -59,6 +59,7 @@ resource "helm_release" "tidal" {
       prefect = { host = local.prefect_host, port = 4200 }
       mlflow  = { host = local.mlflow_host, port = 80 }
       fleet   = { host = "tidal-fleet-supervisor.${var.namespace}.svc.cluster.local", admin_port = 8090 }
+      collect = { max_model_len = 4096 } # the engines' context: longer rows would be quarantined
       engine = {
         flavor        = "cuda"
         dtype         = "bfloat16"
