@@ -230,6 +230,7 @@ def build_trainer(spec: TrainJob, dirs: Checkouts, tokenizer, data: RewardDatase
     """The champion's policy (LoRA or full, with a fresh critic) on this process's device, in a PPOTrainer."""
     from training.candidate import build_trainable
     from training.ppo_trainer import PPOTrainer
+    from training.tokenizer import padding_id
 
     cfg = spec.train.ppo
     if cfg.backend == "megatron":  # tensor-parallel shards; the processes of one shard position split the batches
@@ -238,10 +239,10 @@ def build_trainer(spec: TrainJob, dirs: Checkouts, tokenizer, data: RewardDatase
         from training.megatron.trainable import build_megatron_trainable
 
         model = build_megatron_trainable(dirs.champion_dir, dirs.base_dir, cfg).to(parallel.device())
-        return Built(PPOTrainer(model, cfg, tokenizer.pad_token_id, dp=data_parallel()), megatron=True)
+        return Built(PPOTrainer(model, cfg, padding_id(tokenizer), dp=data_parallel()), megatron=True)
     model = build_trainable(dirs.champion_dir, dirs.base_dir, cfg).to(distributed.device())
     return Built(
-        PPOTrainer(model, cfg, tokenizer.pad_token_id, **loss_terms(cfg, tokenizer, data.rule, spec.corpus_heldout_fraction)),
+        PPOTrainer(model, cfg, padding_id(tokenizer), **loss_terms(cfg, tokenizer, data.rule, spec.corpus_heldout_fraction)),
         megatron=False,
     )
 

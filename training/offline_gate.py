@@ -33,6 +33,7 @@ from training.ppo_loss import token_logprobs
 from training.pretrain import bits_per_byte, fitted_bits_per_byte
 from training.rollout import collate
 from training.stop_credit import stop_token_ids
+from training.tokenizer import padding_id
 from training.train_settings import GateConfig
 from training.value_head import position_ids_from_mask
 
@@ -128,7 +129,7 @@ def evaluate(
             )
         )
     else:
-        figures.update(kl_and_ope(candidate, champion, heldout_rows, tokenizer.pad_token_id))
+        figures.update(kl_and_ope(candidate, champion, heldout_rows, padding_id(tokenizer)))
         kl = figures["kl_per_token"]
         checks.append(
             GateCheck(

@@ -131,6 +131,8 @@ def collate(samples: Sequence[RewardSample], pad_token_id: int) -> RolloutBatch:
     """Stack samples into a RolloutBatch: prompts left-padded, completions right-padded."""
     if not samples:
         raise ValueError("no samples to collate")
+    if not isinstance(pad_token_id, int):  # a tokenizer without a pad token: training.tokenizer.padding_id chooses one
+        raise ValueError(f"pad_token_id={pad_token_id!r}: need an int (training.tokenizer.padding_id(tokenizer))")
     for s in samples:
         if not s.prompt_token_ids:
             raise ValueError(f"sample {s.request_id} has an empty prompt: no logits predict its first token")

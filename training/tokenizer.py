@@ -78,3 +78,21 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024) -> PreTrainedT
         # Source code has meaningful spaces before punctuation; keep decode exact.
         clean_up_tokenization_spaces=False,
     )
+
+
+def padding_id(tokenizer) -> int:
+    """The id to pad training batches with: the tokenizer's pad token, else its end-of-sequence token.
+
+    Llama- and Mistral-style tokenizers define no pad token. Padded positions are masked out of attention and of
+    every loss (training/rollout.py), so any id the embedding holds will do; the EOS token is the usual choice.
+    """
+    for name in ("pad_token_id", "eos_token_id"):
+        value = getattr(tokenizer, name, None)
+        if isinstance(value, list):  # some configs list several EOS ids
+            value = value[0] if value else None
+        if value is not None:
+            return int(value)
+    raise ValueError(
+        f"tokenizer {type(tokenizer).__name__} has neither a pad token nor an end-of-sequence token: set one "
+        "(e.g. tokenizer.pad_token = tokenizer.eos_token, or add an EOS token) in the checkpoint's tokenizer_config.json"
+    )

@@ -58,6 +58,8 @@ def test_collate_layout() -> None:
         collate([sample([1], [2, 3], logprobs=[-1.0])], PAD)
     with pytest.raises(ValueError, match="empty prompt"):
         collate([sample([], [2])], PAD)
+    with pytest.raises(ValueError, match="pad_token_id=None: need an int"):  # a tokenizer without a pad token
+        collate([sample([1], [2])], None)
 
 
 def test_collated_logprobs_match_each_sample_scored_alone() -> None:

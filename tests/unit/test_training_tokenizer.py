@@ -89,3 +89,16 @@ def test_qwen2_directory_loads_an_identical_tokenizer(tok, texts: list[str], tmp
 def test_too_small_vocab_is_rejected() -> None:
     with pytest.raises(ValueError):
         train_tokenizer(["abc"], vocab_size=100)
+
+
+def test_padding_falls_back_to_eos_for_tokenizers_without_a_pad_token(tok) -> None:
+    from transformers import PreTrainedTokenizerFast
+
+    from training.tokenizer import padding_id
+
+    assert padding_id(tok) == tok.pad_token_id
+    llama_like = PreTrainedTokenizerFast(tokenizer_object=tok.backend_tokenizer, eos_token=EOT)  # no pad token
+    assert llama_like.pad_token_id is None and padding_id(llama_like) == llama_like.eos_token_id
+    bare = PreTrainedTokenizerFast(tokenizer_object=tok.backend_tokenizer)
+    with pytest.raises(ValueError, match="neither a pad token nor an end-of-sequence token"):
+        padding_id(bare)
