@@ -269,7 +269,15 @@ def main() -> None:
             kl = {
                 k.split("/")[1]: round(v, 4)
                 for k, v in metrics.items()
-                if k in ("ppo/kl_ref", "ppo/approx_kl", "ppo/ptx_loss", "ppo/stop_credit_loss", "ppo/sharpen_loss")
+                if k
+                in (
+                    "ppo/kl_ref",
+                    "ppo/approx_kl",
+                    "ppo/ptx_loss",
+                    "ppo/stop_credit_loss",
+                    "ppo/sharpen_loss",
+                    "ppo/stop_anchor_loss",
+                )
             }
             t0 = time.perf_counter()
             now, last["texts"] = evaluate(trainer.model.policy, tok, cases, rule, users, bpb)

@@ -312,23 +312,25 @@ class PPOTrainer:
                             stop_loss.detach().view(1),
                             kept_loss.detach().view(1),
                             sharpen_loss.detach().view(1),
+                            anchor_loss.detach().view(1),
                         ]
                     )
                     stats[0] += (
                         cfg.stop_credit_coef * stop_loss.detach()
                         + cfg.kept_credit_coef * kept_loss.detach()
                         + cfg.sharpen_coef * sharpen_loss.detach()
+                        + cfg.stop_anchor_coef * anchor_loss.detach()
                     )
                 else:
-                    stats = torch.zeros(4 + len(_STATS), device=b.mask.device)
+                    stats = torch.zeros(5 + len(_STATS), device=b.mask.device)
                 ptx = self.ptx.loss(self.model, iteration, epoch, step, rank, world) if self.ptx else None
                 if ptx is not None:  # this process's share of the step's code windows
                     (cfg.ptx_coef * ptx).backward()
                     stats[0] += cfg.ptx_coef * ptx.detach()
                 ptx = torch.zeros((), device=stats.device) if ptx is None else ptx.detach()
                 stats = torch.cat([stats.detach(), ptx.view(1)])
-                # (5 + len(_STATS),) the whole minibatch's loss, LossParts, stop-, kept-credit, sharpen and ptx losses; gradients summed
-                # over processes
+                # (6 + len(_STATS),) the whole minibatch's loss, LossParts, stop-, kept-credit, sharpen, stop anchor and ptx
+                # losses; gradients summed over processes
                 stats = distributed.sum_grads(self.trainable, stats, self.dp.group)
                 self._check_finite(stats[0], iteration, "loss")
                 grad_norm = self._clip_grad_norm(cfg.max_grad_norm)
@@ -336,7 +338,8 @@ class PPOTrainer:
                 self.optimizer.step()
                 steps += 1
                 for name, value in zip(
-                    (*_STATS, "stop_credit_loss", "kept_credit_loss", "sharpen_loss", "ptx_loss"), stats[1:].tolist()
+                    (*_STATS, "stop_credit_loss", "kept_credit_loss", "sharpen_loss", "stop_anchor_loss", "ptx_loss"),
+                    stats[1:].tolist(),
                 ):
                     sums[name] = sums.get(name, 0.0) + value
                 sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(grad_norm)
@@ -356,6 +359,8 @@ class PPOTrainer:
             del sums["kept_credit_loss"]
         if self.sharpen is None:
             del sums["sharpen_loss"]
+        if not cfg.stop_anchor_coef:
+            del sums["stop_anchor_loss"]
         metrics = {f"ppo/{k}": v / steps for k, v in sums.items()}
         m, w = b.mask, ro.is_weight
         # sums over the whole batch's real tokens, then the means masked_mean would give on one process

@@ -252,8 +252,9 @@ def test_with_the_stop_anchor_abstain_credit_leaks_less_into_stopping_mid_sugges
         trainer = PPOTrainer(make_trainer(champion_dir, cfg()).model, c, 0, stop=credit)
         before = [stop_at(trainer, credit, rows[0], j) for j in (0, 2)]
         trainer.compute_reference(rows)
-        trainer.train(rows, iteration_plan(len(rows), c))
+        metrics = trainer.train(rows, iteration_plan(len(rows), c))
         after = [stop_at(trainer, credit, rows[0], j) for j in (0, 2)]
         assert after[0] > before[0]  # abstaining learned either way
+        assert ("ppo/stop_anchor_loss" in metrics[-1]) == (anchor > 0)  # logged only where it is trained
         drift[anchor] = abs(after[1] - before[1])
     assert drift[4.0] < 0.5 * drift[0.0], drift
