@@ -195,6 +195,24 @@ class Gateway:
             return resp, ep, token
         raise GatewayError(503, f"{served_name}: failed before answering on {tried}: {last}")
 
+    async def engine_json(self, path: str, served_name: str, body: dict) -> tuple[dict, Endpoint]:
+        """A non-streaming answer, read whole, and its replica. A replica that dies after its response headers (a
+        kill -9 mid-answer) breaks off the body; nothing has reached the user yet, so the call is made once more,
+        with that replica in penalty (call_engine then picks another)."""
+        for attempt in range(2):
+            resp, ep, token = await self.call_engine(path, served_name, body)
+            try:
+                async with resp:
+                    return orjson.loads(await resp.read()), ep
+            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
+                self.pool.penalize(ep.replica)
+                self.metrics.failovers.labels(served_name.split("@")[0]).inc()
+                if attempt:
+                    raise GatewayError(502, f"engine {ep.replica} broke off its answer: {describe_failure(e)}") from None
+            finally:
+                self.pool.release(ep.replica, token)
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
     async def durable(self, kind: str, record: dict) -> None:
         """Append to the WAL and wait until it is fsynced, at most wal_append_timeout_s: a stuck disk fails the
         request (503) and /health, instead of holding every request. The append itself goes on (shielded): a
@@ -252,8 +270,12 @@ class Gateway:
             extra = {"messages": [m.model_dump() for m in req.messages], "logprobs": True, "top_logprobs": req.top_logprobs or 0}
         else:
             extra = {"prompt": req.prompt, "logprobs": req.logprobs or 0}  # 0 still returns each sampled token's log-prob
+        body = self.engine_body(req, routed, extra)
         try:
-            resp, ep, token = await self.call_engine(fmt.path, routed.served_name, self.engine_body(req, routed, extra))
+            if req.stream:
+                resp, ep, token = await self.call_engine(fmt.path, routed.served_name, body)
+            else:
+                data, ep = await self.engine_json(fmt.path, routed.served_name, body)
         except NoReplica as e:
             self.metrics.errors.labels(req.model, routed.arm.name).inc()
             raise GatewayError(503, str(e)) from None
@@ -266,11 +288,6 @@ class Gateway:
         if req.stream:
             meta = {"X-Tidal-Request-Id": rid, "X-Tidal-Version": str(routed.arm.version)}
             return self.stream(resp, req, routed, record, fmt, ep, token), meta
-        try:
-            async with resp:
-                data = orjson.loads(await resp.read())
-        finally:
-            self.pool.release(ep.replica, token)
         choice = data["choices"][0]
         text, ids, lps = fmt.extract(choice)
         record.update(

@@ -103,8 +103,16 @@ def _app_without_engines(tmp_path, rate: float, burst: int, pool: ReplicaPool | 
     """The real app and Gateway, its lifespan not run: no engine, no log upload needed for these paths."""
     import hashlib
 
-    from serving.gateway import Gateway, Limits
     from serving.gateway_app import build_app
+
+    gw = _gateway(tmp_path, pool, limits)
+    clients = {hashlib.sha256(b"alice-key-0123456789").hexdigest(): "alice"}
+    return build_app(gw, clients, "admin-token-0123456789", RateLimiter(rate, burst), 4096)
+
+
+def _gateway(tmp_path, pool: ReplicaPool | None = None, limits=None):
+    """The real Gateway over a local WAL and store; no engine session until a test opens one."""
+    from serving.gateway import Gateway, Limits
     from serving.gateway_metrics import GatewayMetrics
     from serving.logsink import LogSink, LogSinkSettings
     from serving.request_ids import RequestIdSigner
@@ -115,7 +123,7 @@ def _app_without_engines(tmp_path, rate: float, burst: int, pool: ReplicaPool | 
     if pool is None:
         pool = ReplicaPool("http://unused", "t", poll_s=1.0)
         pool.apply(fleet())
-    gw = Gateway(
+    return Gateway(
         RouteTable(tmp_path / "routes.json"),
         pool,
         sink,
@@ -124,8 +132,6 @@ def _app_without_engines(tmp_path, rate: float, burst: int, pool: ReplicaPool | 
         limits or Limits(1000, 64, 60_000, 5.0),
         GatewayMetrics(sink.metrics),
     )
-    clients = {hashlib.sha256(b"alice-key-0123456789").hexdigest(): "alice"}
-    return build_app(gw, clients, "admin-token-0123456789", RateLimiter(rate, burst), 4096)
 
 
 def test_rate_limit_answers_429_with_retry_after(tmp_path):
@@ -371,3 +377,67 @@ def test_the_gateway_rolls_back_a_canary_whose_release_stops_checking_in(tmp_pat
     assert [(a["name"], a["version"], a["weight"]) for a in arms] == [("control", 1, 1.0)]
     assert late.status_code == 409 and "watchdog" in late.json()["error"]["message"]
     assert 'gateway_canary_watchdog_rollbacks_total{model="tab"} 1.0' in metrics
+
+
+class _Engine:
+    """A raw HTTP engine on 127.0.0.1 for one test: `broken` sends its headers and closes before the body (a replica
+    killed mid-answer), else it answers one completion."""
+
+    ANSWER = (
+        b'{"choices": [{"text": "ab", "token_ids": [1, 2], "logprobs": {"token_logprobs": [-0.1, -0.2]},'
+        b' "prompt_token_ids": [5], "finish_reason": "stop"}]}'
+    )
+
+    def __init__(self, broken: bool):
+        import socket
+        import threading
+
+        self.broken, self.hits = broken, 0
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, rest = data.partition(b"\r\n\r\n")
+                length = int(next(h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")))
+                while len(rest) < length:
+                    rest += conn.recv(65536)
+                self.hits += 1
+                body = b"" if self.broken else self.ANSWER
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                    + f"Content-Length: {len(self.ANSWER)}\r\n\r\n".encode()
+                    + body
+                )
+
+
+def test_a_replica_dying_after_its_headers_is_retried_on_another_and_the_user_never_sees_it(tmp_path):
+    """A kill -9 between an engine's headers and its body reached users as a 500 (ClientPayloadError on the read)."""
+    import aiohttp
+
+    broken, good = _Engine(broken=True), _Engine(broken=False)
+    pool = ReplicaPool("http://unused", "t" * 16, poll_s=1.0)
+    pool.apply(fleet(replica("tab-0", broken.url, {"tab@v1": 1}), replica("tab-1", good.url, {"tab@v1": 1})))
+    gw = _gateway(tmp_path, pool)
+
+    async def three_answers() -> list[tuple[dict, str]]:
+        async with aiohttp.ClientSession() as gw.session:
+            return [await gw.engine_json("/v1/completions", "tab@v1", {"prompt": "x"}) for _ in range(3)]
+
+    answers = asyncio.run(three_answers())  # the pool rotates, so the broken replica is tried first at least once
+    assert [(data["choices"][0]["text"], ep.replica) for data, ep in answers] == [("ab", "tab-1")] * 3
+    assert broken.hits >= 1 and good.hits == 3
+    assert pool.in_flight("tab-0") == pool.in_flight("tab-1") == 0  # every call's token released
+    broken.sock.close()
+    good.sock.close()
