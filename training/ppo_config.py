@@ -169,7 +169,7 @@ class PPOConfig(BaseModel):
         description="Weigh abstaining against the best the verdict says showing could have earned (a partial's cut at "
         "its kept characters earns the accept reward) instead of the row's own reward. Stop credit teaches stopping "
         "at those cuts, so that is what showing is worth here; rows users kept then argue against silence 2-3 times "
-        "as hard, and the policy learns *where* to abstain rather than abstaining at random.",
+        "as hard. Measured, it did not teach *where* to abstain (docs/learning.md, item 34).",
     )
     stop_anchor_coef: float = Field(
         0.0,
