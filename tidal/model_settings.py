@@ -57,6 +57,13 @@ class ModelSettings(Section):
         ),
     )
     serve_alias: str = Field("champion", description="Registry alias whose version the replicas serve at start.")
+    checkpoint: str | None = Field(
+        None,
+        description=(
+            "A Hugging Face checkpoint (save_pretrained directory or s3://bucket/prefix) that `tidal up` imports as the "
+            "champion when the model has none; None = pretrain a small base policy here (`tidal bootstrap`)."
+        ),
+    )
     canary_margins: Margins | None = Field(
         None, description=("This model's guardrail non-inferiority margins for its canaries; None = canary.margins.")
     )
