@@ -14,6 +14,8 @@ import sysconfig
 from collections.abc import Iterable
 from pathlib import Path
 
+from tidal.model_settings import CorpusSource
+
 # Third-party packages may be installed inside the stdlib tree; they are not ours.
 _SKIP_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 
@@ -77,3 +79,28 @@ def read_texts(files: Iterable[Path]) -> list[str]:
         if text:
             texts.append(text)
     return texts
+
+
+def corpus_split(corpus: CorpusSource, heldout_fraction: float) -> tuple[list[Path], list[Path]] | None:
+    """(train, held-out) files of a model's corpus, split as the standard library is; None for source 'none'.
+    Raises FileNotFoundError naming the setting when the directory is missing or holds no matching file."""
+    if corpus.source == "none":
+        return None
+    if corpus.source == "stdlib":
+        return split_stdlib(heldout_fraction)
+    root = Path(corpus.source).expanduser()
+    files = sorted(p for p in root.rglob(corpus.pattern) if p.is_file()) if root.is_dir() else []
+    if not files:
+        raise FileNotFoundError(
+            f"models[].corpus: no file matches {corpus.pattern!r} under {corpus.source!r}"
+            f"{'' if root.is_dir() else ' (no such directory here)'}; point corpus.source at the model's text, "
+            "or set it to 'none' (and train.ppo.ptx_coef to 0)"
+        )
+    return split_files(files, root, heldout_fraction)
+
+
+def corpus_name(corpus: CorpusSource) -> str:
+    """How reports name the corpus."""
+    if corpus.source in ("stdlib", "none"):
+        return {"stdlib": "the standard library", "none": "no corpus"}[corpus.source]
+    return f"{corpus.source} ({corpus.pattern})"

@@ -77,10 +77,13 @@ def check_checkpoint(path: Path, settings: TidalSettings) -> CheckpointFacts:
 @task(cache_policy=NO_CACHE)
 def probe_on_engine(path: Path, model: str, settings: TidalSettings) -> ProbeSet:
     """Start one engine on the checkpoint at the serving dtype (engine.dtype) and record its greedy tokens and
-    log-probs on prompts cut from the held-out corpus: the probe every replica serving this version must match."""
+    log-probs on prompts cut from the held-out side of the model's corpus (the standard library's for a model
+    without one): the probe every replica serving this version must match."""
     cfg = settings.bootstrap
-    _, heldout = corpus_mod.split_stdlib(cfg.heldout_fraction, corpus_mod.stdlib_root())
-    prompts = probe_prompts(corpus_mod.read_texts(heldout), n=cfg.probe_prompts, seed=cfg.pretrain.seed)
+    split = corpus_mod.corpus_split(settings.model(model).corpus, cfg.heldout_fraction)
+    train, heldout = split if split is not None else corpus_mod.split_stdlib(cfg.heldout_fraction)
+    texts = corpus_mod.read_texts(heldout) or corpus_mod.read_texts(train)  # a small corpus may hold out no file
+    prompts = probe_prompts(texts, n=cfg.probe_prompts, seed=cfg.pretrain.seed)
     ids = encode_prompts(path, prompts)
     served = f"{model}@import"
     log = settings.log_dir / f"import-{model}.log"

@@ -88,7 +88,8 @@ def plan_run(
     cfg, strategy = settings.train, settings.model(model).update_strategy
     if problem := model_mismatch(model, strategy, cfg.ppo.lora, "train.ppo.lora"):  # before training: it could never serve
         raise SettingsError(problem)
-    key = run_key(model, manifest.digest, champion.version, cfg, settings.bootstrap.heldout_fraction)
+    corpus = settings.model(model).corpus
+    key = run_key(model, manifest.digest, champion.version, cfg, settings.bootstrap.heldout_fraction, corpus)
     tracking = settings.mlflow.tracking_uri
     mlflow.set_tracking_uri(tracking)
     experiment = mlflow.set_experiment(f"{model}/train")
@@ -125,6 +126,7 @@ def plan_run(
         mlflow_run_id=run_id,
         train=cfg,
         corpus_heldout_fraction=settings.bootstrap.heldout_fraction,
+        corpus=corpus,
         torch_threads=trainer_threads(settings),
     )
     spec_path = settings.run_dir / f"train-{model}-{key}.json"

@@ -45,6 +45,22 @@ class Margins(Section):
     )
 
 
+class CorpusSource(Section):
+    """The model's own text, which the trainer's code loss (train.ppo.ptx_coef) learns from and the offline gate's
+    bits/byte check scores on; split train/held-out by `bootstrap.heldout_fraction` (data_contracts/corpus.py)."""
+
+    source: str = Field(
+        "stdlib",
+        min_length=1,
+        description=(
+            "'stdlib' = the interpreter's standard library (what the pretrained base learned); a directory of the "
+            "model's own text (read where the trainer runs); or 'none' = no corpus: the gate skips bits/byte and says "
+            "so, and train.ppo.ptx_coef must be 0."
+        ),
+    )
+    pattern: str = Field("*.py", min_length=1, description="Files of the directory that belong to the corpus (recursive glob).")
+
+
 class ModelSettings(Section):
     name: str = Field(..., pattern=r"^[a-z][a-z0-9_-]{0,62}$", description="Registered model name; also the served name prefix.")
     replicas: int = Field(1, ge=0, description="Replicas the fleet keeps running.")
@@ -63,6 +79,9 @@ class ModelSettings(Section):
             "A Hugging Face checkpoint (save_pretrained directory or s3://bucket/prefix) that `tidal up` imports as the "
             "champion when the model has none; None = pretrain a small base policy here (`tidal bootstrap`)."
         ),
+    )
+    corpus: CorpusSource = Field(
+        default_factory=CorpusSource, description="The text the code loss trains on and the gate's bits/byte scores."
     )
     canary_margins: Margins | None = Field(
         None, description=("This model's guardrail non-inferiority margins for its canaries; None = canary.margins.")

@@ -81,6 +81,14 @@ class TidalSettings(ServingSettings):
                     f"the engines could not load the adapters it trains; set engine.max_lora_rank to {ppo.lora_rank} or "
                     f"lower {section}.ppo.lora_rank"
                 )
+        for m in self.models:
+            for section, ppo in (("train", self.train.ppo), ("demo.train", self.demo.train.ppo)):
+                if m.corpus.source == "none" and ppo.ptx_coef > 0:  # the code loss would have no text to learn from
+                    problems.append(
+                        f"model {m.name} has no corpus (models[].corpus.source: none) but {section}.ppo.ptx_coef="
+                        f"{ppo.ptx_coef} mixes a code loss on it into training; set {section}.ppo.ptx_coef to 0, or name "
+                        "the model's text in corpus.source"
+                    )
         if problems:
             raise ValueError("settings disagree:" + "".join(f"\n    - {p}" for p in problems))
         return self

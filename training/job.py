@@ -61,7 +61,7 @@ def core_settings() -> SettingsRoot:
     return load_root(SettingsRoot)
 
 
-def loss_terms(cfg, tokenizer, rule, corpus_heldout_fraction: float) -> dict:
+def loss_terms(cfg, tokenizer, rule, corpus_heldout_fraction: float, corpus=None) -> dict:
     """The PPOTrainer's optional terms as `cfg` (a PPOConfig) asks for them: {"ptx", "stop", "kept", "sharpen"}, each None
     when its coefficient is 0. `rule` (the dataset's RewardRule) values the stop credit's cuts."""
     from training.kept_credit import KeptCredit
@@ -70,7 +70,7 @@ def loss_terms(cfg, tokenizer, rule, corpus_heldout_fraction: float) -> dict:
     from training.stop_credit import StopCredit
 
     return {
-        "ptx": ptx_loss_for(cfg, tokenizer, corpus_heldout_fraction),
+        "ptx": ptx_loss_for(cfg, tokenizer, corpus_heldout_fraction, corpus),
         "stop": StopCredit(tokenizer, rule, cfg.hindsight_stop, cfg.stop_credit_abstain, cfg.abstain_vs_best_cut)
         if cfg.stop_credit_coef > 0
         else None,
@@ -242,7 +242,9 @@ def build_trainer(spec: TrainJob, dirs: Checkouts, tokenizer, data: RewardDatase
         return Built(PPOTrainer(model, cfg, padding_id(tokenizer), dp=data_parallel()), megatron=True)
     model = build_trainable(dirs.champion_dir, dirs.base_dir, cfg).to(distributed.device())
     return Built(
-        PPOTrainer(model, cfg, padding_id(tokenizer), **loss_terms(cfg, tokenizer, data.rule, spec.corpus_heldout_fraction)),
+        PPOTrainer(
+            model, cfg, padding_id(tokenizer), **loss_terms(cfg, tokenizer, data.rule, spec.corpus_heldout_fraction, spec.corpus)
+        ),
         megatron=False,
     )
 
@@ -371,10 +373,10 @@ def gate(spec: TrainJob) -> None:
     candidate = load_policy(cand_dir, base_path=dirs.base_dir)
     critic = ValueHead(int(champion.config.hidden_size))
     critic.load_state_dict(torch.load(cand_dir / CRITIC_FILE, weights_only=True))
-    _, code_files = corpus.split_stdlib(spec.corpus_heldout_fraction)
-    report = evaluate(
-        candidate, champion, critic, load_tokenizer(dirs.base_dir), heldout, corpus.read_texts(code_files), spec.train.gate
-    )
+    code_split = corpus.corpus_split(spec.corpus, spec.corpus_heldout_fraction)
+    code = None if code_split is None else corpus.read_texts(code_split[1])
+    tokenizer = load_tokenizer(dirs.base_dir)
+    report = evaluate(candidate, champion, critic, tokenizer, heldout, code, spec.train.gate, corpus.corpus_name(spec.corpus))
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 

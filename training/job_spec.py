@@ -20,6 +20,7 @@ import json
 from pydantic import BaseModel, Field
 
 from tidal import lineage
+from tidal.model_settings import CorpusSource
 from training.train_settings import TrainSettings
 
 EXIT_BAD_INPUT = 2  # dataset or configuration unusable: retrying cannot help
@@ -43,6 +44,9 @@ class TrainJob(BaseModel):
             "pretraining-mix loss reads only the other files, the gate's held-out code only these."
         ),
     )
+    corpus: CorpusSource = Field(
+        default_factory=CorpusSource, description="The model's corpus (models[].corpus): the code loss's and the gate's text."
+    )
     torch_threads: int = Field(ge=1, description="torch.set_num_threads of the trainer (train.torch_threads, or derived).")
 
     @property
@@ -50,11 +54,21 @@ class TrainJob(BaseModel):
         return f"training/model={self.model}/{self.run_key}"
 
 
-def run_key(model: str, dataset_digest: str, champion_version: int, train: TrainSettings, corpus_heldout_fraction: float) -> str:
+def run_key(
+    model: str,
+    dataset_digest: str,
+    champion_version: int,
+    train: TrainSettings,
+    corpus_heldout_fraction: float,
+    corpus: CorpusSource | None = None,
+) -> str:
     """Same inputs, same key: a resubmitted run resumes (or returns) instead of training again. Every field of the
     spec that changes what the trainer computes is here; the operational ones (retries, threads) are not."""
     settings = train.model_dump(mode="json", exclude={"retries", "retry_delay_s", "torch_threads"})
-    blob = json.dumps([model, dataset_digest, champion_version, settings, corpus_heldout_fraction], sort_keys=True)
+    parts = [model, dataset_digest, champion_version, settings, corpus_heldout_fraction]
+    if corpus is not None and corpus != CorpusSource():  # the default keeps the keys runs had before corpora were settings
+        parts.append(corpus.model_dump(mode="json"))
+    blob = json.dumps(parts, sort_keys=True)
     return "run-" + hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

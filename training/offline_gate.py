@@ -107,9 +107,13 @@ def evaluate(
     critic: torch.nn.Module | None,
     tokenizer: PreTrainedTokenizerBase,
     heldout_rows: Sequence[RewardSample],
-    heldout_code: Sequence[str],
+    heldout_code: Sequence[str] | None,
     cfg: GateConfig,
+    corpus: str = "the held-out code",
 ) -> GateReport:
+    """Every check of one candidate against its champion. `heldout_code` is the held-out side of the model's corpus
+    (`corpus` names it in the report); None = the model has none (models[].corpus.source: none): the bits/byte
+    check is reported as skipped by that setting."""
     checks: list[GateCheck] = []
     ok, detail = all_finite(candidate, *([critic] if critic is not None else []))
     checks.append(GateCheck(name="finite", passed=ok, value=None, limit=None, detail=detail))
@@ -163,6 +167,17 @@ def evaluate(
                     f"{figures['ope_champion']:.4f} (gain {gain:+.4f}, ESS {ess:.1f})",
                 )
             )
+    if heldout_code is None:
+        checks.append(
+            GateCheck(
+                name="bits_per_byte",
+                passed=True,
+                value=None,
+                limit=cfg.bpb_tolerance,
+                detail="skipped: the model has no corpus (models[].corpus.source: none), so nothing checks its language modelling",
+            )
+        )
+        return GateReport(passed=all(c.passed for c in checks), checks=checks, figures=figures)
     stops = stop_token_ids(tokenizer, cfg.bpb_stop) if cfg.bpb_stop else []
     if cfg.bpb_fit_temperature:
         bpb_cand, n_bytes, scale_cand, _ = fitted_bits_per_byte(
@@ -181,7 +196,7 @@ def evaluate(
             passed=math.isfinite(delta) and delta <= cfg.bpb_tolerance,
             value=delta,
             limit=cfg.bpb_tolerance,
-            detail=f"{bpb_cand:.4f} vs champion {bpb_champ:.4f} bits/byte (+{delta:.4f} allowed "
+            detail=f"{bpb_cand:.4f} vs champion {bpb_champ:.4f} bits/byte on {corpus} (+{delta:.4f} allowed "
             f"{cfg.bpb_tolerance}"
             + (f"; given no token holding {cfg.bpb_stop!r}" if stops else "")
             + (

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
 from data_contracts import corpus
+from tidal.model_settings import CorpusSource
 from training.ppo_config import PPOConfig
 from training.ppo_trainer import seeded_generator
 from training.pretrain import sample_batch, token_stream
@@ -33,13 +34,17 @@ from training.stop_credit import stop_token_ids
 _PTX_STREAM = 0x707478  # separates these draws from the minibatch order's (seed, iteration, epoch)
 
 
-def ptx_stream(tokenizer: PreTrainedTokenizerBase, heldout_fraction: float, max_bytes: int) -> torch.Tensor:
+def ptx_stream(
+    tokenizer: PreTrainedTokenizerBase, heldout_fraction: float, max_bytes: int, source: CorpusSource | None = None
+) -> torch.Tensor:
     """1-D token stream (eos-separated) of the corpus's training files, in file order, up to ~max_bytes of text.
 
     heldout_fraction must be the bootstrap's (settings.bootstrap.heldout_fraction): it decides which files are
-    held out for the gate and the simulated users."""
-    root = corpus.stdlib_root()
-    train_files, _ = corpus.split_stdlib(heldout_fraction, root)
+    held out for the gate and the simulated users. `source` is the model's corpus (the standard library if None)."""
+    split = corpus.corpus_split(source or CorpusSource(), heldout_fraction)
+    if split is None:
+        raise ValueError("the model has no corpus (models[].corpus.source: none): set train.ppo.ptx_coef to 0, or name one")
+    train_files = split[0]
     texts, size = [], 0
     for text in corpus.read_texts(train_files):
         if size >= max_bytes:
@@ -92,9 +97,13 @@ class PtxLoss:
         return total / (self.batch * self.seq_len)
 
 
-def ptx_loss_for(cfg: PPOConfig, tokenizer: PreTrainedTokenizerBase, heldout_fraction: float) -> PtxLoss | None:
+def ptx_loss_for(
+    cfg: PPOConfig, tokenizer: PreTrainedTokenizerBase, heldout_fraction: float, source: CorpusSource | None = None
+) -> PtxLoss | None:
     """The run's code loss over the corpus's training split as `cfg` describes it; None when ptx_coef is 0."""
     if cfg.ptx_coef <= 0:
         return None
     stops = stop_token_ids(tokenizer, cfg.hindsight_stop) if cfg.ptx_given_continues else None
-    return PtxLoss(ptx_stream(tokenizer, heldout_fraction, cfg.ptx_corpus_bytes), cfg.ptx_batch, cfg.ptx_seq_len, cfg.seed, stops)
+    return PtxLoss(
+        ptx_stream(tokenizer, heldout_fraction, cfg.ptx_corpus_bytes, source), cfg.ptx_batch, cfg.ptx_seq_len, cfg.seed, stops
+    )

@@ -122,3 +122,13 @@ def test_bpb_fit_temperature_scores_the_code_model_not_its_temperature(champion,
     rejected = evaluate(broken, champion, None, tok, samples[:8], CODE, fit)
     assert not rejected.passed and rejected.figures["bpb_delta"] > CFG.bpb_tolerance
     assert "each at its best temperature" in next(c.detail for c in rejected.checks if c.name == "bits_per_byte")
+
+
+def test_the_bits_per_byte_check_names_its_corpus_and_a_model_without_one_skips_it(champion, tok, samples) -> None:
+    named = evaluate(copy.deepcopy(champion), champion, None, tok, samples[:40], CODE, CFG, "acme/src (*.rs)")
+    assert "bits/byte on acme/src (*.rs)" in next(c.detail for c in named.checks if c.name == "bits_per_byte")
+    report = evaluate(copy.deepcopy(champion), champion, None, tok, samples[:40], None, CFG)
+    check = next(c for c in report.checks if c.name == "bits_per_byte")
+    assert report.passed and check.passed and check.value is None
+    assert check.detail.startswith("skipped: the model has no corpus (models[].corpus.source: none)")
+    assert "bpb_delta" not in report.figures and "kl_per_token" in report.figures  # the other checks still ran

@@ -3,6 +3,7 @@ the policy a code model while PPO moves it."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,22 @@ def test_stream_holds_training_files_only_and_stops_at_the_byte_budget(champion_
     one_file = len((tmp_path / "m00.py").read_bytes())
     short = tok.decode(ptx_stream(tok, 0.25, 2 * one_file))
     assert short.count("marker_") == 10  # two files of five lines
+
+
+def test_the_stream_reads_the_models_own_corpus_and_refuses_none(champion_dir, tmp_path: Path) -> None:
+    from tidal.model_settings import CorpusSource
+
+    for i in range(20):
+        (tmp_path / f"n{i:02d}.txt").write_text(f"note_{i:02d}\n" * 3)
+    (tmp_path / "other.py").write_text("python_marker = 1\n")
+    tok = load_tokenizer(champion_dir)
+    own = CorpusSource(source=str(tmp_path), pattern="*.txt")
+    train, _ = corpus.corpus_split(own, 0.25)
+    text = tok.decode(ptx_stream(tok, 0.25, 10**6, own))
+    assert sorted(int(m) for m in re.findall(r"note_(\d\d)", text)[::3]) == sorted(int(f.stem[1:]) for f in train)
+    assert "python_marker" not in text
+    with pytest.raises(ValueError, match="no corpus .*set train.ppo.ptx_coef to 0"):
+        ptx_stream(tok, 0.25, 10**6, CorpusSource(source="none"))
 
 
 def test_windows_are_a_function_of_the_step_and_split_over_processes(champion_dir, code) -> None:

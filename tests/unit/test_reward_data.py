@@ -151,6 +151,10 @@ def test_run_key_changes_with_what_determines_the_result() -> None:
     assert key != run_key("tab", "sha256:b", 1, cfg, 0.1) and key != run_key("tab", "sha256:a", 2, cfg, 0.1)
     assert key != run_key("tab", "sha256:a", 1, TrainSettings(ppo={"learning_rate": 1e-3}), 0.1)
     assert key != run_key("tab", "sha256:a", 1, cfg, 0.2)  # the code corpus's held-out share feeds the ptx loss and gate
+    from tidal.model_settings import CorpusSource
+
+    assert run_key("tab", "sha256:a", 1, cfg, 0.1, CorpusSource()) == key  # the default corpus: keys as before
+    assert run_key("tab", "sha256:a", 1, cfg, 0.1, CorpusSource(source="none")) != key
 
 
 def test_the_manifests_reward_rule_comes_with_the_dataset(store) -> None:

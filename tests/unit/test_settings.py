@@ -440,3 +440,12 @@ def test_a_lora_rank_the_engines_cannot_load_is_refused_only_where_adapters_are_
     monkeypatch.setenv("TIDAL_ENGINE__MAX_LORA_RANK", "16")
     write_config(clean_env / "tidal.yaml", "models: [{name: tab}]\n")
     assert load_settings().engine.max_lora_rank == 16
+
+
+def test_a_code_loss_on_a_model_without_corpus_is_refused_with_the_fix(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
+    write_config(clean_env / "tidal.yaml", "models: [{name: chat, corpus: {source: none}}]\n")
+    assert load_settings().model("chat").corpus.source == "none"  # no code loss asked for: fine
+    monkeypatch.setenv("TIDAL_TRAIN__PPO__PTX_COEF", "0.5")
+    msg = settings_error(monkeypatch)
+    assert "model chat has no corpus (models[].corpus.source: none) but train.ppo.ptx_coef=0.5" in msg
+    assert "set train.ppo.ptx_coef to 0" in msg

@@ -62,3 +62,25 @@ def test_read_texts_skips_undecodable_and_empty(tmp_path: Path) -> None:
     empty = tmp_path / "empty.py"
     empty.write_text("")
     assert read_texts([latin1, good, empty]) == ["print('héllo')\n"]
+
+
+def test_a_models_own_corpus_is_split_like_the_standard_library(tmp_path: Path) -> None:
+    from data_contracts.corpus import corpus_name, corpus_split, split_stdlib
+    from tidal.model_settings import CorpusSource
+
+    for i in range(30):
+        (tmp_path / "src" / f"d{i % 3}").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "src" / f"d{i % 3}" / f"m{i}.rs").write_text(f"fn f{i}() {{}}\n")
+        (tmp_path / "src" / f"skip{i}.md").write_text("not code\n")
+    own = CorpusSource(source=str(tmp_path / "src"), pattern="*.rs")
+    train, heldout = corpus_split(own, 0.3)
+    files = sorted(train + heldout)
+    assert len(files) == 30 and all(f.suffix == ".rs" for f in files) and train and heldout
+    assert (train, heldout) == split_files(files, tmp_path / "src", 0.3)  # the same hash rule: stable on any machine
+    assert corpus_split(CorpusSource(), 0.3) == split_stdlib(0.3)
+    assert corpus_split(CorpusSource(source="none"), 0.3) is None
+    assert corpus_name(own) == f"{tmp_path / 'src'} (*.rs)" and corpus_name(CorpusSource()) == "the standard library"
+    with pytest.raises(FileNotFoundError, match=r"no file matches '\*.py' under .*src'; point corpus.source"):
+        corpus_split(CorpusSource(source=str(tmp_path / "src")), 0.3)
+    with pytest.raises(FileNotFoundError, match="no such directory here"):
+        corpus_split(CorpusSource(source=str(tmp_path / "gone")), 0.3)
