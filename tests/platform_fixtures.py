@@ -11,6 +11,7 @@ import os
 
 import pytest
 
+from tests.llama_checkpoint import build_llama_checkpoint
 from tidal.registry import CheckpointCache, Registry, VersionInfo, publish
 from tidal.sandbox import write_config
 from tidal.settings import TidalSettings, load_settings
@@ -20,9 +21,12 @@ from tidal.store import open_store
 @pytest.fixture(scope="session")
 def settings(tmp_path_factory) -> TidalSettings:
     root = tmp_path_factory.mktemp("tidal")
+    # byo is a team's own model (tests/llama_checkpoint.py: a Llama with a tokenizer of another kind), imported as its
+    # champion by the `champion` fixture; it serves nothing until a test scales it up (tests/integration/test_own_model.py).
     models = [
         {"name": "tab", "replicas": 2, "update_strategy": "lora"},
         {"name": "tabfull", "replicas": 1, "update_strategy": "restart"},
+        {"name": "byo", "replicas": 0, "update_strategy": "lora", "checkpoint": str(build_llama_checkpoint(root / "llama"))},
     ]
     # Training sized for a test: a short run that checkpoints often (so it can be killed mid-run), a KL penalty
     # strong enough to keep the 25-second base's code modelling within the gate, whose bits/byte tolerance is
@@ -101,14 +105,17 @@ def checkpoints(settings) -> CheckpointCache:
 
 @pytest.fixture(scope="session")
 def champion(settings, platform, registry) -> VersionInfo:
-    """tab v1 from the real bootstrap flow; tabfull v1 is the same checkpoint registered again."""
+    """tab v1 from the real bootstrap flow; tabfull v1 is the same checkpoint registered again; byo v1 imported from
+    the checkpoint its settings name, as `tidal up` does."""
     from flows.bootstrap import bootstrap
+    from tidal.cli import ensure_champions
 
     assert bootstrap(model="tab") == 1
     info = registry.get("tab", 1)
     base_dir = CheckpointCache(open_store(settings), settings.data_path / "cache").local_dir(info)
     full = publish(registry, open_store(settings), "tabfull", base_dir, "full", None, {"tidal.origin": "copy of tab v1"})
     registry.set_alias("tabfull", "champion", full.version)
+    ensure_champions(settings)
     return info
 
 

@@ -63,7 +63,7 @@ def test_openai_sdk_completions_streaming_and_chat(gateway, keys, canary, checkp
         client.chat.completions.create(model="tab", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True)
     )
     assert stream and all("." in c.id for c in stream)
-    assert sorted(m.id for m in client.models.list().data) == ["tab", "tabfull"]
+    assert sorted(m.id for m in client.models.list().data) == ["byo", "tab", "tabfull"]  # byo: routed, 0 replicas
     rows = {r["request_id"]: r for r in wait_stored(checkpoints.store, "completions", {chunks[0].id, chat.id})}
     streamed = rows[chunks[0].id]  # a streamed completion is logged whole: text, token ids, log-probs
     assert streamed["completion_text"] == "".join(c.choices[0].text for c in chunks if c.choices)
