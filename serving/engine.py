@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,7 +12,7 @@ from pathlib import Path
 import httpx
 
 from serving.settings import EngineSettings
-from tidal.procs import NotReady, ProcInfo, spawn, stop_group, wait_http
+from tidal.procs import NotReady, ProcInfo, free_port, spawn, stop_group, wait_http
 
 
 class EngineEnvironmentMissing(RuntimeError):
@@ -190,13 +189,6 @@ def wait_ready(url: str, timeout: float, proc: subprocess.Popen, log: str, what:
     wait_http(
         f"{url}/v1/models", timeout, what, proc=proc, log=log, accept=lambda r: served_name in {m["id"] for m in r.json()["data"]}
     )
-
-
-def free_port(host: str) -> int:
-    """A port nobody listens on now (the kernel's pick), for a short-lived engine."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 @contextmanager

@@ -63,8 +63,7 @@ def s3_endpoint(tmp_path_factory):
 
     import httpx
 
-    from tidal.procs import stop_group
-    from tidal.sandbox import free_port
+    from tidal.procs import free_port, stop_group
 
     server = Path(sys.executable).parent / "moto_server"
     if not server.exists():

@@ -24,6 +24,13 @@ class NotReady(RuntimeError):
     pass
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on now (the kernel's pick), for a short-lived server."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def port_free(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,13 +15,6 @@ import yaml
 
 from tidal.procs import port_free
 from tidal.section import deep_merge
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 BLOCK = 80  # ports per sandbox: services at +0..+4, spare for tests at +5..+9, replicas from +10 to +70
 SPARE = 5  # offset of the spare ports (from prefect.port)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import subprocess
 import uuid
 from collections import deque
@@ -34,6 +33,7 @@ from pathlib import Path
 
 from serving.engine import EngineError
 from serving.weight_sync.inplace import Call, InPlaceSync
+from tidal.procs import free_port
 
 log = logging.getLogger("tidal.fleet")
 
@@ -49,12 +49,6 @@ class Rendezvous:
     port: int
     world_size: int
     update_id: str
-
-
-def free_port(address: str) -> int:
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
 
 
 def fresh_rendezvous(address: str, engine_workers: int, recent: deque, pick=free_port, tries: int = 20) -> Rendezvous:

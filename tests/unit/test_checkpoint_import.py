@@ -4,6 +4,7 @@ what it reads, and each refusal with what it names."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -114,3 +115,24 @@ def test_the_engine_environment_lists_the_architectures_it_serves():
     archs = supported_architectures(EngineSettings())
     assert {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"} <= archs
     assert "LlamaForSomethingElse" not in archs
+
+
+def test_an_s3_prefix_is_fetched_whole_with_the_stores_endpoint(s3_endpoint, llama, tmp_path, monkeypatch):
+    from tasks.import_checkpoint import fetch_checkpoint
+    from tests.conftest import make_bucket
+    from tidal.registry import checkpoint_files
+    from tidal.settings import load_settings
+    from tidal.store import S3Store, upload_dir
+
+    for name in [n for n in os.environ if n.startswith("TIDAL_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    make_bucket(s3_endpoint, "acme-models")
+    upload_dir(S3Store("acme-models", "", s3_endpoint, "us-east-1"), llama, "llama/v1")
+    settings = load_settings(data_dir=str(tmp_path / ".tidal"), store={"s3_endpoint_url": s3_endpoint})
+    got = fetch_checkpoint.fn("s3://acme-models/llama/v1/", settings, tmp_path / "scratch")
+    assert checkpoint_files(got) == checkpoint_files(llama) and inspect_checkpoint(got).architecture == "LlamaForCausalLM"
+    with pytest.raises(CheckpointRefused, match="cannot import s3://acme-models/llama/v2: no objects under it"):
+        fetch_checkpoint.fn("s3://acme-models/llama/v2", settings, tmp_path / "scratch2")
+    with pytest.raises(CheckpointRefused, match="expected s3://bucket/prefix"):
+        fetch_checkpoint.fn("s3://acme-models", settings, tmp_path / "scratch3")

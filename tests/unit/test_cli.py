@@ -91,6 +91,13 @@ def test_parser_maps_commands_to_handlers() -> None:
     assert (args.version, args.func.__name__) == ("@candidate", "cmd_fleet")
     args = p.parse_args(["up", "--no-fleet"])
     assert args.no_fleet is True and args.func.__name__ == "cmd_up"
+    args = p.parse_args(["import", "chat", "s3://acme-models/llama/v1", "--champion"])
+    assert (args.model, args.source, args.champion, args.func.__name__) == (
+        "chat",
+        "s3://acme-models/llama/v1",
+        True,
+        "cmd_import",
+    )
     args = p.parse_args(["bootstrap", "tab", "code", "--force"])
     assert (args.models, args.force) == (["tab", "code"], True)
     assert p.parse_args(["status", "--json"]).json is True

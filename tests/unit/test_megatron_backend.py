@@ -3,13 +3,13 @@ parallel layouts) and real megatron-core GPTModel shards, on CPU over gloo, givi
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from tidal.procs import free_port
 from training.megatron.convert import ConversionError, ModelShape, hf_to_mcore, mcore_to_hf
 
 pytest.importorskip("megatron.core")
@@ -88,10 +88,6 @@ def test_layouts_the_model_cannot_take_are_refused_with_the_fix():
 
 
 # ---- real megatron-core shards, one process per tensor-parallel rank ------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def left_padded_batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,7 +130,7 @@ def _forward_matches_hf(rank: int, world: int, port: int, tied: bool, out: str) 
 # tp=1 (one unsharded rank) is the device script's forward below, against the same HF model
 @pytest.mark.parametrize("tp,tied", [(2, True), (2, False)])
 def test_megatron_shards_compute_the_hf_models_logits_and_values(tmp_path, tp, tied):
-    torch.multiprocessing.spawn(_forward_matches_hf, args=(tp, _free_port(), tied, str(tmp_path)), nprocs=tp)
+    torch.multiprocessing.spawn(_forward_matches_hf, args=(tp, free_port(), tied, str(tmp_path)), nprocs=tp)
     for rank in range(tp):
         diff = torch.load(tmp_path / f"rank{rank}.pt")
         assert diff["logits"] < 1e-5 and diff["values"] < 1e-5, (rank, diff)
@@ -224,7 +220,7 @@ def test_ppo_on_megatron_shards_takes_the_hf_backends_steps(tmp_path, tp):
     want_history = trainer.train(samples, iteration_plan(len(samples), c))
     want = trainer.model.policy.state_dict()
 
-    torch.multiprocessing.spawn(_megatron_ppo, args=(tp, _free_port(), str(champion), str(tmp_path)), nprocs=tp)
+    torch.multiprocessing.spawn(_megatron_ppo, args=(tp, free_port(), str(champion), str(tmp_path)), nprocs=tp)
     got = torch.load(tmp_path / "megatron.pt")
     assert [h["ppo/grad_norm"] for h in want_history] == pytest.approx([h["ppo/grad_norm"] for h in got["history"]], rel=1e-4)
     assert want_history[-1]["ppo/policy_loss"] == pytest.approx(got["history"][-1]["ppo/policy_loss"], abs=1e-5)

@@ -16,6 +16,7 @@ from tidal.procs import (
     PortInUse,
     ProcInfo,
     alive,
+    free_port,
     port_free,
     read_procinfo,
     require_port,
@@ -217,12 +218,6 @@ def test_stop_group_of_a_gone_pid_is_a_no_op(started) -> None:
 # ---- wait_http ------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_wait_http_raises_quickly_when_process_exits_early(tmp_path: Path, started) -> None:
     log = tmp_path / "svc.log"
     code = "import sys; print('booting'); print('fatal: config broken', flush=True); sys.exit(3)"
@@ -230,7 +225,7 @@ def test_wait_http_raises_quickly_when_process_exits_early(tmp_path: Path, start
     started.append(proc)
     t0 = time.monotonic()
     with pytest.raises(NotReady) as exc:
-        wait_http(f"http://127.0.0.1:{_free_port()}/health", timeout=30, what="svc", proc=proc, log=info.log)
+        wait_http(f"http://127.0.0.1:{free_port()}/health", timeout=30, what="svc", proc=proc, log=info.log)
     assert time.monotonic() - t0 < 10
     msg = str(exc.value)
     assert "svc exited with code 3" in msg
@@ -239,7 +234,7 @@ def test_wait_http_raises_quickly_when_process_exits_early(tmp_path: Path, start
 
 
 def test_wait_http_times_out_with_url_in_message(tmp_path: Path) -> None:
-    url = f"http://127.0.0.1:{_free_port()}/health"
+    url = f"http://127.0.0.1:{free_port()}/health"
     t0 = time.monotonic()
     with pytest.raises(NotReady) as exc:
         wait_http(url, timeout=0.3, what="mlflow", log=str(tmp_path / "none.log"))

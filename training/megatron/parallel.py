@@ -9,16 +9,11 @@ opens for a single process, so that a one-process run needs no launcher.
 from __future__ import annotations
 
 import os
-import socket
 
 import torch
 import torch.distributed as dist
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tidal.procs import free_port
 
 
 def init_model_parallel(tp: int = 1, pp: int = 1, seed: int = 0) -> None:
@@ -36,7 +31,7 @@ def init_model_parallel(tp: int = 1, pp: int = 1, seed: int = 0) -> None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if torch.cuda.is_available():
             torch.cuda.set_device(0)
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     world = dist.get_world_size()
     if world % (tp * pp):
         raise LaunchEnvError(
