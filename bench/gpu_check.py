@@ -232,7 +232,7 @@ def run(args) -> tuple[dict, list[str]]:
     )
     port = next(p for p in range(args.port, args.port + 50) if port_free("127.0.0.1", p))
     fleet = bench_fleet(EngineSettings(dtype="float32", **base), {1: v1, 2: v2})
-    atol = fleet.settings.fleet.probe_atol
+    atol = fleet.settings.fleet.probe_tolerance(fleet.settings.engine)
     reload, nccl = ReloadSync(), NcclSync()
     reload.drain_grace_s = nccl.drain_grace_s = 0.0
     pairs, scores = [], {}

@@ -71,7 +71,7 @@ def compare(engine, served: str, probe) -> dict:
     from serving.probe import run_probe
 
     report = run_probe(engine, served, probe, atol=float("inf"))
-    return {"max_abs": round(report.max_abs_diff, 6), "token_mismatch_prompts": report.token_mismatches}
+    return {"max_abs": round(report.max_abs_diff, 6), "non_finite_prompts": report.token_mismatches}
 
 
 def main() -> None:

@@ -248,6 +248,20 @@ class EngineClient:
         choice = self._ok(self.http.post("/v1/completions", json=body)).json()["choices"][0]
         return list(choice["token_ids"]), [float(x) for x in choice["logprobs"]["token_logprobs"]]
 
+    def score(self, model: str, prompt_token_ids: list[int], completion_token_ids: list[int]) -> list[float]:
+        """Teacher-forced: the log-prob the engine gives each of ``completion_token_ids`` after the prompt and the
+        tokens before it (vLLM's prompt_logprobs over prompt + completion), whatever it would have generated."""
+        body = {
+            "model": model,
+            "prompt": prompt_token_ids + completion_token_ids,
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "prompt_logprobs": 0,  # the given token's own log-prob at each position (no alternatives)
+        }
+        rows = self._ok(self.http.post("/v1/completions", json=body)).json()["choices"][0]["prompt_logprobs"]
+        start = len(prompt_token_ids)
+        return [float(row[str(t)]["logprob"]) for row, t in zip(rows[start:], completion_token_ids)]
+
     def post(self, path: str, json: dict | None = None) -> httpx.Response:
         return self._ok(self.http.post(path, json=json))
 

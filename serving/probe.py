@@ -1,4 +1,9 @@
-"""Served-weight verification: the engine must reproduce the trainer's greedy tokens and log-probs."""
+"""Served-weight verification: the engine must give the probe's tokens the log-probs the probe holds.
+
+The engine scores each probe completion teacher-forced (the prompt and the probe's own tokens, vLLM's
+prompt_logprobs), rather than generating its own: in a low-precision engine a near tie between two tokens may
+go the other way and a free-running comparison would end there, measuring nothing about the weights. The
+tolerance depends on the serving dtype (serving/settings.py probe_tolerance, measured by bench/probe_dtype.py)."""
 
 from __future__ import annotations
 
@@ -29,8 +34,8 @@ class ProbeReport:
     def summary(self) -> str:
         verdict = "pass" if self.ok else "FAIL"
         return (
-            f"probe {verdict} for {self.served_name} on {self.replica}: max |Δ logprob| = {self.max_abs_diff:.2e}, "
-            f"{self.token_mismatches} of {self.items} prompts produced other tokens or non-finite log-probs"
+            f"probe {verdict} for {self.served_name} on {self.replica}: max |Δ logprob| = {self.max_abs_diff:.2e} "
+            f"(teacher-forced), {self.token_mismatches} of {self.items} prompts with non-finite log-probs"
         )
 
 
@@ -54,10 +59,12 @@ def compare_item(i: int, item: ProbeItem, ids: list[int], logprobs: list[float])
 
 
 def run_probe(engine: EngineClient, served_name: str, probe: ProbeSet, atol: float, replica: str = "") -> ProbeReport:
+    """Score every probe completion on the engine, teacher-forced; ok when all are finite and within ``atol``."""
     max_diff, mismatches, details = 0.0, 0, []
     for i, item in enumerate(probe.items):
         try:
-            ids, logprobs = engine.complete(served_name, item.prompt_token_ids, len(item.completion_token_ids))
+            ids = item.completion_token_ids
+            logprobs = engine.score(served_name, item.prompt_token_ids, ids)
         except EngineError as e:
             if NON_FINITE_JSON not in str(e):
                 raise

@@ -109,7 +109,7 @@ def boot(
     """
     runtime = runtime or LocalRuntime(settings)
     replica.state, replica.probes = "starting", []
-    atol = settings.fleet.probe_atol
+    atol = settings.fleet.probe_tolerance(settings.engine)
     try:
         base_dir = checkpoints.local_dir(replica.base)
         runtime.start(replica, base_dir, enable_lora)

@@ -114,7 +114,28 @@ class FleetSettings(Section):
     health_failures: int = Field(3, ge=1, description="Consecutive failed checks before a live replica is restarted.")
     restart_backoff_s: float = Field(2.0, ge=0, description="First restart delay; doubles per consecutive crash.")
     restart_backoff_max_s: float = Field(60.0, ge=0, description="Cap of the restart delay.")
-    probe_atol: float = Field(2e-3, gt=0, description="Largest |served - trainer| token log-prob accepted by the probe.")
+    probe_atol: float = Field(
+        2e-3,
+        gt=0,
+        description=(
+            "Largest |served - probe| token log-prob a float32 engine may show (teacher-forced, serving/probe.py); "
+            "measured by bench/probe_dtype.py: 4e-6 clean, 0.1 for weights off by 2% noise."
+        ),
+    )
+    probe_atol_by_dtype: dict[str, float] = Field(
+        default_factory=lambda: {"bfloat16": 0.06},
+        description=(
+            "The same bound for engines of another serving dtype (engine.dtype, or engine.quantization when set), "
+            "whose arithmetic moves log-probs more than float32's; measured by bench/probe_dtype.py against the "
+            "trainer's float32 probe. A dtype not listed gets probe_atol: strict, so a deploy fails rather than "
+            "passing unchecked; list it with its measured bound."
+        ),
+    )
+
+    def probe_tolerance(self, engine: EngineSettings) -> float:
+        """The probe bound for replicas of ``engine``'s serving precision."""
+        return self.probe_atol_by_dtype.get(engine.quantization or engine.dtype, self.probe_atol)
+
     warmup_bursts: list[int] = Field(
         default_factory=lambda: [1, 2, 4, 8, 8],
         description=(

@@ -180,7 +180,9 @@ class InPlaceSync(WeightSync):
         try:
             with EngineClient(replica.url, timeout=timeout) as client:
                 run_calls(client, plan.forward, lambda path: self.swap(fleet, group, replica, client, new, path))
-                report = verify(client, new.served_name, new_dir, fleet.settings.fleet.probe_atol, replica.name)
+                report = verify(
+                    client, new.served_name, new_dir, fleet.settings.fleet.probe_tolerance(fleet.settings.engine), replica.name
+                )
         except Exception as e:
             note = self.roll_back(fleet, group, replica, plan, old, old_dir)
             if isinstance(e, ProbeFailed):
@@ -203,7 +205,15 @@ class InPlaceSync(WeightSync):
         try:
             with EngineClient(replica.url, timeout=fleet.settings.engine.weight_update_timeout_s) as client:
                 run_calls(client, plan.rollback, lambda path: [])
-                replica.probes = [verify(client, old.served_name, old_dir, fleet.settings.fleet.probe_atol, replica.name)]
+                replica.probes = [
+                    verify(
+                        client,
+                        old.served_name,
+                        old_dir,
+                        fleet.settings.fleet.probe_tolerance(fleet.settings.engine),
+                        replica.name,
+                    )
+                ]
         except Exception as e:  # noqa: BLE001  any failure: the engine's weights are unknown
             log.warning("replica %s could not roll back to %s (%s); restarting it", replica.name, old.served_name, e)
             fleet.restart_replica(group, replica, f"in-place rollback to {old.served_name} failed: {e}")

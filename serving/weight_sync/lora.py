@@ -39,7 +39,8 @@ class LoraSync(WeightSync):
                 with replica.client() as client:
                     client.load_lora(info.served_name, fleet.runtime.engine_path(replica, info, path))
                     done.append(replica)
-                    reports.append(verify(client, info.served_name, path, fleet.settings.fleet.probe_atol, replica.name))
+                    atol = fleet.settings.fleet.probe_tolerance(fleet.settings.engine)
+                    reports.append(verify(client, info.served_name, path, atol, replica.name))
                 replica.adapters[info.version] = info
         except BaseException:
             for replica in tried:
@@ -85,7 +86,7 @@ def still_sound(fleet, group, replica) -> None:
                 client,
                 group.base.served_name,
                 fleet.checkpoints.local_dir(group.base),
-                fleet.settings.fleet.probe_atol,
+                fleet.settings.fleet.probe_tolerance(fleet.settings.engine),
                 replica.name,
             )
     except Exception as e:  # noqa: BLE001  any failure: the engine is not trusted any more

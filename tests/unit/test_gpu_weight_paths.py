@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from serving.probe import ProbeFailed, ProbeReport
-from serving.settings import EngineSettings
+from serving.settings import EngineSettings, FleetSettings
 from serving.weight_sync import StrategyUnavailable, inplace, strategy_for
 from serving.weight_sync.inplace import Call, inplace_refusal, move_plan, pick_canary, reload_calls, run_calls
 from serving.weight_sync.nccl import fresh_rendezvous, sender_command, sender_env
@@ -250,7 +250,7 @@ def moving(monkeypatch, tmp_path):
     monkeypatch.setattr(inplace.time, "sleep", lambda s: None)
     restarts = []
     fleet = SimpleNamespace(
-        settings=SimpleNamespace(engine=EngineSettings(), fleet=SimpleNamespace(probe_atol=1e-3)),
+        settings=SimpleNamespace(engine=EngineSettings(), fleet=FleetSettings(probe_atol=1e-3)),
         checkpoints=SimpleNamespace(local_dir=lambda info: dirs[info.version]),
         restart_replica=lambda group, r, why: restarts.append(why),
     )

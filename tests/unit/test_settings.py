@@ -449,3 +449,14 @@ def test_a_code_loss_on_a_model_without_corpus_is_refused_with_the_fix(monkeypat
     msg = settings_error(monkeypatch)
     assert "model chat has no corpus (models[].corpus.source: none) but train.ppo.ptx_coef=0.5" in msg
     assert "set train.ppo.ptx_coef to 0" in msg
+
+
+def test_the_probe_bound_follows_the_serving_precision(clean_env: Path) -> None:
+    from serving.settings import EngineSettings, FleetSettings
+
+    fleet = FleetSettings()
+    assert fleet.probe_tolerance(EngineSettings()) == fleet.probe_atol == 2e-3  # float32
+    assert fleet.probe_tolerance(EngineSettings(dtype="bfloat16")) == fleet.probe_atol_by_dtype["bfloat16"] > 2e-3
+    assert fleet.probe_tolerance(EngineSettings(dtype="float16")) == 2e-3  # unmeasured: strict, never unchecked
+    fp8 = FleetSettings(probe_atol_by_dtype={"bfloat16": 0.06, "fp8": 0.2})
+    assert fp8.probe_tolerance(EngineSettings(dtype="bfloat16", quantization="fp8")) == 0.2
