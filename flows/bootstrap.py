@@ -6,7 +6,14 @@ import mlflow
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
-from tasks.bootstrap import compute_version_probe, load_corpus, pretrain_policy, publish_base_version, train_base_tokenizer
+from tasks.bootstrap import (
+    compute_version_probe,
+    load_corpus,
+    pretrain_policy,
+    publish_base_version,
+    refuse_short_context,
+    train_base_tokenizer,
+)
 from tidal.registry import Registry
 from tidal.settings import load_settings
 from tidal.store import open_store
@@ -21,6 +28,7 @@ def bootstrap(model: str = "tab", force: bool = False) -> int:
     if champion is not None and not force:
         get_run_logger().info("%s already has a champion (v%d); nothing to do", model, champion.version)
         return champion.version
+    refuse_short_context(cfg, settings.engine.max_model_len)
 
     mlflow.set_tracking_uri(settings.mlflow.tracking_uri)
     mlflow.set_experiment(f"{model}/bootstrap")

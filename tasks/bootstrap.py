@@ -13,7 +13,7 @@ from prefect.cache_policies import NO_CACHE
 from data_contracts import corpus as corpus_mod
 from tidal import lineage
 from tidal.registry import Registry, VersionInfo, code_revision, publish
-from tidal.section import PROJECT_ROOT
+from tidal.section import PROJECT_ROOT, SettingsError
 from tidal.store import ObjectStore
 from training.policy import build_policy, save_policy
 from training.pretrain import PretrainResult, pretrain
@@ -28,6 +28,18 @@ class Corpus:
     heldout: list[str]
     train_files: int
     heldout_files: int
+
+
+def refuse_short_context(cfg: BootstrapSettings, engine_max_model_len: int) -> None:
+    """Before any pretraining: the engines must be able to serve the policy (vLLM refuses to start a model past its
+    context), as `tidal import` checks a checkpoint's."""
+    context = cfg.policy.max_position_embeddings
+    if context < engine_max_model_len:
+        raise SettingsError(
+            f"bootstrap.policy.max_position_embeddings={context} is below engine.max_model_len={engine_max_model_len}: "
+            f"the engines could not serve the policy pretrained here; raise bootstrap.policy.max_position_embeddings to "
+            f"{engine_max_model_len} or lower engine.max_model_len"
+        )
 
 
 @task(cache_policy=NO_CACHE)

@@ -244,3 +244,13 @@ class BootstrapSettings(Section):
     pretrain: PretrainConfig = Field(default_factory=PretrainConfig, description="Pretraining budget and optimiser.")
     probe_prompts: int = Field(4, ge=1, description="Prompts in each version's served-weight probe.")
     probe_tokens: int = Field(8, ge=1, description="Greedy tokens per probe prompt.")
+
+    @model_validator(mode="after")
+    def _windows_fit_the_context(self):
+        context = self.policy.max_position_embeddings
+        if self.pretrain.seq_len > context:
+            raise ValueError(
+                f"bootstrap.pretrain.seq_len={self.pretrain.seq_len} exceeds bootstrap.policy.max_position_embeddings="
+                f"{context}: the policy has no position for the rest of each window; lower seq_len or raise the context"
+            )
+        return self

@@ -297,4 +297,9 @@ def client_factory(cluster: FakeCluster):
         def complete(self, model, prompt_token_ids, max_tokens):
             return self._engine().complete(model, prompt_token_ids)
 
+        def score(self, model, prompt_token_ids, completion_token_ids):
+            ids, logprobs = self._engine().complete(model, prompt_token_ids)  # teacher-forced on the probe's own tokens
+            assert ids == completion_token_ids, (ids, completion_token_ids)
+            return logprobs
+
     return FakeClient

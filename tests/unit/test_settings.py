@@ -460,3 +460,20 @@ def test_the_probe_bound_follows_the_serving_precision(clean_env: Path) -> None:
     assert fleet.probe_tolerance(EngineSettings(dtype="float16")) == 2e-3  # unmeasured: strict, never unchecked
     fp8 = FleetSettings(probe_atol_by_dtype={"bfloat16": 0.06, "fp8": 0.2})
     assert fp8.probe_tolerance(EngineSettings(dtype="bfloat16", quantization="fp8")) == 0.2
+
+
+def test_pretraining_windows_past_the_policys_context_are_refused(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
+    monkeypatch.setenv("TIDAL_BOOTSTRAP__PRETRAIN__SEQ_LEN", "4096")
+    assert "bootstrap.pretrain.seq_len=4096 exceeds bootstrap.policy.max_position_embeddings=1024" in settings_error(monkeypatch)
+    monkeypatch.setenv("TIDAL_BOOTSTRAP__POLICY__MAX_POSITION_EMBEDDINGS", "4096")
+    assert load_settings().bootstrap.pretrain.seq_len == 4096
+
+
+def test_a_bootstrap_the_engines_could_not_serve_is_refused_before_pretraining() -> None:
+    from tasks.bootstrap import refuse_short_context
+    from tidal.section import SettingsError
+    from training.train_settings import BootstrapSettings
+
+    refuse_short_context(BootstrapSettings(), 1024)
+    with pytest.raises(SettingsError, match=r"max_position_embeddings=1024 is below engine.max_model_len=4096.*raise .* to 4096"):
+        refuse_short_context(BootstrapSettings(), 4096)
