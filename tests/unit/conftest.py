@@ -72,24 +72,29 @@ def samples(champion_dir) -> list[RewardSample]:
         prompt = tok.encode(tok_texts[start : start + rng.randrange(40, 120)], add_special_tokens=False)
         completion, logps = sample(model, prompt, 4, gen)
         accepted = tok.decode(completion[:1])[:1].isspace()
-        rows.append(
-            RewardSample(
-                request_id=f"r{i}",
-                model="tab",
-                version=1,
-                arm="control",
-                user_hash="u",
-                prompt_token_ids=prompt,
-                completion_token_ids=completion,
-                behaviour_logprobs=logps,
-                completion_text="x",
-                event="accepted" if accepted else "rejected",
-                reward=0.75 if accepted else -0.25,
-                reward_rule="r@1",
-                completion_time_ms=0,
-            )
-        )
+        rows.append(rewarded_row(i, prompt, completion, logps, accepted))
     return rows
+
+
+def rewarded_row(
+    i: int, prompt: list[int], completion: list[int], logps: list[float], accepted: bool, model: str = "tab"
+) -> RewardSample:
+    """One logged version-1 completion with its verdict: +0.75 accepted, -0.25 rejected."""
+    return RewardSample(
+        request_id=f"r{i}",
+        model=model,
+        version=1,
+        arm="control",
+        user_hash="u",
+        prompt_token_ids=prompt,
+        completion_token_ids=completion,
+        behaviour_logprobs=logps,
+        completion_text="x",
+        event="accepted" if accepted else "rejected",
+        reward=0.75 if accepted else -0.25,
+        reward_rule="r@1",
+        completion_time_ms=0,
+    )
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import torch
 
 from data_contracts.samples import RewardSample
 from tests.llama_checkpoint import TEXTS, build_llama_checkpoint
-from tests.unit.conftest import sample
+from tests.unit.conftest import rewarded_row, sample
 from tests.unit.ppo_helpers import cfg
 from training.candidate import CRITIC_FILE, build_trainable, save_candidate
 from training.policy import is_adapter_dir, load_policy, load_tokenizer
@@ -39,24 +39,7 @@ def rows(llama) -> list[RewardSample]:
         text = TEXTS[i % 5]
         prompt = tok.encode(text[: rng.randrange(8, len(text) - 2)], add_special_tokens=False)
         completion, logps = sample(model, prompt, 4, gen)
-        good = completion[0] % 2 == 0
-        out.append(
-            RewardSample(
-                request_id=f"r{i}",
-                model="byo",
-                version=1,
-                arm="control",
-                user_hash="u",
-                prompt_token_ids=prompt,
-                completion_token_ids=completion,
-                behaviour_logprobs=logps,
-                completion_text="x",
-                event="accepted" if good else "rejected",
-                reward=0.75 if good else -0.25,
-                reward_rule="r@1",
-                completion_time_ms=0,
-            )
-        )
+        out.append(rewarded_row(i, prompt, completion, logps, accepted=completion[0] % 2 == 0, model="byo"))
     return out
 
 
