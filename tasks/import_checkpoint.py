@@ -20,7 +20,7 @@ from tidal import lineage
 from tidal.registry import Registry, VersionInfo, checkpoint_digest, checkpoint_files, code_revision, publish
 from tidal.section import PROJECT_ROOT
 from tidal.settings import TidalSettings
-from tidal.store import download_dir, open_url
+from tidal.store import download_dir, open_store, open_url
 from training.hf_checkpoint import CheckpointFacts, CheckpointRefused, encode_prompts, inspect_checkpoint
 from training.probe import probe_prompts
 
@@ -105,8 +105,6 @@ def publish_imported(
 ) -> VersionInfo:
     """Upload the checkpoint with its probe and register it as the model's next version (no parent): the source's
     own files, linked rather than copied, plus probe.json."""
-    from tidal.store import open_store
-
     source_files = {k: v for k, v in checkpoint_files(path).items() if k != PROBE_FILE}
     with tempfile.TemporaryDirectory() as tmp:
         staged = Path(tmp) / "checkpoint"

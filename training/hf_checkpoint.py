@@ -16,8 +16,6 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 from transformers import AutoConfig, AutoTokenizer
 
-from training.tokenizer import padding_id
-
 # Where configs of the common families keep their context length, most specific first.
 _CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
@@ -119,7 +117,7 @@ def inspect_checkpoint(path: str | Path) -> CheckpointFacts:
         vocab_size=vocab,
         tokenizer_size=len(tokenizer),
         eos_token_id=eos,
-        pad_token_id=padding_id(tokenizer) if tokenizer.pad_token_id is not None else eos,
+        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos,
         has_pad_token=tokenizer.pad_token_id is not None,
         chat_template=bool(getattr(tokenizer, "chat_template", None)),
         dtype=str(dtype).removeprefix("torch.") if dtype else "",
