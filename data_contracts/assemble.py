@@ -76,6 +76,13 @@ def assign_rewards(work: Work, rule: RewardRule) -> Work:
     return work
 
 
+def drop_withheld(work: Work) -> Work:
+    """A completion the version's suggestion filter withheld reached its user as nothing: no verdict can be about
+    its text, and its tokens are not what the user saw, so it is never a training row (counted as `withheld`)."""
+    work.completions.filter(work.c_frame["finish_reason"].to_numpy(dtype=object) == "withheld", "withheld")
+    return work
+
+
 def versions_behind(versions: np.ndarray, known: list[int], champion: int) -> np.ndarray:
     """(N,) how many registered versions lie after each version, up to the champion (0 at or past it)."""
     ordered = np.array(sorted(known))

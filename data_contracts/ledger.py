@@ -3,7 +3,7 @@
     rows in = rows kept + rows quarantined + rows filtered (one reason each)
 
 A quarantined row lists every contract it broke (its reasons); a filtered row was valid but is not
-used, for the first of: late_feedback, completion_quarantined, no_feedback, stale, duplicate.
+used, for the first of: late_feedback, completion_quarantined, no_feedback, withheld, stale, duplicate.
 Files quarantined whole (reason `schema`) count their rows as in and quarantined.
 """
 

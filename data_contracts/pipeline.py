@@ -18,7 +18,16 @@ import numpy as np
 import pyarrow as pa
 
 from data_contracts import dataset, secrets
-from data_contracts.assemble import Work, assign_rewards, build_samples, dedupe, drop_stale, join_feedback, settle_feedback
+from data_contracts.assemble import (
+    Work,
+    assign_rewards,
+    build_samples,
+    dedupe,
+    drop_stale,
+    drop_withheld,
+    join_feedback,
+    settle_feedback,
+)
 from data_contracts.collect_settings import CollectSettings, PiiPolicy
 from data_contracts.derive import completion_frame, feedback_frame, sample_frame
 from data_contracts.ledger import Ledger, ReconciliationError
@@ -199,8 +208,8 @@ def assemble_samples(
     work: Work, rule: RewardRule, versions: Versions, max_stale: int, params: ContractParams
 ) -> tuple[Work, pa.Table]:
     """Validated logs → RewardSample rows: join verdicts → reward → drop stale → dedupe and settle →
-    samples, which must meet the RewardSample contract (else nothing is written)."""
-    work = assign_rewards(join_feedback(work), rule)
+    samples (a withheld completion is never one), which must meet the RewardSample contract (else nothing is written)."""
+    work = drop_withheld(assign_rewards(join_feedback(work), rule))
     work = settle_feedback(dedupe(drop_stale(work, versions.known, versions.champion, max_stale)))
     samples = build_samples(work, rule)
     check_samples(samples, params, rule)

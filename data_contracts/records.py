@@ -12,7 +12,7 @@ import pyarrow as pa
 from pydantic import BaseModel, Field
 
 Arm = Literal["control", "canary"]
-FinishReason = Literal["stop", "length", "abort", "error"]
+FinishReason = Literal["stop", "length", "abort", "error", "withheld"]  # withheld: the suggestion filter showed nothing
 FeedbackKind = Literal["accepted", "rejected", "partial"]
 
 
@@ -38,12 +38,14 @@ class CompletionRecord(BaseModel):
     user_hash: str = Field(description="Hash of the user/session id (never the raw id).")
     client_id: str = Field(description="API client that made the request; only it may give feedback.")
     prompt_text: str = Field(description="Prompt as received (scrubbed downstream per data policy).")
-    completion_text: str = Field(description="Completion as returned to the client.")
+    completion_text: str = Field(
+        description="Completion as returned to the client: empty when the version's suggestion filter withheld it."
+    )
     prompt_token_ids: list[int] = Field(description="(P,) prompt token ids as the engine tokenized them.")
-    completion_token_ids: list[int] = Field(description="(T,) sampled token ids.")
+    completion_token_ids: list[int] = Field(description="(T,) sampled token ids (also of a withheld completion).")
     behaviour_logprobs: list[float] = Field(description="(T,) engine log-prob of each sampled token: μ in PPO's IS weight.")
     sampling: SamplingParams = Field(description="Sampling parameters actually used.")
-    finish_reason: FinishReason = Field(description="Why generation stopped.")
+    finish_reason: FinishReason = Field(description="Why generation stopped, or 'withheld' by the suggestion filter.")
     latency_ms: float = Field(description="Gateway receive → last byte sent.")
     replica: str = Field(description="Engine replica that served it.")
 

@@ -11,6 +11,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from data_contracts.suggestion_filter import from_tags
 from serving.fleet_replies import FleetState, ModelStatus
 from serving.probe import ProbeReport
 from serving.replica import Replica, boot, drain
@@ -58,6 +59,11 @@ class ModelGroup:
             surge_versions=sorted(self.surge),
             desired_replicas=self.desired,
             replicas=[r.status() for r in self.replicas],
+            suggestion_filters={
+                info.version: f.min_first_logprob
+                for info in (self.base, *self.adapters.values(), *self.surge.values())
+                if (f := from_tags(info.tags)) is not None and f.min_first_logprob is not None
+            },
         )
 
 

@@ -34,6 +34,13 @@ class ModelStatus(Reply):
     surge_versions: list[int] = Field(description="`restart`: versions on extra replicas beside the base.")
     desired_replicas: int
     replicas: list[ReplicaStatus]
+    suggestion_filters: dict[int, float] = Field(
+        default_factory=dict,
+        description=(
+            "Version -> the first-token log-prob below which the gateway withholds its completions, for each served "
+            "version whose suggestion filter has a threshold (the tidal.suggestion_filter lineage tag)."
+        ),
+    )
 
 
 class FleetState(Reply):

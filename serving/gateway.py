@@ -50,6 +50,11 @@ class Routed:
     sampling: SamplingParams
     t0: float
     t0_ms: int
+    min_first_logprob: float | None = None  # the version's suggestion filter (data_contracts/suggestion_filter.py)
+
+    def withholds(self, logprobs: list[float]) -> bool:
+        """Whether the version's suggestion filter withholds a completion with these (T,) engine log-probs."""
+        return self.min_first_logprob is not None and bool(logprobs) and logprobs[0] < self.min_first_logprob
 
 
 class Gateway:
@@ -135,7 +140,8 @@ class Gateway:
                 seed=req.seed,
             )
         )
-        return Routed(arm, f"{req.model}@v{arm.version}", sampling, t0, now_ms())
+        served_name = f"{req.model}@v{arm.version}"
+        return Routed(arm, served_name, sampling, t0, now_ms(), self.pool.snapshot.min_first_logprob.get(served_name))
 
     def engine_body(self, req, routed: Routed, extra: dict) -> dict:
         s = routed.sampling
@@ -290,19 +296,23 @@ class Gateway:
             return self.stream(resp, req, routed, record, fmt, ep, token), meta
         choice = data["choices"][0]
         text, ids, lps = fmt.extract(choice)
+        withheld = routed.withholds(lps)
         record.update(
-            completion_text=text,
+            completion_text="" if withheld else text,
             completion_token_ids=ids,
             behaviour_logprobs=lps,
             prompt_token_ids=choice.get("prompt_token_ids") or data.get("prompt_token_ids") or [],
-            finish_reason=choice.get("finish_reason") or "stop",
+            finish_reason="withheld" if withheld else choice.get("finish_reason") or "stop",
         )
         await self.log_completion(record, routed)  # durable before the client hears of it
+        if withheld:
+            self.metrics.withheld.labels(req.model, routed.arm.name).inc()
+            choice = fmt.empty(choice)
         data["id"], data["model"] = rid, req.model
         data["choices"] = [fmt.for_client(choice, req)]
         if not getattr(req, "return_token_ids", False):
             data.pop("prompt_token_ids", None)
-        data["tidal"] = {"request_id": rid, "version": routed.arm.version, "arm": routed.arm.name}
+        data["tidal"] = {"request_id": rid, "version": routed.arm.version, "arm": routed.arm.name, "withheld": withheld}
         return data
 
     async def stream(
@@ -316,6 +326,7 @@ class Gateway:
 
     async def _relay(self, resp: aiohttp.ClientResponse, req, routed: Routed, record: dict, fmt) -> AsyncIterator[bytes]:
         text, ids, lps, prompt_ids, finish = [], [], [], [], "stop"
+        withheld: bool | None = None  # decided at the first chunk with a token: nothing of a withheld one is relayed
         async with resp:
             async for raw in resp.content:
                 line = raw.strip()
@@ -334,19 +345,25 @@ class Gateway:
                 lps.extend(lp)
                 prompt_ids = prompt_ids or choice.get("prompt_token_ids") or chunk.get("prompt_token_ids") or []
                 finish = choice.get("finish_reason") or finish
+                if withheld is None and lp:
+                    withheld = routed.withholds(lps)
+                if withheld:
+                    continue
                 chunk["id"], chunk["model"] = record["request_id"], req.model
                 chunk["choices"] = [fmt.for_client(choice, req)]
                 chunk.pop("prompt_token_ids", None)
                 chunk["tidal"] = {"request_id": record["request_id"], "version": routed.arm.version, "arm": routed.arm.name}
                 yield b"data: " + orjson.dumps(chunk) + b"\n\n"
         record.update(
-            completion_text="".join(text),
+            completion_text="" if withheld else "".join(text),
             completion_token_ids=ids,
             behaviour_logprobs=lps,
             prompt_token_ids=prompt_ids,
-            finish_reason=finish,
+            finish_reason="withheld" if withheld else finish,
         )
         await self.log_completion(record, routed)  # [DONE] only after the record is durable
+        if withheld:
+            self.metrics.withheld.labels(req.model, routed.arm.name).inc()
         yield b"data: [DONE]\n\n"
 
     # ---- feedback ------------------------------------------------------------------------------
@@ -402,6 +419,11 @@ class _Text:
         return choice.get("text") or "", list(choice.get("token_ids") or []), [float(x) for x in lp.get("token_logprobs") or []]
 
     @staticmethod
+    def empty(choice: dict) -> dict:
+        """The choice as a withheld completion reaches the client: no text, no tokens."""
+        return {**choice, "text": "", "token_ids": [], "logprobs": None, "finish_reason": "stop"}
+
+    @staticmethod
     def for_client(choice: dict, req) -> dict:
         out = {k: v for k, v in choice.items() if k not in ("token_ids", "prompt_token_ids")}
         if req.return_token_ids:
@@ -419,6 +441,12 @@ class _Chat:
         msg = choice.get("message") or choice.get("delta") or {}
         content = (choice.get("logprobs") or {}).get("content") or []
         return msg.get("content") or "", list(choice.get("token_ids") or []), [float(c["logprob"]) for c in content]
+
+    @staticmethod
+    def empty(choice: dict) -> dict:
+        """The choice as a withheld completion reaches the client: an empty message."""
+        message = {**(choice.get("message") or {}), "content": ""}
+        return {**choice, "message": message, "token_ids": [], "logprobs": None, "finish_reason": "stop"}
 
     @staticmethod
     def for_client(choice: dict, req) -> dict:

@@ -27,6 +27,12 @@ class GatewayMetrics:
         )
         self.failovers = Counter("gateway_upstream_failovers", "Replica failures before the first byte", ["model"], registry=r)
         self.feedback = Counter("gateway_feedback", "Feedback events by outcome", ["outcome"], registry=r)
+        self.withheld = Counter(
+            "gateway_withheld",
+            "Completions the served version's suggestion filter withheld (the client got an empty one)",
+            ["model", "arm"],
+            registry=r,
+        )
         self.watchdog = Counter(
             "gateway_canary_watchdog_rollbacks",
             "Canaries rolled back because their release stopped checking in",

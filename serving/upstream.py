@@ -46,6 +46,7 @@ class PoolSnapshot:
     by_served_name: dict[str, list[Endpoint]] = field(default_factory=dict)  # "tab@v2" → ready replicas
     serving_version: dict[str, int] = field(default_factory=dict)  # model → version the fleet started on
     taken_ms: int = 0
+    min_first_logprob: dict[str, float] = field(default_factory=dict)  # "tab@v2" → its suggestion filter's threshold
 
 
 class ReplicaPool:
@@ -75,13 +76,15 @@ class ReplicaPool:
     def apply(self, fleet: FleetState) -> None:
         by_name: dict[str, list[Endpoint]] = {}
         serving: dict[str, int] = {}
+        thresholds: dict[str, float] = {}
         for model, group in fleet.models.items():
             serving[model] = group.serving_version
+            thresholds.update({f"{model}@v{v}": t for v, t in group.suggestion_filters.items()})
             for r in group.replicas:
                 if r.state == "ready":
                     for name in r.served:
                         by_name.setdefault(name, []).append(Endpoint(r.name, r.url))
-        self.snapshot = PoolSnapshot(by_name, serving, now_ms())
+        self.snapshot = PoolSnapshot(by_name, serving, now_ms(), thresholds)
 
     async def refresh(self, session: aiohttp.ClientSession) -> None:
         async with session.get(f"{self.fleet_url}/fleet", headers=self._headers, timeout=aiohttp.ClientTimeout(total=5)) as r:

@@ -138,8 +138,11 @@ def complete_all(
     temperature: float,
     stop: list[str],
     concurrency: int = 4,
+    min_first_logprob: float | None = None,
 ) -> list[str]:
-    """Each case's completion from one replica (OpenAI SDK against vLLM's server, seeded per request)."""
+    """Each case's completion from one replica (OpenAI SDK against vLLM's server, seeded per request). With the
+    version's suggestion filter (`min_first_logprob`), a completion whose first token's log-prob is below it is
+    withheld (""), as the gateway would."""
     from openai import OpenAI
 
     client = OpenAI(base_url=base_url.rstrip("/") + "/v1", api_key="unused", max_retries=2, timeout=120)
@@ -152,8 +155,13 @@ def complete_all(
             temperature=temperature,
             stop=stop or None,
             seed=case.seed,
+            logprobs=0 if min_first_logprob is not None else None,  # 0: each sampled token's own log-prob
         )
-        return r.choices[0].text
+        choice = r.choices[0]
+        if min_first_logprob is not None and choice.logprobs and choice.logprobs.token_logprobs:
+            if choice.logprobs.token_logprobs[0] < min_first_logprob:
+                return ""
+        return choice.text
 
     with ThreadPoolExecutor(concurrency) as pool:
         return list(pool.map(one, cases))

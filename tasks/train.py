@@ -20,6 +20,7 @@ from prefect.cache_policies import NO_CACHE
 
 from data_contracts.dataset import read_manifest, read_parquet
 from data_contracts.manifest import DatasetManifest
+from data_contracts.suggestion_filter import describe
 from tidal import lineage
 from tidal.procs import tail
 from tidal.registry import Registry, VersionInfo, code_revision, publish
@@ -246,6 +247,7 @@ def publish_train_report(plan: TrainPlan, info: VersionInfo, result: TrainResult
             f"hindsight rows from partial verdicts, {result.heldout_rows} held out, dropped {result.dropped}); "
             f"{result.iterations} PPO iterations; MLflow run `{plan.spec.mlflow_run_id}`.\n\n"
             f"## Offline gate\n\n| check | result | detail |\n|---|---|---|\n{rows}\n\n"
+            f"Suggestion filter: {describe(gate.suggestion_filter)}.\n\n"
             f"## Last iteration\n\n| metric | value |\n|---|---|\n{final}\n"
         ),
     )

@@ -76,10 +76,12 @@ def replica_serving(fleet, model: str, version: int) -> str | None:
 def evaluate_versions(
     settings: TidalSettings, platform, model: str, versions: list[int], n: int, seed: int, code_dir: Path | None = None
 ) -> dict:
-    """{version: {"metrics": {name: Estimate}, "baseline_k": k, "baseline": {name: Estimate}, "outcomes": Outcomes,
+    """{version: {"suggestion_filter": what it withholds, "metrics": {name: Estimate}, "baseline_k": k, "baseline":
+    {name: Estimate}, "outcomes": Outcomes,
     "baseline_outcomes": Outcomes}} on held-out users (outcomes: request by request, for paired comparisons).
     Versions not loaded are deployed for the replay and unloaded after (lora: an adapter; restart: a surge
     replica)."""
+    from data_contracts.suggestion_filter import describe, from_tags
     from sim.evaluate import best_truncation, complete_all, eval_cases, outcomes, summarize
     from tidal.registry import Registry
 
@@ -95,7 +97,14 @@ def evaluate_versions(
             url, loaded_here = replica_serving(fleet, model, v), True
         try:
             texts = complete_all(
-                url, info.served_name, cases, cfg.max_tokens, cfg.temperature, cfg.stop, settings.demo.eval_concurrency
+                url,
+                info.served_name,
+                cases,
+                cfg.max_tokens,
+                cfg.temperature,
+                cfg.stop,
+                settings.demo.eval_concurrency,
+                None if (f := from_tags(info.tags)) is None else f.min_first_logprob,
             )
         finally:
             if loaded_here and registry.aliases(model).get("champion") != v:
@@ -103,6 +112,7 @@ def evaluate_versions(
         k, baseline = best_truncation(cases, texts, rule)
         served = outcomes(cases, texts, rule)  # the users' verdicts once; metrics and paired comparisons share them
         out[v] = {
+            "suggestion_filter": describe(from_tags(info.tags)),
             "metrics": summarize(served),
             "baseline_k": k,
             "baseline": baseline,
@@ -126,6 +136,7 @@ def print_eval(model: str, result: dict, n: int, reference: int | None = None) -
         print(f"{'v' + str(v):<22}" + "".join(f"{str(r['metrics'][m]):>30}" for m in METRIC_NAMES))
         label = f"  v{v} cut to {r['baseline_k']} chars"
         print(f"{label:<22}" + "".join(f"{str(r['baseline'][m]):>30}" for m in METRIC_NAMES))
+        print(f"  v{v} {r['suggestion_filter']}")
     reference = next(iter(result)) if reference is None else reference
     for v, comparisons in paired(result, reference).items():
         print(f"v{v} − v{reference}, paired on the same {n} requests (×: ratio b/a; ±: difference; 95% bootstrap CIs)")
@@ -161,6 +172,7 @@ def _flat(r: dict) -> dict:
     return {
         **{m: vars(e) for m, e in r["metrics"].items()},
         "baseline_k": r["baseline_k"],
+        "suggestion_filter": r["suggestion_filter"],
         **{f"baseline_{m}": vars(e) for m, e in r["baseline"].items()},
     }
 

@@ -30,6 +30,7 @@ GATE_PREFIX = "tidal.gate."  # one tag per offline-gate check, 'pass: ...' or 'F
 GATE_PASSED = "tidal.gate.passed"  # 'true' or 'false'
 GATE_REASON = "tidal.gate.reason"  # the failing checks, when it failed
 GATE_FIGURE_PREFIX = "tidal.gate.figure."
+SUGGESTION_FILTER = "tidal.suggestion_filter"  # the version's suggestion filter, JSON (data_contracts/suggestion_filter.py)
 RELEASE_PREFIX = "tidal.release."  # an audit record per release event, JSON (release/operations.py audit)
 RELEASE_FAILED_CHECK = "tidal.release.failed_check"  # the guardrail or test that rolled a canary back
 MANAGED = "tidal.managed"  # on a registered model this platform created

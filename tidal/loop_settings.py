@@ -13,7 +13,7 @@ from tidal.model_settings import Margins
 from tidal.section import Section, deep_merge
 from tidal.strategy import UpdateStrategy, strategy_mismatch
 from training.ppo_config import PPOConfig
-from training.train_settings import GateConfig, TrainSettings
+from training.train_settings import GateConfig, SuggestionFilterSettings, TrainSettings
 
 
 class FlywheelSettings(Section):
@@ -127,6 +127,9 @@ def _demo_train() -> TrainSettings:
             sharpen_temperature=0.5,
         ),
         gate=GateConfig(eval_bytes=20_000, bpb_tolerance=0.05, bpb_stop="\n", bpb_fit_temperature=True, max_heldout_rows=400),
+        # Each candidate withholds the suggestions whose first token it found least likely, within 3% of the kept
+        # characters on the cycle's verdicts (docs/learning.md, "A suggestion filter").
+        suggestion_filter=SuggestionFilterSettings(enabled=True),
         checkpoint_every=8,
     )
 

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from data_contracts.samples import RewardSample
+from data_contracts.suggestion_filter import describe
 from tidal.clock import now_ms
 from tidal.core_settings import SettingsRoot, load_root
 from tidal.registry import Registry
@@ -377,6 +378,13 @@ def gate(spec: TrainJob) -> None:
     code = None if code_split is None else corpus.read_texts(code_split[1])
     tokenizer = load_tokenizer(dirs.base_dir)
     report = evaluate(candidate, champion, critic, tokenizer, heldout, code, spec.train.gate, corpus.corpus_name(spec.corpus))
+    if spec.train.suggestion_filter.enabled and report.passed:  # fitted on every judged row: the verdicts are about the text
+        from training.suggestion_filter import fit_for
+        from training.tokenizer import padding_id
+
+        fitted = fit_for(candidate, data.samples, padding_id(tokenizer), spec.train.suggestion_filter)
+        print(f"suggestion filter: {describe(fitted)}", flush=True)
+        report = report.model_copy(update={"suggestion_filter": fitted})
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 

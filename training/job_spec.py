@@ -19,6 +19,7 @@ import json
 
 from pydantic import BaseModel, Field
 
+from data_contracts.suggestion_filter import SuggestionFilter
 from tidal import lineage
 from tidal.model_settings import CorpusSource
 from training.train_settings import TrainSettings
@@ -64,7 +65,10 @@ def run_key(
 ) -> str:
     """Same inputs, same key: a resubmitted run resumes (or returns) instead of training again. Every field of the
     spec that changes what the trainer computes is here; the operational ones (retries, threads) are not."""
-    settings = train.model_dump(mode="json", exclude={"retries", "retry_delay_s", "torch_threads"})
+    operational = {"retries", "retry_delay_s", "torch_threads"}
+    if train.suggestion_filter == type(train.suggestion_filter)():  # fitted by the gate; the default keeps earlier keys
+        operational.add("suggestion_filter")
+    settings = train.model_dump(mode="json", exclude=operational)
     parts = [model, dataset_digest, champion_version, settings, corpus_heldout_fraction]
     if corpus is not None and corpus != CorpusSource():  # the default keeps the keys runs had before corpora were settings
         parts.append(corpus.model_dump(mode="json"))
@@ -112,6 +116,9 @@ class GateReport(BaseModel):
     passed: bool
     checks: list[GateCheck]
     figures: dict[str, float]
+    suggestion_filter: SuggestionFilter | None = Field(
+        None, description="The candidate's suggestion filter, fitted on the dataset (train.suggestion_filter); None: off."
+    )
 
     @property
     def reason(self) -> str:
@@ -125,4 +132,6 @@ class GateReport(BaseModel):
         tags.update({lineage.GATE_FIGURE_PREFIX + k: f"{v:.6g}" for k, v in self.figures.items()})
         if not self.passed:
             tags[lineage.GATE_REASON] = self.reason
+        if self.suggestion_filter is not None:
+            tags[lineage.SUGGESTION_FILTER] = self.suggestion_filter.model_dump_json()
         return tags

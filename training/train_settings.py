@@ -61,9 +61,38 @@ class GateConfig(Section):
     )
 
 
+class SuggestionFilterSettings(Section):
+    """Fitting each candidate's suggestion filter (data_contracts/suggestion_filter.py) in the offline gate."""
+
+    enabled: bool = Field(
+        False,
+        description=(
+            "Fit a threshold on the candidate's log-prob of each logged completion's first token, registered with the "
+            "version: the gateway withholds that version's completions below it. Off: the candidate shows every completion."
+        ),
+    )
+    max_chars_loss: float = Field(
+        0.03,
+        ge=0,
+        lt=1,
+        description="Largest share of the logged verdicts' kept characters the threshold may withhold.",
+    )
+    max_withheld: float = Field(
+        0.4, gt=0, lt=1, description="Largest share of the logged completions the threshold may withhold."
+    )
+    min_kept_rows: int = Field(
+        20,
+        ge=1,
+        description="Fewer logged completions with kept characters than this: no threshold (too little evidence), said so.",
+    )
+
+
 class TrainSettings(Section):
     ppo: PPOConfig = Field(default_factory=PPOConfig, description="PPO hyper-parameters (logged with every run).")
     gate: GateConfig = Field(default_factory=GateConfig, description="Offline gate a candidate passes before any traffic.")
+    suggestion_filter: SuggestionFilterSettings = Field(
+        default_factory=SuggestionFilterSettings, description="The candidate's suggestion filter, fitted by the offline gate."
+    )
     heldout_fraction: float = Field(
         0.2,
         gt=0,

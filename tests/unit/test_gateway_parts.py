@@ -388,11 +388,11 @@ class _Engine:
         b' "prompt_token_ids": [5], "finish_reason": "stop"}]}'
     )
 
-    def __init__(self, broken: bool):
+    def __init__(self, broken: bool, answer: bytes = ANSWER, content_type: str = "application/json"):
         import socket
         import threading
 
-        self.broken, self.hits = broken, 0
+        self.broken, self.hits, self.answer, self.content_type = broken, 0, answer, content_type
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(8)
@@ -414,10 +414,10 @@ class _Engine:
                 while len(rest) < length:
                     rest += conn.recv(65536)
                 self.hits += 1
-                body = b"" if self.broken else self.ANSWER
+                body = b"" if self.broken else self.answer
                 conn.sendall(
-                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
-                    + f"Content-Length: {len(self.ANSWER)}\r\n\r\n".encode()
+                    f"HTTP/1.1 200 OK\r\nContent-Type: {self.content_type}\r\nConnection: close\r\n".encode()
+                    + f"Content-Length: {len(self.answer)}\r\n\r\n".encode()
                     + body
                 )
 
@@ -441,3 +441,57 @@ def test_a_replica_dying_after_its_headers_is_retried_on_another_and_the_user_ne
     assert pool.in_flight("tab-0") == pool.in_flight("tab-1") == 0  # every call's token released
     broken.sock.close()
     good.sock.close()
+
+
+def _sse(*chunks: dict) -> bytes:
+    import orjson
+
+    return b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("first_logprob", [-5.0, -0.1])
+def test_a_versions_suggestion_filter_withholds_an_unlikely_completion_and_logs_what_was_sampled(tmp_path, stream, first_logprob):
+    """tab@v1's filter withholds below -3: the client gets an empty completion (streamed: no text chunk), and the log
+    holds the sampled tokens with finish_reason 'withheld' and empty text (what the user saw), never a training row."""
+    from serving.api_models import CompletionRequest
+
+    tokens = [
+        {"choices": [{"text": t, "token_ids": [i], "logprobs": {"token_logprobs": [lp]}, "finish_reason": None}]}
+        for t, i, lp in (("ab", 1, first_logprob), ("c", 2, -0.2))
+    ]
+    answer = _sse(*tokens) if stream else _Engine.ANSWER.replace(b"-0.1", str(first_logprob).encode())
+    engine = _Engine(broken=False, answer=answer, content_type="text/event-stream" if stream else "application/json")
+    status = fleet(replica("tab-0", engine.url, {"tab@v1": 1}))
+    status.models["tab"] = status.models["tab"].model_copy(update={"suggestion_filters": {1: -3.0}})
+    pool = ReplicaPool("http://unused", "t" * 16, poll_s=1.0)
+    pool.apply(status)
+    gw = _gateway(tmp_path, pool)
+    req = CompletionRequest(model="tab", prompt="x", max_tokens=4, stream=stream)
+
+    async def one() -> tuple[str, object]:
+        import aiohttp
+
+        async with aiohttp.ClientSession() as gw.session:
+            out = await gw.complete(req, "alice")
+            if not stream:
+                return out["choices"][0]["text"], out["tidal"]["withheld"]
+            body, _ = out
+            return b"".join([c async for c in body]).decode(), None
+
+    gw.sink.start()
+    try:
+        text, flag = asyncio.run(one())
+        (record,) = list(gw.sink.iter_recent("completions"))
+    finally:
+        gw.sink.stop()
+        engine.sock.close()
+    withheld = first_logprob < -3.0
+    assert record["completion_token_ids"] == [1, 2] and record["behaviour_logprobs"][0] == pytest.approx(first_logprob)
+    assert record["finish_reason"] == ("withheld" if withheld else "stop")
+    assert record["completion_text"] == ("" if withheld else "abc" if stream else "ab")
+    if stream:
+        assert ('"ab"' in text) is (not withheld) and text.endswith("data: [DONE]\n\n")
+    else:
+        assert (text, flag) == (("", True) if withheld else ("ab", False))
+    assert gw.metrics.withheld.labels("tab", "control")._value.get() == float(withheld)

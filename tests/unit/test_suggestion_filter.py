@@ -1,0 +1,92 @@
+"""The suggestion filter: its fit on logged verdicts, the candidate's first-token scores, its lineage tag, and the
+collection that never trains on a withheld completion (the gateway's side: tests/unit/test_gateway_parts.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from data_contracts.suggestion_filter import SuggestionFilter, describe, fit_filter, from_tags
+from tests.unit.test_collect import collect
+from tests.unit.test_contracts_data import T0, completion, feedback, put_logs
+from tidal.store import LocalStore
+
+HOUR = 3_600_000
+
+
+def _logged(n_rejected: int, kept: dict[float, float]) -> tuple[np.ndarray, np.ndarray]:
+    """Rejected rows at log-probs -9..-1 spread evenly, plus one row per (log-prob: kept characters)."""
+    lp = np.concatenate([np.linspace(-9, -1, n_rejected), list(kept)])
+    return lp, np.concatenate([np.zeros(n_rejected), list(kept.values())])
+
+
+def test_the_threshold_withholds_the_unlikely_rejections_up_to_the_kept_characters_budget():
+    # 100 rejections at -9..-1, kept characters at -4 (10 chars) and at -0.5 (90 chars): withholding the row at -4
+    # would lose 10% of the kept characters, so the threshold stops just above the rejections below it
+    lp, kept = _logged(100, {-4.0: 10.0, -0.5: 90.0})
+    f = fit_filter(lp, kept, max_chars_loss=0.03, max_withheld=0.9, min_kept_rows=2)
+    assert f.min_first_logprob == pytest.approx(-4.0)
+    assert f.kept_chars_share == 1.0 and "kept-characters loss" in f.reason
+    assert f.withheld_share == pytest.approx((lp < -4.0).mean())
+    # a budget of 15% lets it past that row, up to the withheld-share cap
+    g = fit_filter(lp, kept, max_chars_loss=0.15, max_withheld=0.8, min_kept_rows=2)
+    assert g.min_first_logprob > -4.0 and g.kept_chars_share == pytest.approx(0.9) and "withheld share" in g.reason
+    assert g.withheld_share <= 0.8 and g.withholds([g.min_first_logprob - 1e-6]) and not g.withholds([g.min_first_logprob])
+
+
+def test_too_little_evidence_or_a_kept_row_at_the_bottom_fits_no_threshold_and_says_why():
+    lp, kept = _logged(50, {-2.0: 5.0})
+    none = fit_filter(lp, kept, 0.03, 0.4, min_kept_rows=2)
+    assert none.min_first_logprob is None and "1 logged completions kept characters, 2 needed" in none.reason
+    assert not none.withholds([-100.0]) and "no suggestion filter" in describe(none)
+    lp, kept = _logged(50, {-20.0: 5.0, -0.5: 5.0})  # the least likely row was kept: nothing can be withheld
+    bottom = fit_filter(lp, kept, 0.03, 0.4, min_kept_rows=2)
+    assert bottom.min_first_logprob is None and bottom.withheld_share == 0.0
+    assert not SuggestionFilter.model_validate_json(bottom.model_dump_json()).withholds([-30.0, 0.0])
+
+
+def test_equal_log_probs_are_withheld_together_and_bad_input_is_refused():
+    lp = np.array([-5.0, -5.0, -5.0, -1.0, -0.5])
+    f = fit_filter(lp, np.array([0, 0, 0, 0, 3.0]), 0.0, 0.5, 1)  # a cut between the ties would withhold 1 or 2 of 3
+    assert f.min_first_logprob is None and f.withheld_share == 0.0  # all three is 60% > the 50% cap
+    g = fit_filter(lp, np.array([0, 0, 0, 0, 3.0]), 0.0, 0.9, 1)
+    assert g.min_first_logprob == -0.5 and g.withheld_share == pytest.approx(0.8)
+    with pytest.raises(ValueError, match="two \\(N,\\) arrays"):
+        fit_filter(lp, np.zeros(3), 0.03, 0.4, 1)
+    with pytest.raises(ValueError, match="NaN/inf"):
+        fit_filter(np.array([np.nan, -1.0]), np.zeros(2), 0.03, 0.4, 1)
+
+
+def test_the_gate_registers_the_filter_as_a_lineage_tag_the_fleet_reads_back():
+    from training.job_spec import GateReport
+
+    f = fit_filter(*_logged(100, {-4.0: 10.0, -0.5: 90.0}), 0.03, 0.9, 2)
+    tags = GateReport(passed=True, checks=[], figures={}, suggestion_filter=f).tags()
+    assert from_tags(tags) == f and from_tags(GateReport(passed=True, checks=[], figures={}).tags()) is None
+    assert "withholds suggestions whose first token has log-prob < -4.000" in describe(f)
+
+
+def test_the_candidate_scores_each_logged_first_token_as_the_engine_sampled_it(champion_dir, samples):
+    """The rows' prompts differ in length (right padding); each first token's log-prob equals the behaviour log-prob
+    the champion logged when it sampled it, teacher-forced one row at a time."""
+    from training.policy import load_policy
+    from training.suggestion_filter import first_token_logprobs, judged_rows
+
+    rows = samples[:20]
+    assert len({len(s.prompt_token_ids) for s in rows}) > 5
+    lp = first_token_logprobs(load_policy(champion_dir), rows, pad_id=0, batch=8)
+    assert lp == pytest.approx([s.behaviour_logprobs[0] for s in rows], abs=1e-4)
+    unjudged = [rows[0].model_copy(update={"event": "none"}), rows[1].model_copy(update={"completion_text": ""})]
+    assert judged_rows(unjudged + rows[2:4]) == rows[2:4]
+
+
+def test_a_withheld_completion_is_counted_and_never_becomes_a_training_row(tmp_path):
+    store = LocalStore(tmp_path)
+    shown = completion(T0 + 60_000, 0)
+    withheld = completion(T0 + 61_000, 1) | {"completion_text": "", "finish_reason": "withheld"}
+    put_logs(store, "completions", [shown, withheld])
+    put_logs(store, "feedback", [feedback(shown, "accepted")])
+    result = collect(store, T0 + HOUR + 20 * 60_000)
+    counts = result.manifest.stored()["counts"]["completions"]
+    assert counts["filtered_by_reason"] == {"withheld": 1} and counts["kept"] == 1
+    assert result.samples["request_id"].to_pylist() == [shown["request_id"]]
