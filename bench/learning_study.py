@@ -347,6 +347,7 @@ def run(name: str, args: argparse.Namespace) -> tuple[list[dict], dict]:
         json.dumps(rule),
         "--threads",
         str(args.threads),
+        *(["--suggestion-filter"] if args.suggestion_filter else []),
     ]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
@@ -402,6 +403,11 @@ def main() -> None:
     p.add_argument("--eval-requests", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--suggestion-filter",
+        action="store_true",
+        help="score every policy with its suggestion filter, as the gateway serves it (bench/offline_ppo.py)",
+    )
     p.add_argument("--configs", default="ppo,stop1,stop1_chars", help=f"comma-separated, of: {', '.join(CONFIGS)}")
     p.add_argument(
         "--logit-scales",

@@ -41,9 +41,15 @@ EVAL_SEED = 11  # seeds the held-out requests: every run (and learning_study's -
 
 def completions(model, tok, cases, max_tokens: int, temperature: float, batch: int = 50) -> list[str]:
     """One sampled completion per case, cut at the first line break (the users' stop string)."""
+    return sampled(model, tok, cases, max_tokens, temperature, batch)[0]
+
+
+def sampled(model, tok, cases, max_tokens: int, temperature: float, batch: int = 50) -> tuple[list[str], list[float]]:
+    """completions(), and the (N,) raw log-prob of each completion's first token (the engine's logged log-prob,
+    which a version's suggestion filter reads)."""
     model.eval()
     torch.manual_seed(0)
-    out = []
+    out, first = [], []
     with torch.no_grad():
         for i in range(0, len(cases), batch):
             enc = tok([c.site.prompt for c in cases[i : i + batch]], return_tensors="pt", padding=True)
@@ -55,17 +61,24 @@ def completions(model, tok, cases, max_tokens: int, temperature: float, batch: i
                 top_k=0,
                 top_p=1.0,
                 pad_token_id=tok.pad_token_id,
+                output_logits=True,
+                return_dict_in_generate=True,
             )
-            out += [tok.decode(row, skip_special_tokens=True).split("\n")[0] for row in gen[:, enc.input_ids.shape[1] :]]
-    return out
+            new = gen.sequences[:, enc.input_ids.shape[1] :]  # (B, T)
+            first += torch.log_softmax(gen.logits[0].float(), -1).gather(1, new[:, :1])[:, 0].tolist()  # raw logits
+            out += [tok.decode(row, skip_special_tokens=True).split("\n")[0] for row in new]
+    return out, first
 
 
-def evaluate(model, tok, cases, rule, users, bpb) -> tuple[dict, list[str]]:
-    """The users' metrics on the model's completions (one JSON line's figures), and the completions."""
+def evaluate(model, tok, cases, rule, users, bpb, threshold: float | None = None) -> tuple[dict, list[str]]:
+    """The users' metrics on the model's completions (one JSON line's figures), and the completions. With a
+    suggestion filter's `threshold`, a completion whose first token's log-prob is below it is withheld ("")."""
     from sim.evaluate import score
 
     t0 = time.perf_counter()
-    texts = completions(model, tok, cases, users.max_tokens, users.temperature)
+    texts, first = sampled(model, tok, cases, users.max_tokens, users.temperature)
+    if threshold is not None:
+        texts = ["" if t and lp < threshold else t for t, lp in zip(texts, first)]
     s = score(cases, texts, rule)
     return {
         **{k: round(e.mean, 4) for k, e in s.items()},
@@ -134,6 +147,15 @@ def main() -> None:
     p.add_argument("--rule", default="{}", help="JSON overrides of the reward rule (rewards are recomputed)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0, help="seeds the simulated traffic (--simulate)")
+    p.add_argument(
+        "--suggestion-filter",
+        action="store_true",
+        help=(
+            "score each trained policy as the gateway would serve it with its suggestion filter, fitted on the logged rows "
+            "with the demo's train.suggestion_filter budgets (the checkpoint is also scored with its own filter, as "
+            "'at': '0+filter'); the learning report compares the filtered final policy with the unfiltered checkpoint"
+        ),
+    )
     args = p.parse_args()
     started = time.perf_counter()
     if (args.data_dir is None) == (not args.simulate):
@@ -253,6 +275,24 @@ def main() -> None:
     base, base_texts = evaluate(load_policy(args.checkpoint), tok, cases, rule, users, bpb)
     print(json.dumps({"at": 0, **head, **base, "bpb_delta": 0.0, "bpb_stop_delta": 0.0, "bpb_fit_delta": 0.0}), flush=True)
 
+    def fitted(model) -> dict:
+        """The model's suggestion filter on the logged rows (what the offline gate registers with a candidate)."""
+        from data_contracts.suggestion_filter import describe
+        from training.suggestion_filter import fit_for
+
+        f = fit_for(model, rows, tok.pad_token_id, settings.demo.train.suggestion_filter)
+        return {"threshold": f.min_first_logprob, "filter": describe(f), "filter_withheld_share": round(f.withheld_share, 4)}
+
+    if args.suggestion_filter:
+        v1_filter = fitted(load_policy(args.checkpoint))
+        v1_filtered, v1_texts = evaluate(load_policy(args.checkpoint), tok, cases, rule, users, bpb, v1_filter["threshold"])
+        from sim.evaluate import outcomes
+        from sim.paired import compare
+
+        pairs = compare(outcomes(cases, base_texts, rule), outcomes(cases, v1_texts, rule))
+        line = {"at": "0+filter", **v1_filtered, **v1_filter, "bpb_delta": 0.0, "bpb_stop_delta": 0.0}
+        print(json.dumps(line | {"paired_vs_checkpoint": {m: c.describe() for m, c in pairs.items()}}), flush=True)
+
     trainer = PPOTrainer(
         build_trainable(args.checkpoint, args.checkpoint, cfg),
         cfg,
@@ -280,7 +320,9 @@ def main() -> None:
                 )
             }
             t0 = time.perf_counter()
-            now, last["texts"] = evaluate(trainer.model.policy, tok, cases, rule, users, bpb)
+            f = fitted(trainer.model.policy) if args.suggestion_filter else {"threshold": None}
+            now, last["texts"] = evaluate(trainer.model.policy, tok, cases, rule, users, bpb, f["threshold"])
+            now.update(f)
             last["eval_s"] += time.perf_counter() - t0
             print(
                 json.dumps(

@@ -97,6 +97,13 @@ class CollectRecord(Record):
     quarantine: dict[str, str | list[str]] = Field(description="{kind: key} of quarantined rows, {'files': [keys]}.")
     versions: Versions
     summary: RewardSummary
+    withheld_by_version: dict[int, int] = Field(
+        default_factory=dict,
+        description=(
+            "Completions the served version's suggestion filter withheld, by version: filtered as 'withheld' (no "
+            "verdict can be about a text the user never saw), counted here as requests that version answered."
+        ),
+    )
 
 
 class DatasetManifest(CollectRecord):

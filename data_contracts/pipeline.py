@@ -200,8 +200,17 @@ def collect_record(
             "quarantine": quarantine,
             "versions": {"known": versions.known, "champion": versions.champion, "max_stale_versions": cfg.max_stale_versions},
             "summary": summarize(samples, rule),
+            "withheld_by_version": withheld_by_version(work),
         }
     )
+
+
+def withheld_by_version(work: Work) -> dict[int, int]:
+    """{version: completions filtered as withheld}: requests a version answered with nothing its user saw, which
+    its served figures count though they are no samples (tasks/flywheel.py served_metrics)."""
+    rows = np.flatnonzero(work.completions.filtered == "withheld")
+    versions = np.nan_to_num(work.c_frame["version"].to_numpy(dtype=np.float64)[rows], nan=0).astype(np.int64)
+    return {int(v): int((versions == v).sum()) for v in np.unique(versions)}
 
 
 def assemble_samples(

@@ -6,7 +6,9 @@ the 30% of completions whose first sampled token had the lowest log-prob held 0.
 decision the flywheel asks the model to learn, taken from the model's own confidence.
 
 The offline gate fits one threshold per candidate on the dataset's verdicts (`fit_filter`: the candidate's
-log-prob of each logged first token against the characters its user kept), and it is registered with the
+log-prob of each logged first token against the characters its user kept, each row weighted by the candidate's
+probability of that first token over the logging version's, so that the shares are those of the candidate's own
+samples: a sharper candidate draws fewer unlikely first tokens), and it is registered with the
 version as the `tidal.suggestion_filter` lineage tag. The gateway applies it to that version's completions
 (`withholds`), and so does the held-out evaluation: the filter is part of what the version serves. A leaf:
 numpy and pydantic only, so serving reads it without torch.
@@ -35,9 +37,11 @@ class SuggestionFilter(BaseModel):
     )
     fitted_rows: int = Field(ge=0, description="Logged completions with a verdict the threshold was fitted on.")
     kept_rows: int = Field(ge=0, description="Of those, the ones whose user kept characters.")
-    withheld_share: float = Field(ge=0, le=1, description="Share of the fitted rows the threshold withholds.")
+    withheld_share: float = Field(
+        ge=0, le=1, description="Share of the fitted rows the threshold withholds (importance-weighted to the version's samples)."
+    )
     kept_chars_share: float = Field(
-        ge=0, le=1, description="Share of the fitted rows' kept characters that stay shown under the threshold."
+        ge=0, le=1, description="Share of the fitted rows' kept characters that stay shown under the threshold (weighted too)."
     )
     reason: str = Field(description="Why this threshold: the budget that bound it, or why there is none.")
 
@@ -53,18 +57,25 @@ def from_tags(tags: dict[str, str]) -> SuggestionFilter | None:
 
 
 def fit_filter(
-    first_logprobs: np.ndarray, kept_chars: np.ndarray, max_chars_loss: float, max_withheld: float, min_kept_rows: int
+    first_logprobs: np.ndarray,
+    kept_chars: np.ndarray,
+    max_chars_loss: float,
+    max_withheld: float,
+    min_kept_rows: int,
+    weights: np.ndarray | None = None,
 ) -> SuggestionFilter:
     """The highest threshold that withholds at most `max_withheld` of the rows and loses at most `max_chars_loss`
     of the characters users kept. first_logprobs: (N,) the version's log-prob of each shown completion's first
-    token; kept_chars: (N,) the characters its user kept (0 for a rejection)."""
+    token; kept_chars: (N,) the characters its user kept (0 for a rejection); weights: (N,) each row's importance
+    weight, so that shares are those of the version's own first tokens rather than the logged ones (None: 1)."""
     lp, kept = np.asarray(first_logprobs, dtype=np.float64), np.asarray(kept_chars, dtype=np.float64)
-    if lp.shape != kept.shape or lp.ndim != 1:
-        raise ValueError(f"first_logprobs {lp.shape} and kept_chars {kept.shape}: expected two (N,) arrays")
-    if not np.isfinite(lp).all():
-        raise ValueError("first_logprobs holds NaN/inf: the candidate's forward pass is broken")
-    n, kept_rows, total = len(lp), int((kept > 0).sum()), float(kept.sum())
-    evidence = {"fitted_rows": n, "kept_rows": kept_rows}
+    w = np.ones_like(lp) if weights is None else np.asarray(weights, dtype=np.float64)
+    if lp.shape != kept.shape or lp.shape != w.shape or lp.ndim != 1:
+        raise ValueError(f"first_logprobs {lp.shape}, kept_chars {kept.shape}, weights {w.shape}: expected (N,) arrays")
+    if not (np.isfinite(lp).all() and np.isfinite(w).all()) or (w < 0).any():
+        raise ValueError("first_logprobs or weights hold NaN/inf (or a negative weight): the forward pass is broken")
+    kept_rows = int((kept > 0).sum())
+    evidence = {"fitted_rows": len(lp), "kept_rows": kept_rows}
     if kept_rows < min_kept_rows:
         return SuggestionFilter(
             min_first_logprob=None,
@@ -74,25 +85,27 @@ def fit_filter(
             **evidence,
         )
     order = np.argsort(lp, kind="stable")
-    lp_sorted, lost = lp[order], np.concatenate([[0.0], np.cumsum(kept[order])])  # lost[i]: chars of the i lowest rows
+    # withheld[i], lost[i]: the weighted share of rows and of kept characters below the i-th lowest log-prob
+    withheld = np.concatenate([[0.0], np.cumsum(w[order])]) / w.sum()
+    lost = np.concatenate([[0.0], np.cumsum((w * kept)[order])]) / max((w * kept).sum(), 1e-300)
+    lp_sorted, n = lp[order], len(lp)
     best, bound = 0, "withholding even the least likely suggestion would lose more kept characters than allowed"
     for i in range(1, n):
         if lp_sorted[i] == lp_sorted[i - 1]:
             continue  # a threshold at lp_sorted[i] withholds the rows strictly below it: ties go together
-        if i > max_withheld * n:
+        if withheld[i] > max_withheld:
             bound = f"withheld share capped at {max_withheld:g}"
             break
-        if lost[i] > max_chars_loss * total:
+        if lost[i] > max_chars_loss:
             bound = f"kept-characters loss capped at {max_chars_loss:g}"
             break
         best = i
     if best == 0:
         return SuggestionFilter(min_first_logprob=None, withheld_share=0.0, kept_chars_share=1.0, reason=bound, **evidence)
-    threshold = float(lp_sorted[best])
     return SuggestionFilter(
-        min_first_logprob=threshold,
-        withheld_share=best / n,
-        kept_chars_share=1.0 - lost[best] / total,
+        min_first_logprob=float(lp_sorted[best]),
+        withheld_share=float(withheld[best]),
+        kept_chars_share=float(1.0 - lost[best]),
         reason=bound,
         **evidence,
     )

@@ -38,6 +38,7 @@ class CycleReport(BaseModel):
         default_factory=dict, description=("Version -> METRICS over the dataset's rows that version served.")
     )
     canary: CanaryRecord | None = Field(None, description="The candidate's canary, if it had one (release/report.py).")
+    suggestion_filter: str = Field("", description="What the candidate's suggestion filter withholds ('' without a candidate).")
 
     def champion_metrics(self) -> dict[str, float]:
         """METRICS of the traffic the champion served in this cycle's dataset ({} if it served none)."""
@@ -73,6 +74,7 @@ def cycle_table(reports: list[CycleReport]) -> str:
             f"{m.get('accept_rate', nan):>7.3f} {m.get('reward_per_request', nan):>10.3f} "
             f"{m.get('accepted_chars_per_request', nan):>9.3f}  {r.decision}{cand} → champion v{r.champion_after}"
             + (f"\n{'':>24}why: {r.reason[:160]}" if r.reason else "")
+            + (f"\n{'':>24}v{r.candidate} {r.suggestion_filter}" if r.suggestion_filter else "")
         )
         if r.canary is not None:
             lines.append(step_table(r.canary, indent=" " * 24))

@@ -9,6 +9,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from data_contracts.rewards import kept_chars
+from data_contracts.suggestion_filter import describe, from_tags
 from release.report import CanaryRecord, canary_key
 from tasks.cycle_report import CycleReport, Decision
 from tidal import lineage
@@ -17,13 +18,16 @@ from tidal.store import ObjectStore, get_json, put_json
 from training.reward_data import load_dataset
 
 
-def served_metrics(samples) -> dict[int, dict[str, float]]:
+def served_metrics(samples, withheld: dict[int, int] | None = None, empty_reward: float = 0.0) -> dict[int, dict[str, float]]:
     """Per behaviour version: requests, share with a suggestion shown, accepts per suggestion, reward and
     characters kept per request. Kept characters follow the reward rule's reading of a verdict: an
-    accept without a count kept the whole suggestion."""
+    accept without a count kept the whole suggestion. `withheld`: {version: completions its suggestion filter
+    withheld} (the manifest's), requests answered with nothing shown, each earning the rule's `empty_reward`."""
+    withheld = withheld or {}
     out: dict[int, dict[str, float]] = {}
-    for v in sorted({s.version for s in samples}):
+    for v in sorted({s.version for s in samples} | set(withheld)):
         rows = [s for s in samples if s.version == v]
+        n = len(rows) + withheld.get(v, 0)
         shown = [s for s in rows if s.completion_text]
         kept = kept_chars(
             np.array([s.event for s in rows], dtype=object),
@@ -31,11 +35,11 @@ def served_metrics(samples) -> dict[int, dict[str, float]]:
             np.array([len(s.completion_text) for s in rows]),
         )
         out[v] = {
-            "requests": float(len(rows)),
-            "suggestion_rate": len(shown) / len(rows),
+            "requests": float(n),
+            "suggestion_rate": len(shown) / n,
             "accept_rate": sum(s.event == "accepted" for s in shown) / max(1, len(shown)),
-            "reward_per_request": sum(s.reward for s in rows) / len(rows),
-            "accepted_chars_per_request": float(kept.sum()) / len(rows),
+            "reward_per_request": (sum(s.reward for s in rows) + withheld.get(v, 0) * empty_reward) / n,
+            "accepted_chars_per_request": float(kept.sum()) / n,
         }
     return out
 
@@ -52,7 +56,7 @@ def open_cycle(registry: Registry, store: ObjectStore, model: str, cycle: int, d
         champion_before=champion.version,
         dataset_id=dataset_id,
         rows=len(ds.samples),
-        served=served_metrics(ds.samples),
+        served=served_metrics(ds.samples, ds.withheld, ds.rule.empty if ds.rule else 0.0),
         champion_after=champion.version,
     )
     trained = registry.find_by_tag(model, lineage.DATASET_ID, dataset_id)
@@ -71,9 +75,12 @@ def close_cycle(
     report.decision = decision
     if store is not None and report.candidate is not None and store.exists(key := canary_key(report.model, report.candidate)):
         report.canary = CanaryRecord.model_validate(get_json(store, key))
-    if not reason and report.candidate is not None:
-        audit = registry.get(report.model, report.candidate).release_event(decision)
-        reason = audit.get("reason", "") if audit else ""
+    if report.candidate is not None:
+        info = registry.get(report.model, report.candidate)
+        report.suggestion_filter = describe(from_tags(info.tags))
+        if not reason:
+            audit = info.release_event(decision)
+            reason = audit.get("reason", "") if audit else ""
     report.reason = reason
     report.champion_after = registry.by_alias(report.model, "champion").version
     return report

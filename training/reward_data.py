@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
@@ -35,6 +35,7 @@ class RewardDataset:
     reward_rule: str  # "name@version"
     samples: list[RewardSample]
     rule: RewardRule | None  # the rule that computed the rewards, as the manifest recorded it (collect always does)
+    withheld: dict[int, int] = field(default_factory=dict)  # {version: completions its suggestion filter withheld}
 
 
 def latest_dataset_id(store: ObjectStore, model: str) -> str:
@@ -108,7 +109,7 @@ def load_dataset(store: ObjectStore, model: str, ds_id: str) -> RewardDataset:
             ) from None
         if rules != {rule.id}:
             raise DatasetError(f"dataset {ds_id}: rows were rewarded by {sorted(rules)}, the manifest names {rule.id}")
-    return RewardDataset(ds_id, manifest.digest, ",".join(sorted(rules)), samples, rule)
+    return RewardDataset(ds_id, manifest.digest, ",".join(sorted(rules)), samples, rule, manifest.withheld_by_version)
 
 
 def _type_name(t: pa.DataType) -> str:

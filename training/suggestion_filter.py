@@ -2,7 +2,9 @@
 
 The candidate scores the first token of every logged completion that was shown and judged, teacher-forced on its
 prompt: the same number the engine reports as that token's log-prob when the candidate samples it (raw
-log-softmax, temperature 1). Against it, the characters each user kept.
+log-softmax, temperature 1). Against it, the characters each user kept; each row weighted by pi(first) / mu(first)
+(the candidate's probability of the logged first token over the logging version's, truncated at MAX_WEIGHT), so
+that the shares withheld and lost are those of the candidate's own first tokens, which the gateway will see.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from data_contracts.suggestion_filter import SuggestionFilter, fit_filter
 from training.train_settings import SuggestionFilterSettings
 
 JUDGED = ("accepted", "partial", "rejected")
+MAX_WEIGHT = 10.0  # truncated importance weights (as PPO's truncated IS): a few rows cannot carry the fit
 
 
 def judged_rows(samples: Sequence[RewardSample]) -> list[RewardSample]:
@@ -60,4 +63,6 @@ def fit_for(
         np.array([len(s.completion_text) for s in rows], dtype=np.float64),
     )
     lp = first_token_logprobs(model, rows, pad_id) if rows else np.zeros(0)
-    return fit_filter(lp, kept, cfg.max_chars_loss, cfg.max_withheld, cfg.min_kept_rows)
+    mu = np.array([s.behaviour_logprobs[0] for s in rows], dtype=np.float64)
+    weights = np.exp(np.minimum(lp - mu, np.log(MAX_WEIGHT)))  # (N,) pi/mu of the first token, truncated
+    return fit_filter(lp, kept, cfg.max_chars_loss, cfg.max_withheld, cfg.min_kept_rows, weights)

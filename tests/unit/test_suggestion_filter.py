@@ -51,7 +51,7 @@ def test_equal_log_probs_are_withheld_together_and_bad_input_is_refused():
     assert f.min_first_logprob is None and f.withheld_share == 0.0  # all three is 60% > the 50% cap
     g = fit_filter(lp, np.array([0, 0, 0, 0, 3.0]), 0.0, 0.9, 1)
     assert g.min_first_logprob == -0.5 and g.withheld_share == pytest.approx(0.8)
-    with pytest.raises(ValueError, match="two \\(N,\\) arrays"):
+    with pytest.raises(ValueError, match="expected \\(N,\\) arrays"):
         fit_filter(lp, np.zeros(3), 0.03, 0.4, 1)
     with pytest.raises(ValueError, match="NaN/inf"):
         fit_filter(np.array([np.nan, -1.0]), np.zeros(2), 0.03, 0.4, 1)
@@ -80,6 +80,23 @@ def test_the_candidate_scores_each_logged_first_token_as_the_engine_sampled_it(c
     assert judged_rows(unjudged + rows[2:4]) == rows[2:4]
 
 
+def test_the_logging_version_fits_its_own_filter_with_unit_weights(champion_dir, samples):
+    """pi/mu of the first token is 1 when the candidate is the version that logged the rows: the weighted fit is the
+    plain one."""
+    from training.policy import load_policy
+    from training.suggestion_filter import fit_for, judged_rows
+    from training.train_settings import SuggestionFilterSettings
+
+    cfg = SuggestionFilterSettings(enabled=True, max_chars_loss=0.1, max_withheld=0.5, min_kept_rows=3)
+    rows = judged_rows(samples)
+    kept = np.array([1.0 if s.event == "accepted" else 0.0 for s in rows])
+    plain = fit_filter(np.array([s.behaviour_logprobs[0] for s in rows]), kept, 0.1, 0.5, 3)
+    fitted = fit_for(load_policy(champion_dir), samples, 0, cfg)
+    assert plain.min_first_logprob is not None and fitted.fitted_rows == len(rows) == len(samples)
+    assert fitted.min_first_logprob == pytest.approx(plain.min_first_logprob, abs=1e-4)
+    assert fitted.withheld_share == pytest.approx(plain.withheld_share, abs=1e-3)
+
+
 def test_a_withheld_completion_is_counted_and_never_becomes_a_training_row(tmp_path):
     store = LocalStore(tmp_path)
     shown = completion(T0 + 60_000, 0)
@@ -90,3 +107,38 @@ def test_a_withheld_completion_is_counted_and_never_becomes_a_training_row(tmp_p
     counts = result.manifest.stored()["counts"]["completions"]
     assert counts["filtered_by_reason"] == {"withheld": 1} and counts["kept"] == 1
     assert result.samples["request_id"].to_pylist() == [shown["request_id"]]
+    assert result.manifest.withheld_by_version == {1: 1}
+
+
+def test_a_versions_served_figures_count_its_withheld_requests_as_answered_with_nothing(samples):
+    """The cycle table's figures of a filtered version: its withheld requests are requests with no suggestion shown
+    (the rule's empty reward), though the dataset holds no row of them."""
+    from tasks.flywheel import served_metrics
+
+    rows = samples[:10]
+    plain, filtered = served_metrics(rows)[1], served_metrics(rows, {1: 10}, empty_reward=0.5)[1]
+    assert filtered["requests"] == 20 and filtered["suggestion_rate"] == pytest.approx(plain["suggestion_rate"] / 2)
+    assert filtered["accept_rate"] == plain["accept_rate"]
+    assert filtered["reward_per_request"] == pytest.approx((plain["reward_per_request"] * 10 + 5.0) / 20)
+    assert served_metrics(rows, {2: 3})[2] == {
+        "requests": 3.0,
+        "suggestion_rate": 0.0,
+        "accept_rate": 0.0,
+        "reward_per_request": 0.0,
+        "accepted_chars_per_request": 0.0,
+    }
+
+
+def test_weights_measure_the_shares_on_the_versions_own_first_tokens():
+    """A sharper candidate rarely draws the unlikely first tokens the champion logged: weighted by pi/mu, the rows
+    below a threshold are a smaller share of what it will serve, so the same cap lets the threshold rise."""
+    lp, kept = _logged(100, {-0.5: 90.0, -0.2: 10.0})
+    plain = fit_filter(lp, kept, 0.03, 0.3, min_kept_rows=2)
+    weights = np.where(lp < -5, 0.1, 1.0)  # the candidate draws the rows below -5 a tenth as often
+    weighted = fit_filter(lp, kept, 0.03, 0.3, min_kept_rows=2, weights=weights)
+    assert weighted.min_first_logprob > plain.min_first_logprob
+    below = lp < weighted.min_first_logprob
+    assert weighted.withheld_share == pytest.approx(weights[below].sum() / weights.sum()) and weighted.withheld_share <= 0.3
+    assert (below.mean() > 0.3) and "withheld share" in weighted.reason
+    with pytest.raises(ValueError, match="negative weight"):
+        fit_filter(lp, kept, 0.03, 0.3, 2, weights=-weights)
