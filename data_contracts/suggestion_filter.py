@@ -63,11 +63,15 @@ def fit_filter(
     max_withheld: float,
     min_kept_rows: int,
     weights: np.ndarray | None = None,
+    already_withheld: int = 0,
 ) -> SuggestionFilter:
     """The highest threshold that withholds at most `max_withheld` of the rows and loses at most `max_chars_loss`
     of the characters users kept. first_logprobs: (N,) the version's log-prob of each shown completion's first
     token; kept_chars: (N,) the characters its user kept (0 for a rejection); weights: (N,) each row's importance
-    weight, so that shares are those of the version's own first tokens rather than the logged ones (None: 1)."""
+    weight, so that shares are those of the version's own first tokens rather than the logged ones (None: 1);
+    already_withheld: requests of the same logs the logging versions' filters withheld (no verdict, not among the
+    rows). They count as withheld by this threshold too: the withheld share is of every request, so each new
+    version's cap does not stack on its parent's."""
     lp, kept = np.asarray(first_logprobs, dtype=np.float64), np.asarray(kept_chars, dtype=np.float64)
     w = np.ones_like(lp) if weights is None else np.asarray(weights, dtype=np.float64)
     if lp.shape != kept.shape or lp.shape != w.shape or lp.ndim != 1:
@@ -86,7 +90,8 @@ def fit_filter(
         )
     order = np.argsort(lp, kind="stable")
     # withheld[i], lost[i]: the weighted share of rows and of kept characters below the i-th lowest log-prob
-    withheld = np.concatenate([[0.0], np.cumsum(w[order])]) / w.sum()
+    shown = len(lp) / (len(lp) + already_withheld)  # share of the requests whose completion was shown and judged
+    withheld = (1 - shown) + shown * np.concatenate([[0.0], np.cumsum(w[order])]) / w.sum()
     lost = np.concatenate([[0.0], np.cumsum((w * kept)[order])]) / max((w * kept).sum(), 1e-300)
     lp_sorted, n = lp[order], len(lp)
     best, bound = 0, "withholding even the least likely suggestion would lose more kept characters than allowed"
@@ -100,8 +105,10 @@ def fit_filter(
             bound = f"kept-characters loss capped at {max_chars_loss:g}"
             break
         best = i
-    if best == 0:
+    if best == 0 and not already_withheld:
         return SuggestionFilter(min_first_logprob=None, withheld_share=0.0, kept_chars_share=1.0, reason=bound, **evidence)
+    # best == 0 with requests already withheld: the threshold at the least likely shown row keeps withholding those
+    # (no row shown lies below it), and nothing more
     return SuggestionFilter(
         min_first_logprob=float(lp_sorted[best]),
         withheld_share=float(withheld[best]),

@@ -382,7 +382,8 @@ def gate(spec: TrainJob) -> None:
         from training.suggestion_filter import fit_for
         from training.tokenizer import padding_id
 
-        fitted = fit_for(candidate, data.samples, padding_id(tokenizer), spec.train.suggestion_filter)
+        withheld = sum(data.withheld.values())  # by the serving versions' own filters: counted against the cap
+        fitted = fit_for(candidate, data.samples, padding_id(tokenizer), spec.train.suggestion_filter, withheld)
         print(f"suggestion filter: {describe(fitted)}", flush=True)
         report = report.model_copy(update={"suggestion_filter": fitted})
     from mlflow.entities import Metric

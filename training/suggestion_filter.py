@@ -52,10 +52,10 @@ def first_token_logprobs(model: PreTrainedModel, samples: Sequence[RewardSample]
 
 
 def fit_for(
-    model: PreTrainedModel, samples: Sequence[RewardSample], pad_id: int, cfg: SuggestionFilterSettings
+    model: PreTrainedModel, samples: Sequence[RewardSample], pad_id: int, cfg: SuggestionFilterSettings, withheld: int = 0
 ) -> SuggestionFilter:
     """The candidate's filter, fitted on the dataset's judged rows (every behaviour version: the verdict is about the
-    text, whoever sampled it)."""
+    text, whoever sampled it); `withheld`: the dataset's requests its versions' filters withheld (its manifest's)."""
     rows = judged_rows(samples)
     kept = kept_chars(
         np.array([s.event for s in rows], dtype=object),
@@ -65,4 +65,4 @@ def fit_for(
     lp = first_token_logprobs(model, rows, pad_id) if rows else np.zeros(0)
     mu = np.array([s.behaviour_logprobs[0] for s in rows], dtype=np.float64)
     weights = np.exp(np.minimum(lp - mu, np.log(MAX_WEIGHT)))  # (N,) pi/mu of the first token, truncated
-    return fit_filter(lp, kept, cfg.max_chars_loss, cfg.max_withheld, cfg.min_kept_rows, weights)
+    return fit_filter(lp, kept, cfg.max_chars_loss, cfg.max_withheld, cfg.min_kept_rows, weights, withheld)

@@ -142,3 +142,18 @@ def test_weights_measure_the_shares_on_the_versions_own_first_tokens():
     assert (below.mean() > 0.3) and "withheld share" in weighted.reason
     with pytest.raises(ValueError, match="negative weight"):
         fit_filter(lp, kept, 0.03, 0.3, 2, weights=-weights)
+
+
+def test_requests_the_logging_version_withheld_count_against_the_cap_so_filters_do_not_stack():
+    """A candidate trained on a filtered champion's logs sees only what was shown: its cap is of every request, those
+    its parent withheld included. With the cap already reached it withholds no shown row, but still everything below
+    the least likely one shown (where its parent's withheld requests lie)."""
+    lp, kept = _logged(100, {-0.5: 90.0, -0.2: 10.0})
+    fresh = fit_filter(lp, kept, 0.03, 0.4, min_kept_rows=2)
+    after = fit_filter(lp, kept, 0.03, 0.4, min_kept_rows=2, already_withheld=25)  # a fifth of 127 requests withheld
+    assert fresh.withheld_share == pytest.approx(0.4, abs=0.01) and after.withheld_share == pytest.approx(0.4, abs=0.01)
+    assert after.min_first_logprob < fresh.min_first_logprob  # fewer shown rows left to withhold
+    assert (lp < after.min_first_logprob).sum() == pytest.approx(0.4 * 127 - 25, abs=1)
+    capped = fit_filter(lp, kept, 0.03, 0.4, min_kept_rows=2, already_withheld=100)  # 49% withheld already
+    assert capped.min_first_logprob == lp.min() and capped.withheld_share == pytest.approx(100 / 202)
+    assert not capped.withholds([lp.min()]) and capped.withholds([lp.min() - 0.1])
