@@ -1,9 +1,8 @@
 """A version's suggestion filter: withhold a completion whose first token the version itself found unlikely.
 
-Most suggestions users reject are samples from the tail of the policy's distribution: on the demo's version 1,
-the 30% of completions whose first sampled token had the lowest log-prob held 0.5% of the characters users kept
-(docs/learning.md). Showing nothing there costs the user nothing and spares a rejection, which is the abstain
-decision the flywheel asks the model to learn, taken from the model's own confidence.
+Most suggestions users reject are samples from the tail of the policy's distribution (docs/learning.md): showing
+nothing where the first sampled token was unlikely costs the user few kept characters and spares many rejections,
+which is the abstain decision the flywheel asks the model to learn, taken from the model's own confidence.
 
 The offline gate fits one threshold per candidate on the dataset's verdicts (`fit_filter`: the candidate's
 log-prob of each logged first token against the characters its user kept, each row weighted by the candidate's
