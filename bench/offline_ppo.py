@@ -78,7 +78,9 @@ def evaluate(model, tok, cases, rule, users, bpb, threshold: float | None = None
     t0 = time.perf_counter()
     texts, first = sampled(model, tok, cases, users.max_tokens, users.temperature)
     if threshold is not None:
-        texts = ["" if t and lp < threshold else t for t, lp in zip(texts, first)]
+        from data_contracts.suggestion_filter import withholds
+
+        texts = ["" if t and withholds(threshold, [lp]) else t for t, lp in zip(texts, first)]
     s = score(cases, texts, rule)
     return {
         **{k: round(e.mean, 4) for k, e in s.items()},

@@ -46,7 +46,12 @@ class SuggestionFilter(BaseModel):
 
     def withholds(self, logprobs: list[float]) -> bool:
         """Whether a completion with these (T,) per-token log-probs is withheld (an empty one never is)."""
-        return self.min_first_logprob is not None and bool(logprobs) and logprobs[0] < self.min_first_logprob
+        return withholds(self.min_first_logprob, logprobs)
+
+
+def withholds(min_first_logprob: float | None, logprobs: list[float]) -> bool:
+    """The filter's one rule, for callers holding only the threshold (the gateway, the held-out replay)."""
+    return min_first_logprob is not None and bool(logprobs) and logprobs[0] < min_first_logprob
 
 
 def from_tags(tags: dict[str, str]) -> SuggestionFilter | None:

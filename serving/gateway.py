@@ -13,6 +13,7 @@ import aiohttp
 import orjson
 
 from data_contracts.records import CompletionRecord, FeedbackEvent, SamplingParams
+from data_contracts.suggestion_filter import withholds
 from serving.api_models import ChatRequest, CompletionRequest, FeedbackRequest
 from serving.feedback_ledger import FeedbackLedger
 from serving.request_ids import InvalidRequestId, RequestIdSigner
@@ -54,7 +55,7 @@ class Routed:
 
     def withholds(self, logprobs: list[float]) -> bool:
         """Whether the version's suggestion filter withholds a completion with these (T,) engine log-probs."""
-        return self.min_first_logprob is not None and bool(logprobs) and logprobs[0] < self.min_first_logprob
+        return withholds(self.min_first_logprob, logprobs)
 
 
 class Gateway:

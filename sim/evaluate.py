@@ -22,6 +22,7 @@ import numpy as np
 
 from data_contracts import corpus
 from data_contracts.rewards import RewardRule
+from data_contracts.suggestion_filter import withholds
 from sim.tab_sites import TabSite, cursor_sites, site_files
 from sim.users import SimUsersConfig, population, verdict
 
@@ -158,10 +159,8 @@ def complete_all(
             logprobs=0 if min_first_logprob is not None else None,  # 0: each sampled token's own log-prob
         )
         choice = r.choices[0]
-        if min_first_logprob is not None and choice.logprobs and choice.logprobs.token_logprobs:
-            if choice.logprobs.token_logprobs[0] < min_first_logprob:
-                return ""
-        return choice.text
+        logprobs = (choice.logprobs.token_logprobs or []) if choice.logprobs else []
+        return "" if withholds(min_first_logprob, logprobs) else choice.text
 
     with ThreadPoolExecutor(concurrency) as pool:
         return list(pool.map(one, cases))
