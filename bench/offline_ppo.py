@@ -19,6 +19,8 @@ line continues (the gate's `bpb_stop`: the stop decision not charged). The last 
 (sim/learning_report.py, the keys of the demo's report.json): the trained policy (`final_version`: the
 checkpoint's version + 1) against the checkpoint, paired on the same requests, and against the checkpoint's
 completions cut to their best k characters; `promoted` is null; `train_s` leaves the evaluations out.
+With `--filter-budgets 0.03:0.2,0.03:0.4`, one line per budget comes before it (`"at": "final"`): the final
+policy's samples served under a suggestion filter fitted at that budget, with the report's keys.
 """
 
 from __future__ import annotations
@@ -70,24 +72,33 @@ def sampled(model, tok, cases, max_tokens: int, temperature: float, batch: int =
     return out, first
 
 
-def evaluate(model, tok, cases, rule, users, bpb, threshold: float | None = None) -> tuple[dict, list[str]]:
-    """The users' metrics on the model's completions (one JSON line's figures), and the completions. With a
-    suggestion filter's `threshold`, a completion whose first token's log-prob is below it is withheld ("")."""
+def filtered(texts: list[str], first: list[float], threshold: float | None) -> list[str]:
+    """The completions as the gateway serves them under a suggestion filter's `threshold`: a completion whose first
+    token's log-prob is below it is withheld ("")."""
+    from data_contracts.suggestion_filter import withholds
+
+    return [("" if t and withholds(threshold, [lp]) else t) for t, lp in zip(texts, first)]
+
+
+def evaluate(model, tok, cases, rule, users, bpb, threshold: float | None = None) -> tuple[dict, list[str], tuple]:
+    """The users' metrics on the model's completions (one JSON line's figures), the completions as served (withheld
+    ones "" under a suggestion filter's `threshold`), and (the sampled completions, their first tokens' log-probs)."""
     from sim.evaluate import score
 
     t0 = time.perf_counter()
-    texts, first = sampled(model, tok, cases, users.max_tokens, users.temperature)
-    if threshold is not None:
-        from data_contracts.suggestion_filter import withholds
-
-        texts = ["" if t and withholds(threshold, [lp]) else t for t, lp in zip(texts, first)]
+    raw, first = sampled(model, tok, cases, users.max_tokens, users.temperature)
+    texts = filtered(raw, first, threshold)
     s = score(cases, texts, rule)
-    return {
-        **{k: round(e.mean, 4) for k, e in s.items()},
-        **{f"{k}_ci": [round(e.low, 4), round(e.high, 4)] for k, e in s.items()},
-        **{k: round(v, 4) for k, v in bpb(model).items()},
-        "eval_s": round(time.perf_counter() - t0, 1),
-    }, texts
+    return (
+        {
+            **{k: round(e.mean, 4) for k, e in s.items()},
+            **{f"{k}_ci": [round(e.low, 4), round(e.high, 4)] for k, e in s.items()},
+            **{k: round(v, 4) for k, v in bpb(model).items()},
+            "eval_s": round(time.perf_counter() - t0, 1),
+        },
+        texts,
+        (raw, first),
+    )
 
 
 def cached_rows(path: Path | None, key: dict) -> list | None:
@@ -158,8 +169,19 @@ def main() -> None:
             "'at': '0+filter'); the learning report compares the filtered final policy with the unfiltered checkpoint"
         ),
     )
+    p.add_argument(
+        "--filter-budgets",
+        default="",
+        help=(
+            "comma-separated MAX_CHARS_LOSS:MAX_WITHHELD pairs: the final policy's filter fitted at each budget on the "
+            "logged rows and applied to the same held-out samples, one report line per budget (the filter budget study)"
+        ),
+    )
     args = p.parse_args()
     started = time.perf_counter()
+    budgets = [tuple(float(x) for x in b.split(":")) for b in args.filter_budgets.split(",") if b]
+    if any(len(b) != 2 for b in budgets):
+        p.error(f"--filter-budgets {args.filter_budgets!r}: expected MAX_CHARS_LOSS:MAX_WITHHELD pairs, e.g. 0.03:0.4,0.05:0.5")
     if (args.data_dir is None) == (not args.simulate):
         p.error("give --data-dir (train on its stored datasets) or --simulate N (train on N simulated logged requests)")
     if args.data_dir is not None:
@@ -274,20 +296,24 @@ def main() -> None:
             },
         ),
     }
-    base, base_texts = evaluate(load_policy(args.checkpoint), tok, cases, rule, users, bpb)
+    base, base_texts, _ = evaluate(load_policy(args.checkpoint), tok, cases, rule, users, bpb)
     print(json.dumps({"at": 0, **head, **base, "bpb_delta": 0.0, "bpb_stop_delta": 0.0, "bpb_fit_delta": 0.0}), flush=True)
 
-    def fitted(model) -> dict:
-        """The model's suggestion filter on the logged rows (what the offline gate registers with a candidate)."""
+    def fitted(model, budget: tuple[float, float] | None = None) -> dict:
+        """The model's suggestion filter on the logged rows (what the offline gate registers with a candidate), with the
+        demo's budgets or `budget` (max_chars_loss, max_withheld)."""
         from data_contracts.suggestion_filter import describe
         from training.suggestion_filter import fit_for
 
-        f = fit_for(model, rows, tok.pad_token_id, settings.demo.train.suggestion_filter)
+        fcfg = settings.demo.train.suggestion_filter
+        if budget is not None:
+            fcfg = type(fcfg).model_validate({**fcfg.model_dump(), "max_chars_loss": budget[0], "max_withheld": budget[1]})
+        f = fit_for(model, rows, tok.pad_token_id, fcfg)
         return {"threshold": f.min_first_logprob, "filter": describe(f), "filter_withheld_share": round(f.withheld_share, 4)}
 
     if args.suggestion_filter:
         v1_filter = fitted(load_policy(args.checkpoint))
-        v1_filtered, v1_texts = evaluate(load_policy(args.checkpoint), tok, cases, rule, users, bpb, v1_filter["threshold"])
+        v1_filtered, v1_texts, _ = evaluate(load_policy(args.checkpoint), tok, cases, rule, users, bpb, v1_filter["threshold"])
         from sim.evaluate import outcomes
         from sim.paired import compare
 
@@ -304,7 +330,7 @@ def main() -> None:
     plan = iteration_plan(len(picked), cfg)
     trainer.compute_reference(picked, rows=(r for batch in plan for r in batch))
     looks = {int(x) for x in args.eval_at.split(",") if x} | {len(plan)}
-    last = {"texts": base_texts, "eval_s": 0.0}
+    last = {"texts": base_texts, "sampled": None, "eval_s": 0.0}
 
     def after(it: int, metrics: dict[str, float]) -> None:
         if it + 1 in looks:
@@ -323,7 +349,7 @@ def main() -> None:
             }
             t0 = time.perf_counter()
             f = fitted(trainer.model.policy) if args.suggestion_filter else {"threshold": None}
-            now, last["texts"] = evaluate(trainer.model.policy, tok, cases, rule, users, bpb, f["threshold"])
+            now, last["texts"], last["sampled"] = evaluate(trainer.model.policy, tok, cases, rule, users, bpb, f["threshold"])
             now.update(f)
             last["eval_s"] += time.perf_counter() - t0
             print(
@@ -344,7 +370,14 @@ def main() -> None:
     t_train = time.perf_counter()
     trainer.train(picked, plan, 0, after)
     train_s = time.perf_counter() - t_train - last["eval_s"]
-    report = final_report(cases, rule, base_texts, last["texts"], args.version + 1, time.perf_counter() - started, train_s)
+    total_s = time.perf_counter() - started
+    for budget in budgets:  # the same samples of the final policy, served under each budget's filter
+        f = fitted(trainer.model.policy, budget)
+        texts = filtered(*last["sampled"], f["threshold"])
+        report = final_report(cases, rule, base_texts, texts, args.version + 1, total_s, train_s)
+        line = {"at": "final", "max_chars_loss": budget[0], "max_withheld": budget[1], **f}
+        print(json.dumps(line | json.loads(report.model_dump_json())), flush=True)
+    report = final_report(cases, rule, base_texts, last["texts"], args.version + 1, total_s, train_s)
     print(report.model_dump_json(), flush=True)
 
 

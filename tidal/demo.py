@@ -1,8 +1,9 @@
 """`tidal demo` and `tidal eval`: the whole loop on one machine, with simulated users.
 
 demo:  platform up (bootstrap if needed) → simulated users send Tab traffic through the gateway, all along
-       → N × [wait for `requests_per_cycle` new requests → flywheel cycle] → held-out eval of version 1
-       vs the final champion → table, PNG plot (MLflow run + Prefect artifact), where to look.
+       → N × [wait for `requests_per_cycle` new requests (`first_cycle_requests` before the model's first)
+       → flywheel cycle] → held-out eval of version 1 vs the final champion → table, PNG plot (MLflow run +
+       Prefect artifact), where to look.
 eval:  the same held-out replay for any versions.
 
 The demo's cycles use `demo.canary` and `demo.train` (sized for a laptop) and start the flows runner with
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from release.operations import roll_back_canary
 from tasks.cycle_report import CycleReport, cycle_table
-from tidal.loop_settings import FlywheelSettings
+from tidal.loop_settings import DemoSettings, FlywheelSettings
 from tidal.section import SettingsError
 from tidal.settings import TidalSettings
 from tidal.strategy import model_mismatch
@@ -212,6 +213,11 @@ def plot_versions(rows: list[dict], path: Path) -> Path:
     return path
 
 
+def requests_before(demo: DemoSettings, cycle: int) -> int:
+    """New simulated requests the demo waits for before `cycle` (1 = the model's first) collects."""
+    return demo.first_cycle_requests if cycle == 1 else demo.requests_per_cycle
+
+
 def wait_for_traffic(traffic, since: int, n: int, desc: str) -> None:
     """Until the users sent `n` requests after the first `since` (a progress bar); fails if the gateway keeps erroring."""
     from tqdm import tqdm
@@ -334,13 +340,15 @@ def cmd_demo(settings: TidalSettings, args) -> None:
     settle_s = g.logsink.segment_max_age_s + g.logsink.upload_interval_s + demo.users.feedback_delay_s[1] + 1
     print(
         f"\n{model}: {cycles} flywheel cycles from champion v{registry.aliases(model)['champion']}, "
-        f"{demo.requests_per_cycle} simulated requests each ({demo.users.users} users)"
+        f"{demo.requests_per_cycle} simulated requests each"
+        + (f" ({demo.first_cycle_requests} before the first)" if first == 1 else "")
+        + f" ({demo.users.users} users)"
     )
     traffic.start()
     collected = 0  # requests sent before the last cycle collected: the users keep typing while a cycle runs
     try:
         for n in range(first, first + cycles):
-            wait_for_traffic(traffic, collected, demo.requests_per_cycle, f"cycle {n}: traffic")
+            wait_for_traffic(traffic, collected, requests_before(demo, n), f"cycle {n}: traffic")
             time.sleep(settle_s)  # the last records and verdicts reach the store
             collected = traffic.sent
             quiet_s = run_cycle(model, n, "train" if demo.quiet_while_training else None, traffic)
@@ -428,6 +436,7 @@ def report_demo(
             {
                 "cycles": len(reports),
                 "requests_per_cycle": settings.demo.requests_per_cycle,
+                "first_cycle_requests": settings.demo.first_cycle_requests,
                 "users": settings.demo.users.users,
                 "eval_requests": settings.demo.eval_requests,
                 "versions": ",".join(f"v{v}" for v in versions),

@@ -151,6 +151,16 @@ class DemoSettings(Section):
             "sending while a cycle runs, so after the first cycle there is rarely a wait)."
         ),
     )
+    first_cycle_requests: int = Field(
+        2400,
+        ge=50,
+        description=(
+            "Simulated requests served before the model's first cycle collects (instead of requests_per_cycle). The first "
+            "candidate learns from version 1's logs alone, while a later one trains on every row its champion logged, "
+            "the traffic of the cycle before included; with 1,200 the first candidate was data-starved "
+            "(docs/learning.md, item 39)."
+        ),
+    )
     eval_requests: int = Field(
         3000,
         ge=20,

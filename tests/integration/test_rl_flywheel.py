@@ -36,6 +36,7 @@ pytestmark = pytest.mark.slow
 # held-out requests per version.
 TINY = {
     "TIDAL_DEMO__REQUESTS_PER_CYCLE": "60",
+    "TIDAL_DEMO__FIRST_CYCLE_REQUESTS": "60",
     "TIDAL_DEMO__EVAL_REQUESTS": "20",
     "TIDAL_DEMO__USERS__USERS": "200",
     "TIDAL_DEMO__USERS__SITES": "400",

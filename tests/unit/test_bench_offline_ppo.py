@@ -1,10 +1,11 @@
-"""bench/offline_ppo.py's last line: the learning report of a trained policy against its checkpoint."""
+"""bench/offline_ppo.py: its last line, the learning report of a trained policy against its checkpoint, and the
+completions as served under a suggestion filter budget."""
 
 from __future__ import annotations
 
 import json
 
-from bench.offline_ppo import final_report
+from bench.offline_ppo import filtered, final_report
 from data_contracts.rewards import RewardRule
 from sim.evaluate import best_truncation, eval_cases
 from sim.learning_report import LearningReport
@@ -60,3 +61,10 @@ def test_learning_study_configurations_are_valid_settings() -> None:
     # The demo runs the study's best configuration (docs/learning.md, item 26).
     best = {**STUDY_BASE, **CONFIGS["full_norm1e2_stop2_budget25_kept4_t05"][0]}
     assert all(getattr(demo.train.ppo, k) == v for k, v in best.items() if k != "passes"), demo.train.ppo
+
+
+def test_a_filter_budget_withholds_only_shown_completions_below_its_threshold() -> None:
+    texts, first = ["ab", "", "cd", "ef"], [-3.0, -9.0, -0.5, -2.0]
+    assert filtered(texts, first, None) == texts  # no filter fitted: everything is shown
+    assert filtered(texts, first, -2.0) == ["", "", "cd", "ef"]  # strictly below the threshold is withheld
+    assert filtered(texts, first, -0.1) == ["", "", "", ""]

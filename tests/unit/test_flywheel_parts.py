@@ -11,7 +11,7 @@ import pytest
 from data_contracts.samples import RewardSample
 from tasks.cycle_report import CycleReport, cycle_table
 from tasks.flywheel import served_metrics
-from tidal.demo import demo_profile, wait_for_traffic
+from tidal.demo import demo_profile, requests_before, wait_for_traffic
 from tidal.settings import load_settings
 
 
@@ -104,6 +104,18 @@ def test_a_cycle_waits_only_for_requests_not_yet_collected(monkeypatch):
     fresh = Users(sent=1000, per_poll=100)  # right after a collect at 1000
     wait_for_traffic(fresh, since=1000, n=1200, desc="t")
     assert 2200 <= fresh._sent <= 2400  # waited for 1200 more, not a request longer than a poll
+
+
+def test_the_first_cycle_waits_for_more_traffic_than_later_ones(monkeypatch, tmp_path):
+    # The first candidate learns from version 1's logs alone; later ones also from the traffic of the cycle before.
+    monkeypatch.chdir(tmp_path)
+    for k in [k for k in os.environ if k.startswith("TIDAL_")]:
+        monkeypatch.delenv(k)
+    demo = load_settings().demo
+    assert requests_before(demo, 1) == demo.first_cycle_requests > demo.requests_per_cycle
+    assert requests_before(demo, 2) == requests_before(demo, 7) == demo.requests_per_cycle
+    monkeypatch.setenv("TIDAL_DEMO__FIRST_CYCLE_REQUESTS", "60")
+    assert requests_before(load_settings().demo, 1) == 60
 
 
 def test_demo_profile_replaces_canary_and_training_and_stops_schedules(monkeypatch, tmp_path):
