@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from data_contracts.ledger import Ledger
 from data_contracts.logs import Batch
 from data_contracts.rewards import RewardRule
-from data_contracts.samples import REWARD_SAMPLE_SCHEMA
+from data_contracts.samples import REWARD_SAMPLE_SCHEMA, WITHHELD_SCHEMA
 from data_contracts.validate import Outcome
 
 
@@ -81,6 +81,32 @@ def drop_withheld(work: Work) -> Work:
     its text, and its tokens are not what the user saw, so it is never a training row (counted as `withheld`)."""
     work.completions.filter(work.c_frame["finish_reason"].to_numpy(dtype=object) == "withheld", "withheld")
     return work
+
+
+def build_withheld(work: Work) -> pa.Table:
+    """The completions filtered as withheld (each once: replays left out) as WithheldSample rows, sorted by
+    (completion time, request id): what the next candidate's suggestion filter is fitted on besides the verdicts."""
+    withheld = (work.completions.filtered == "withheld") & ~work.c_replay
+    rows = np.flatnonzero(withheld)
+    src = work.batch.completions.table.take(pa.array(rows, pa.int64()))
+    prompt_ids = src["prompt_token_ids"]
+    if work.prompt_ids:
+        original = prompt_ids.to_pylist()
+        prompt_ids = pa.array([work.prompt_ids.get(int(r), o) for r, o in zip(rows, original)], pa.list_(pa.int32()))
+    table = pa.table(
+        {
+            "request_id": src["request_id"],
+            "model": src["model"],
+            "version": src["version"],
+            "prompt_token_ids": prompt_ids,
+            "completion_token_ids": src["completion_token_ids"],
+            "behaviour_logprobs": src["behaviour_logprobs"],
+            "completion_time_ms": src["time_ms"],
+        },
+        schema=WITHHELD_SCHEMA,
+    )
+    order = pc.sort_indices(table, sort_keys=[("completion_time_ms", "ascending"), ("request_id", "ascending")])
+    return table.take(order)
 
 
 def versions_behind(versions: np.ndarray, known: list[int], champion: int) -> np.ndarray:

@@ -100,10 +100,22 @@ def write_quarantine(store: ObjectStore, batch: Batch, ledgers: dict[str, Ledger
     return written
 
 
-def write_dataset(store: ObjectStore, model: str, ds_id: str, samples: pa.Table, record: CollectRecord) -> DatasetManifest:
-    """Write the samples, then the manifest with their digest; returns the manifest as written."""
+def write_dataset(
+    store: ObjectStore, model: str, ds_id: str, samples: pa.Table, record: CollectRecord, withheld: pa.Table | None = None
+) -> DatasetManifest:
+    """Write the samples (and the withheld completions, if any), then the manifest with their digests; returns the
+    manifest as written."""
     data = _parquet_bytes(samples)
     prefix = dataset_prefix(model, ds_id)
+    extra = {}
+    if withheld is not None and withheld.num_rows:
+        held = _parquet_bytes(withheld)
+        extra = {
+            "withheld_key": f"{prefix}/withheld.parquet",
+            "withheld_rows": withheld.num_rows,
+            "withheld_digest": "sha256:" + hashlib.sha256(held).hexdigest(),
+        }
+        _put_bytes(store, extra["withheld_key"], held)
     manifest = DatasetManifest.model_validate(
         {
             **record.model_dump(),
@@ -113,6 +125,7 @@ def write_dataset(store: ObjectStore, model: str, ds_id: str, samples: pa.Table,
             "data_uri": store.uri(f"{prefix}/part-0.parquet"),
             "digest": "sha256:" + hashlib.sha256(data).hexdigest(),
             "schema": {n: str(t) for n, t in zip(samples.schema.names, samples.schema.types)},
+            **extra,
         }
     )
     _put_bytes(store, f"{prefix}/part-0.parquet", data)

@@ -113,6 +113,16 @@ class DatasetManifest(CollectRecord):
     data_uri: str
     digest: str = Field(description="sha256:<hex> of the data file's bytes, checked again by the trainer.")
     schema_: dict[str, str] = Field(alias="schema", description="Column -> Arrow type of the data file.")
+    withheld_key: str | None = Field(
+        None,
+        description=(
+            "Object key of withheld.parquet: the completions the serving versions' suggestion filters withheld "
+            "(WithheldSample rows), which the next candidate's filter is fitted on. None: nothing was withheld, or the "
+            "dataset predates the file (then only withheld_by_version counts them)."
+        ),
+    )
+    withheld_rows: int = Field(0, ge=0, description="Rows of withheld.parquet.")
+    withheld_digest: str | None = Field(None, description="sha256:<hex> of withheld.parquet's bytes, checked by the trainer.")
 
     def stored(self) -> dict:
         """The stored form (JSON keys as written: 'in', 'from', 'schema')."""

@@ -22,6 +22,7 @@ from data_contracts.assemble import (
     Work,
     assign_rewards,
     build_samples,
+    build_withheld,
     dedupe,
     drop_stale,
     drop_withheld,
@@ -240,7 +241,7 @@ def write_version(
     """Dataset + manifest; returns the manifest and the watermark to set once everything else succeeded."""
     wm_after = advance(plan.watermark, plan.rng, work.batch.future, ds_id, as_of_ms, plan.listed_from_ms, plan.listed_recent)
     record = collect_record(plan, work.batch, work, samples, rule, cfg, versions, wm_after, quarantine, as_of_ms)
-    return dataset.write_dataset(store, plan.model, ds_id, samples, record), wm_after
+    return dataset.write_dataset(store, plan.model, ds_id, samples, record, build_withheld(work)), wm_after
 
 
 def summarize(samples: pa.Table, rule: RewardRule) -> dict:

@@ -3,6 +3,9 @@
 A collected dataset (`datasets/model=M/<dataset-id>/part-0.parquet`) holds rows of exactly this type
 in REWARD_SAMPLE_SCHEMA. The behaviour log-probs travel with every row: PPO's truncated importance
 weight min(π_old/μ, C) needs μ, the probability the *served* weights gave each sampled token.
+
+Beside it, `withheld.parquet` holds the completions the serving version's suggestion filter withheld
+(WithheldSample in WITHHELD_SCHEMA): never training rows, but the next candidate's filter is fitted on them too.
 """
 
 from __future__ import annotations
@@ -83,3 +86,31 @@ REWARD_SAMPLE_SCHEMA = pa.schema(
 def samples_table(rows: list[dict]) -> pa.Table:
     """Rows (model_dump() of RewardSample) → a table in the stored schema."""
     return pa.Table.from_pylist(rows, schema=REWARD_SAMPLE_SCHEMA)
+
+
+class WithheldSample(BaseModel):
+    """A completion the serving version's suggestion filter withheld: sampled, logged, never shown, so no verdict.
+    The next candidate's filter scores its first token (data_contracts/suggestion_filter.py)."""
+
+    request_id: str = Field(description="Signed request id of the completion.")
+    model: str = Field(description="Registered model name.")
+    version: int = Field(description="Behaviour version: the registry version whose weights sampled the completion.")
+    prompt_token_ids: list[int] = Field(
+        min_length=1, description="(P,) prompt token ids as the engine saw them (re-encoded if the prompt was scrubbed)."
+    )
+    completion_token_ids: list[int] = Field(min_length=1, description="(T,) sampled token ids (the user saw none).")
+    behaviour_logprobs: list[float] = Field(min_length=1, description="(T,) served log-prob of each sampled token: μ.")
+    completion_time_ms: int = Field(description="Unix epoch ms of the completion request.")
+
+
+WITHHELD_SCHEMA = pa.schema(
+    [
+        ("request_id", pa.string()),
+        ("model", pa.string()),
+        ("version", pa.int64()),
+        ("prompt_token_ids", pa.list_(pa.int32())),
+        ("completion_token_ids", pa.list_(pa.int32())),
+        ("behaviour_logprobs", pa.list_(pa.float32())),
+        ("completion_time_ms", pa.int64()),
+    ]
+)

@@ -34,8 +34,22 @@ class SuggestionFilter(BaseModel):
             "withheld: the client gets an empty completion. None: nothing is withheld (see `reason`)."
         )
     )
-    fitted_rows: int = Field(ge=0, description="Logged completions with a verdict the threshold was fitted on.")
+    fitted_rows: int = Field(
+        ge=0,
+        description=(
+            "Logged completions the threshold was fitted on: those with a verdict, and those the logging versions' "
+            "filters withheld (`withheld_rows`)."
+        ),
+    )
     kept_rows: int = Field(ge=0, description="Of those, the ones whose user kept characters.")
+    withheld_rows: int = Field(
+        0,
+        ge=0,
+        description=(
+            "Of those, completions the logging versions' filters withheld: no verdict and no kept characters, but the "
+            "version's own first-token log-prob says whether it would withhold them too."
+        ),
+    )
     withheld_share: float = Field(
         ge=0, le=1, description="Share of the fitted rows the threshold withholds (importance-weighted to the version's samples)."
     )
@@ -68,6 +82,7 @@ def fit_filter(
     min_kept_rows: int,
     weights: np.ndarray | None = None,
     already_withheld: int = 0,
+    withheld_rows: int = 0,
 ) -> SuggestionFilter:
     """The highest threshold that withholds at most `max_withheld` of the rows and loses at most `max_chars_loss`
     of the characters users kept. first_logprobs: (N,) the version's log-prob of each shown completion's first
@@ -75,7 +90,9 @@ def fit_filter(
     weight, so that shares are those of the version's own first tokens rather than the logged ones (None: 1);
     already_withheld: requests of the same logs the logging versions' filters withheld (no verdict, not among the
     rows). They count as withheld by this threshold too: the withheld share is of every request, so each new
-    version's cap does not stack on its parent's."""
+    version's cap does not stack on its parent's. When the logs keep those completions, they are rows instead
+    (kept_chars 0, their weights the version's over the logging one's) and `withheld_rows` counts them: whether the
+    version withholds them is then measured, not assumed (a sharper version draws likelier first tokens there too)."""
     lp, kept = np.asarray(first_logprobs, dtype=np.float64), np.asarray(kept_chars, dtype=np.float64)
     w = np.ones_like(lp) if weights is None else np.asarray(weights, dtype=np.float64)
     if lp.shape != kept.shape or lp.shape != w.shape or lp.ndim != 1:
@@ -83,7 +100,7 @@ def fit_filter(
     if not (np.isfinite(lp).all() and np.isfinite(w).all()) or (w < 0).any():
         raise ValueError("first_logprobs or weights hold NaN/inf (or a negative weight): the forward pass is broken")
     kept_rows = int((kept > 0).sum())
-    evidence = {"fitted_rows": len(lp), "kept_rows": kept_rows}
+    evidence = {"fitted_rows": len(lp), "kept_rows": kept_rows, "withheld_rows": withheld_rows}
     if kept_rows < min_kept_rows:
         return SuggestionFilter(
             min_first_logprob=None,
@@ -130,6 +147,8 @@ def describe(f: SuggestionFilter | None) -> str:
         return f"no suggestion filter ({f.reason})"
     return (
         f"withholds suggestions whose first token has log-prob < {f.min_first_logprob:.3f} (p < "
-        f"{math.exp(f.min_first_logprob):.3f}); on {f.fitted_rows} logged verdicts: {f.withheld_share:.0%} withheld, "
+        f"{math.exp(f.min_first_logprob):.3f}); on {f.fitted_rows} logged completions"
+        + (f" ({f.withheld_rows} withheld by their versions)" if f.withheld_rows else "")
+        + f": {f.withheld_share:.0%} withheld, "
         f"{f.kept_chars_share:.1%} of kept characters still shown ({f.reason})"
     )

@@ -382,8 +382,7 @@ def gate(spec: TrainJob) -> None:
         from training.suggestion_filter import fit_for
         from training.tokenizer import padding_id
 
-        withheld = sum(data.withheld.values())  # by the serving versions' own filters: counted against the cap
-        fitted = fit_for(candidate, data.samples, padding_id(tokenizer), spec.train.suggestion_filter, withheld)
+        fitted = fit_for(candidate, data.samples, padding_id(tokenizer), spec.train.suggestion_filter, data)
         print(f"suggestion filter: {describe(fitted)}", flush=True)
         report = report.model_copy(update={"suggestion_filter": fitted})
     from mlflow.entities import Metric

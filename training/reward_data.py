@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from data_contracts.corpus import unit_hash
 from data_contracts.dataset import ManifestError, dataset_prefix, read_manifest, read_watermark
 from data_contracts.rewards import RewardRule
-from data_contracts.samples import REWARD_SAMPLE_SCHEMA, RewardSample
+from data_contracts.samples import REWARD_SAMPLE_SCHEMA, WITHHELD_SCHEMA, RewardSample, WithheldSample
 from tidal.store import ObjectStore
 
 
@@ -36,6 +36,8 @@ class RewardDataset:
     samples: list[RewardSample]
     rule: RewardRule | None  # the rule that computed the rewards, as the manifest recorded it (collect always does)
     withheld: dict[int, int] = field(default_factory=dict)  # {version: completions its suggestion filter withheld}
+    # The withheld completions themselves (withheld.parquet); None: the dataset predates the file, only counts remain
+    withheld_samples: list[WithheldSample] | None = field(default_factory=list)
 
 
 def latest_dataset_id(store: ObjectStore, model: str) -> str:
@@ -109,7 +111,46 @@ def load_dataset(store: ObjectStore, model: str, ds_id: str) -> RewardDataset:
             ) from None
         if rules != {rule.id}:
             raise DatasetError(f"dataset {ds_id}: rows were rewarded by {sorted(rules)}, the manifest names {rule.id}")
-    return RewardDataset(ds_id, manifest.digest, ",".join(sorted(rules)), samples, rule, manifest.withheld_by_version)
+    return RewardDataset(
+        ds_id,
+        manifest.digest,
+        ",".join(sorted(rules)),
+        samples,
+        rule,
+        manifest.withheld_by_version,
+        load_withheld(store, manifest, ds_id),
+    )
+
+
+def load_withheld(store: ObjectStore, manifest, ds_id: str) -> list[WithheldSample] | None:
+    """The dataset's withheld completions, checked against the manifest's digest and WITHHELD_SCHEMA; [] when none
+    were withheld, None when the dataset predates withheld.parquet (its manifest only counts them)."""
+    if manifest.withheld_key is None:
+        return None if manifest.withheld_by_version else []
+    with tempfile.TemporaryDirectory() as tmp:
+        local = Path(tmp) / "withheld.parquet"
+        try:
+            store.get_file(manifest.withheld_key, local)
+        except (KeyError, FileNotFoundError, OSError) as e:
+            raise DatasetError(f"dataset {ds_id}: its withheld completions' file is missing ({e})") from None
+        digest = "sha256:" + hashlib.sha256(local.read_bytes()).hexdigest()
+        if digest != manifest.withheld_digest:
+            raise DatasetError(
+                f"dataset {ds_id}: withheld.parquet digest {digest[:19]}… does not match the manifest's "
+                f"{str(manifest.withheld_digest)[:19]}…; the file changed after collection, re-run collect"
+            )
+        table = pq.read_table(local)
+    want = {f.name: _type_name(f.type) for f in WITHHELD_SCHEMA}
+    got = {f.name: _type_name(f.type) for f in table.schema}
+    if want != got:
+        raise DatasetError(f"dataset {ds_id}: withheld.parquet has columns {got}; expected the WithheldSample schema {want}")
+    try:
+        return [WithheldSample.model_validate(row) for row in table.to_pylist()]
+    except ValidationError as e:
+        raise DatasetError(
+            f"dataset {ds_id}: a row of withheld.parquet is not a WithheldSample: {e.errors()[0]['msg']} at "
+            f"{e.errors()[0]['loc']}"
+        ) from None
 
 
 def _type_name(t: pa.DataType) -> str:

@@ -5,6 +5,8 @@ prompt: the same number the engine reports as that token's log-prob when the can
 log-softmax, temperature 1). Against it, the characters each user kept; each row weighted by pi(first) / mu(first)
 (the candidate's probability of the logged first token over the logging version's, truncated at MAX_WEIGHT), so
 that the shares withheld and lost are those of the candidate's own first tokens, which the gateway will see.
+The completions the logging versions' filters withheld are scored too (no verdict, so no kept characters): a
+sharper candidate draws likelier first tokens on those requests as well, and would show some of them.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import torch
 from transformers import PreTrainedModel
 
 from data_contracts.rewards import kept_chars
-from data_contracts.samples import RewardSample
+from data_contracts.samples import RewardSample, WithheldSample
 from data_contracts.suggestion_filter import SuggestionFilter, fit_filter
+from training.reward_data import RewardDataset
 from training.train_settings import SuggestionFilterSettings
 
 JUDGED = ("accepted", "partial", "rejected")
@@ -30,7 +33,9 @@ def judged_rows(samples: Sequence[RewardSample]) -> list[RewardSample]:
 
 
 @torch.no_grad()
-def first_token_logprobs(model: PreTrainedModel, samples: Sequence[RewardSample], pad_id: int, batch: int = 32) -> np.ndarray:
+def first_token_logprobs(
+    model: PreTrainedModel, samples: Sequence[RewardSample | WithheldSample], pad_id: int, batch: int = 32
+) -> np.ndarray:
     """(N,) the model's log-prob of each row's first completion token given its prompt."""
     model.eval()
     out: list[float] = []
@@ -52,17 +57,26 @@ def first_token_logprobs(model: PreTrainedModel, samples: Sequence[RewardSample]
 
 
 def fit_for(
-    model: PreTrainedModel, samples: Sequence[RewardSample], pad_id: int, cfg: SuggestionFilterSettings, withheld: int = 0
+    model: PreTrainedModel,
+    samples: Sequence[RewardSample],
+    pad_id: int,
+    cfg: SuggestionFilterSettings,
+    data: RewardDataset | None = None,
 ) -> SuggestionFilter:
     """The candidate's filter, fitted on the dataset's judged rows (every behaviour version: the verdict is about the
-    text, whoever sampled it); `withheld`: the dataset's requests its versions' filters withheld (its manifest's)."""
+    text, whoever sampled it) and on the completions its versions' filters withheld (`data.withheld_samples`: no
+    verdict, no kept characters; for a dataset that predates them, their count as withheld by the candidate too)."""
     rows = judged_rows(samples)
+    held = [] if data is None or data.withheld_samples is None else data.withheld_samples
+    uncounted = 0 if data is None or data.withheld_samples is not None else sum(data.withheld.values())
     kept = kept_chars(
         np.array([s.event for s in rows], dtype=object),
         np.array([np.nan if s.accepted_chars is None else s.accepted_chars for s in rows], dtype=np.float64),
         np.array([len(s.completion_text) for s in rows], dtype=np.float64),
     )
-    lp = first_token_logprobs(model, rows, pad_id) if rows else np.zeros(0)
-    mu = np.array([s.behaviour_logprobs[0] for s in rows], dtype=np.float64)
-    weights = np.exp(np.minimum(lp - mu, np.log(MAX_WEIGHT)))  # (N,) pi/mu of the first token, truncated
-    return fit_filter(lp, kept, cfg.max_chars_loss, cfg.max_withheld, cfg.min_kept_rows, weights, withheld)
+    scored = [*rows, *held]
+    lp = first_token_logprobs(model, scored, pad_id) if scored else np.zeros(0)  # (N + W,)
+    mu = np.array([s.behaviour_logprobs[0] for s in scored], dtype=np.float64)
+    weights = np.exp(np.minimum(lp - mu, np.log(MAX_WEIGHT)))  # (N + W,) pi/mu of the first token, truncated
+    kept = np.concatenate([kept, np.zeros(len(held))])
+    return fit_filter(lp, kept, cfg.max_chars_loss, cfg.max_withheld, cfg.min_kept_rows, weights, uncounted, len(held))

@@ -86,6 +86,32 @@ def test_a_dataset_from_before_sampling_temperatures_says_so(store) -> None:
         load_dataset(store, "tab", "ds-old")
 
 
+def test_withheld_completions_load_beside_the_samples_and_are_checked(store, tmp_path) -> None:
+    from data_contracts.samples import WITHHELD_SCHEMA
+
+    keys = ("request_id", "model", "version", "prompt_token_ids", "completion_token_ids", "behaviour_logprobs")
+    held = pa.Table.from_pylist(
+        [{k: row(9)[k] for k in keys} | {"request_id": "w1", "completion_time_ms": 5}], schema=WITHHELD_SCHEMA
+    )
+    manifest = write_dataset(store, "tab", "ds-w", samples_table([row(0)]), collect_record(), held)
+    data = load_dataset(store, "tab", "ds-w")
+    assert manifest.withheld_rows == 1 and [(w.request_id, w.behaviour_logprobs) for w in data.withheld_samples] == [
+        ("w1", [-0.5])
+    ]
+    # nothing withheld: no file, and an empty list; a dataset from before the file, with only counts: None
+    write_dataset(store, "tab", "ds-n", samples_table([row(0)]), collect_record())
+    assert load_dataset(store, "tab", "ds-n").withheld_samples == []
+    old = collect_record().model_copy(update={"withheld_by_version": {1: 4}})
+    write_dataset(store, "tab", "ds-o", samples_table([row(0)]), old)
+    assert load_dataset(store, "tab", "ds-o").withheld_samples is None
+    import pyarrow.parquet as pq
+
+    pq.write_table(held.slice(0, 0), other := tmp_path / "held.parquet")
+    store.put_file(other, manifest.withheld_key)
+    with pytest.raises(DatasetError, match="withheld.parquet digest .* does not match the manifest"):
+        load_dataset(store, "tab", "ds-w")
+
+
 def test_changed_data_file_fails_the_digest_check(store, tmp_path) -> None:
     manifest = write_dataset(store, "tab", "ds-d", samples_table([row(0), row(1)]), collect_record())
     other = tmp_path / "other.parquet"

@@ -57,6 +57,22 @@ def test_equal_log_probs_are_withheld_together_and_bad_input_is_refused():
         fit_filter(np.array([np.nan, -1.0]), np.zeros(2), 0.03, 0.4, 1)
 
 
+def test_completions_a_parent_withheld_are_measured_not_assumed_withheld():
+    # 60 shown rejections at -9..-1 and kept rows at -0.5; the parent withheld 40 more requests. Counted as
+    # withheld by the candidate too (a dataset that predates the withheld file), they fill the 40% cap at once.
+    # Scored, a sharper candidate's first tokens on 30 of those 40 are likely (-0.2): it would show them, and the
+    # cap leaves room to withhold the unlikely shown rejections.
+    lp, kept = _logged(60, {-0.5: 50.0, -0.4: 50.0})
+    assumed = fit_filter(lp, kept, 0.03, 0.4, 2, already_withheld=40)
+    every = np.concatenate([lp, [-6.0] * 10 + [-0.2] * 30])
+    measured = fit_filter(every, np.concatenate([kept, np.zeros(40)]), 0.03, 0.4, 2, withheld_rows=40)
+    assert assumed.min_first_logprob == pytest.approx(-9.0) and assumed.withheld_share == pytest.approx(40 / 102)
+    # 40 of the 102 requests withheld: the 10 unlikely withheld ones and the 30 least likely shown rejections
+    assert (every < measured.min_first_logprob).sum() == 40 and measured.withheld_share == pytest.approx(40 / 102)
+    assert measured.min_first_logprob > -6.0 and measured.withheld_rows == 40
+    assert measured.fitted_rows == 102 and "(40 withheld by their versions)" in describe(measured)
+
+
 def test_the_gate_registers_the_filter_as_a_lineage_tag_the_fleet_reads_back():
     from training.job_spec import GateReport
 
@@ -97,6 +113,34 @@ def test_the_logging_version_fits_its_own_filter_with_unit_weights(champion_dir,
     assert fitted.withheld_share == pytest.approx(plain.withheld_share, abs=1e-3)
 
 
+def test_the_candidate_scores_the_completions_the_dataset_kept_as_withheld(champion_dir, samples):
+    """Withheld completions join the fit with no kept characters (the logging version scores them as it sampled them:
+    unit weights); a dataset that predates the withheld file falls back to their count."""
+    from dataclasses import replace
+
+    from data_contracts.samples import WithheldSample
+    from training.policy import load_policy
+    from training.reward_data import RewardDataset
+    from training.suggestion_filter import fit_for, judged_rows
+    from training.train_settings import SuggestionFilterSettings
+
+    cfg = SuggestionFilterSettings(enabled=True, max_chars_loss=0.1, max_withheld=0.5, min_kept_rows=3)
+    rows = judged_rows(samples)
+    shown, held = rows[12:], [WithheldSample.model_validate(s.model_dump()) for s in rows[:12]]
+    data = RewardDataset("ds", "sha256:0", "r@1", shown, None, {1: 12}, held)
+    policy = load_policy(champion_dir)
+    lp = np.array([s.behaviour_logprobs[0] for s in [*shown, *held]])
+    kept = np.array([1.0 if s.event == "accepted" else 0.0 for s in shown] + [0.0] * 12)
+    fitted, plain = fit_for(policy, shown, 0, cfg, data), fit_filter(lp, kept, 0.1, 0.5, 3, withheld_rows=12)
+    assert fitted.withheld_rows == 12 and fitted.fitted_rows == len(rows)
+    assert fitted.min_first_logprob == pytest.approx(plain.min_first_logprob, abs=1e-4)
+    assert fitted.withheld_share == pytest.approx(plain.withheld_share, abs=1e-3)
+    old = fit_for(policy, shown, 0, cfg, replace(data, withheld_samples=None))
+    counted = fit_filter(lp[: len(shown)], kept[: len(shown)], 0.1, 0.5, 3, already_withheld=12)
+    assert old.withheld_rows == 0 and old.fitted_rows == len(shown)
+    assert old.withheld_share == pytest.approx(counted.withheld_share, abs=1e-3)
+
+
 def test_a_withheld_completion_is_counted_and_never_becomes_a_training_row(tmp_path):
     store = LocalStore(tmp_path)
     shown = completion(T0 + 60_000, 0)
@@ -108,6 +152,12 @@ def test_a_withheld_completion_is_counted_and_never_becomes_a_training_row(tmp_p
     assert counts["filtered_by_reason"] == {"withheld": 1} and counts["kept"] == 1
     assert result.samples["request_id"].to_pylist() == [shown["request_id"]]
     assert result.manifest.withheld_by_version == {1: 1}
+    # ... and is kept beside the dataset, for the next candidate's filter to score
+    from training.reward_data import load_dataset
+
+    data = load_dataset(store, "tab", result.manifest.dataset_id)
+    assert result.manifest.withheld_rows == 1 and [w.request_id for w in data.withheld_samples] == [withheld["request_id"]]
+    assert data.withheld_samples[0].completion_token_ids == withheld["completion_token_ids"]
 
 
 def test_a_versions_served_figures_count_its_withheld_requests_as_answered_with_nothing(samples):
