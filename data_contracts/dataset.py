@@ -3,6 +3,7 @@
     quarantine/model=M/<dataset-id>/{completions,feedback}.parquet   rows in stored schema + reason, source_key
     quarantine/model=M/<dataset-id>/files/<log key>                  log objects quarantined whole (schema)
     datasets/model=M/<dataset-id>/part-0.parquet                     RewardSample rows
+    datasets/model=M/<dataset-id>/withheld.parquet                   WithheldSample rows (when any were withheld)
     datasets/model=M/<dataset-id>/manifest.json                      counts, digest, rule, sources, watermarks
     state/watermarks/model=M.json                                    written last, only after the dataset
 
