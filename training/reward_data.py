@@ -3,7 +3,8 @@
 The collect flow writes `datasets/model=M/<dataset-id>/part-0.parquet` and a manifest with the
 data's sha256. The trainer refuses anything that does not match what the collect flow promised:
 a missing manifest, a digest mismatch (a file changed or truncated after collection), a schema
-other than REWARD_SAMPLE_SCHEMA, rows that fail RewardSample, or an empty dataset.
+other than REWARD_SAMPLE_SCHEMA, rows that fail RewardSample, or an empty dataset. The withheld completions
+beside it (`withheld.parquet`) are checked the same way.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pydantic import ValidationError
 
 from data_contracts.corpus import unit_hash
 from data_contracts.dataset import ManifestError, dataset_prefix, read_manifest, read_watermark
+from data_contracts.manifest import DatasetManifest
 from data_contracts.rewards import RewardRule
 from data_contracts.samples import REWARD_SAMPLE_SCHEMA, WITHHELD_SCHEMA, RewardSample, WithheldSample
 from tidal.store import ObjectStore
@@ -58,22 +60,7 @@ def load_dataset(store: ObjectStore, model: str, ds_id: str) -> RewardDataset:
         manifest = read_manifest(store, model, ds_id)
     except ManifestError as e:
         raise DatasetError(f"dataset {ds_id}: {e}") from None
-    with tempfile.TemporaryDirectory() as tmp:
-        local = Path(tmp) / "part-0.parquet"
-        try:
-            store.get_file(manifest.data_key, local)
-        except (KeyError, FileNotFoundError, OSError) as e:
-            raise DatasetError(f"dataset {ds_id}: its data file is missing ({e})") from None
-        digest = "sha256:" + hashlib.sha256(local.read_bytes()).hexdigest()
-        if digest != manifest.digest:
-            raise DatasetError(
-                f"dataset {ds_id}: data digest {digest[:19]}… does not match the manifest's "
-                f"{manifest.digest[:19]}…; the file changed after collection, re-run collect"
-            )
-        try:
-            table = pq.read_table(local)
-        except Exception as e:  # noqa: BLE001  pyarrow raises several types for a damaged file
-            raise DatasetError(f"dataset {ds_id}: unreadable Parquet ({e})") from None
+    table = read_checked(store, manifest.data_key, manifest.digest, ds_id, "data")
     want = {f.name: _type_name(f.type) for f in REWARD_SAMPLE_SCHEMA}
     got = {f.name: _type_name(f.type) for f in table.schema}
     if want != got:
@@ -122,24 +109,32 @@ def load_dataset(store: ObjectStore, model: str, ds_id: str) -> RewardDataset:
     )
 
 
-def load_withheld(store: ObjectStore, manifest, ds_id: str) -> list[WithheldSample] | None:
+def read_checked(store: ObjectStore, key: str, digest: str, ds_id: str, what: str) -> pa.Table:
+    """One of the dataset's Parquet files, refused unless its bytes match the manifest's sha256 `digest`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        local = Path(tmp) / "file.parquet"
+        try:
+            store.get_file(key, local)
+        except (KeyError, FileNotFoundError, OSError) as e:
+            raise DatasetError(f"dataset {ds_id}: its {what} file is missing ({e})") from None
+        got = "sha256:" + hashlib.sha256(local.read_bytes()).hexdigest()
+        if got != digest:
+            raise DatasetError(
+                f"dataset {ds_id}: {what} digest {got[:19]}… does not match the manifest's "
+                f"{digest[:19]}…; the file changed after collection, re-run collect"
+            )
+        try:
+            return pq.read_table(local)
+        except Exception as e:  # noqa: BLE001  pyarrow raises several types for a damaged file
+            raise DatasetError(f"dataset {ds_id}: unreadable Parquet ({e})") from None
+
+
+def load_withheld(store: ObjectStore, manifest: DatasetManifest, ds_id: str) -> list[WithheldSample] | None:
     """The dataset's withheld completions, checked against the manifest's digest and WITHHELD_SCHEMA; [] when none
     were withheld, None when the dataset predates withheld.parquet (its manifest only counts them)."""
     if manifest.withheld_key is None:
         return None if manifest.withheld_by_version else []
-    with tempfile.TemporaryDirectory() as tmp:
-        local = Path(tmp) / "withheld.parquet"
-        try:
-            store.get_file(manifest.withheld_key, local)
-        except (KeyError, FileNotFoundError, OSError) as e:
-            raise DatasetError(f"dataset {ds_id}: its withheld completions' file is missing ({e})") from None
-        digest = "sha256:" + hashlib.sha256(local.read_bytes()).hexdigest()
-        if digest != manifest.withheld_digest:
-            raise DatasetError(
-                f"dataset {ds_id}: withheld.parquet digest {digest[:19]}… does not match the manifest's "
-                f"{str(manifest.withheld_digest)[:19]}…; the file changed after collection, re-run collect"
-            )
-        table = pq.read_table(local)
+    table = read_checked(store, manifest.withheld_key, str(manifest.withheld_digest), ds_id, "withheld.parquet")
     want = {f.name: _type_name(f.type) for f in WITHHELD_SCHEMA}
     got = {f.name: _type_name(f.type) for f in table.schema}
     if want != got:
