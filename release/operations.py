@@ -13,9 +13,10 @@ from dataclasses import dataclass
 import httpx
 
 from data_contracts.rewards import RewardRule
+from release.canary_records import ArmHealth, History, histories
 from release.live_state import reconcile
 from release.outcomes import LogReader, read_outcomes
-from release.policy import ArmHealth, CanaryConfig, History, histories
+from release.policy import CanaryConfig
 from serving.client import AdminError, FleetClient, RoutesClient
 from serving.routes import ArmSpec
 from tidal import lineage

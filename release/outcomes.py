@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from data_contracts.log_layout import key_segment_id, segment_opened_ms
 from data_contracts.rewards import RewardRule, kept_chars
 from data_contracts.scope import floor_hour, parse_key
-from release.policy import History, Outcome
+from release.canary_records import History, Outcome
 from tidal.store import ObjectStore
 
 

@@ -13,9 +13,12 @@ on canary − control: shown worse by more than the margin, shown not worse by m
        p99 + p99_slack_ms, above control's share; the margin is the 1% a p99 allows), accepted characters per
        request (a relative margin: a model that stops suggesting must not win)
     2. primary metric (reward per request by default): significantly lower → roll back
-    3. a step that is not the last advances once it has >= min_samples canary outcomes and the primary is
-       shown not worse than control by detect_regression_sd pooled standard deviations: each step decides the
-       regression it must catch before more users see the candidate (`plan()` sizes it by power)
+    3. a step that is not the last advances once it has >= min_samples canary outcomes and the primary and
+       accepted characters per request are each shown not worse than control by detect_regression_sd pooled
+       standard deviations at level advance_risk:
+       each step decides the regression it must catch before more users see the candidate (`plan()` sizes it
+       by power). Advancing releases nothing, so it is tested at the exposure risk one accepts (the chance a
+       candidate worse by that much reaches the next step, where it is tested again), not at alpha
     4. the last step promotes once the primary is significantly better AND every guardrail is shown
        non-inferior; "not significantly worse" is not enough
     5. a step past max_step_s → inconclusive (never promoted): roll back, or ask a human (on_inconclusive='ask')
@@ -40,13 +43,12 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, model_validator
 
+from release.canary_records import METRICS, ArmHealth, Columns, Metric, Outcome, blocks
 from release.stats import Comparison, StepPlan, Summary, cuped, msprt, plan_step, pooled, stratified_msprt
 from tidal.model_settings import Margins
 from tidal.section import Section
 
-Metric = Literal["reward", "accepted", "accepted_chars"]
 Action = Literal["wait", "advance", "promote", "rollback", "inconclusive"]
-METRICS: tuple[Metric, ...] = ("reward", "accepted", "accepted_chars")
 
 
 class CanaryConfig(Section):
@@ -55,11 +57,11 @@ class CanaryConfig(Section):
         description=("Canary traffic share of each step, increasing; passing the last step promotes to 100%."),
     )
     min_samples: int = Field(
-        100,
+        50,
         ge=10,
         description=(
-            "Canary outcomes a step needs before it may end (a floor: the tests decide when it does; at 5% of traffic 200 "
-            "would hold every step for 4,000 requests, longer than a clear improvement needs)."
+            "Canary outcomes a step needs before it may end (a floor: the tests decide when it does; at 5% of traffic 50 "
+            "holds the first step for 1,000 requests, 200 would hold it for 4,000, longer than a clear improvement needs)."
         ),
     )
     min_test_samples: int = Field(30, ge=2, description="Outcomes per arm before any sequential test may decide (small-n guard).")
@@ -81,6 +83,16 @@ class CanaryConfig(Section):
             "A step before the last advances only once the primary is shown not worse than control by this many pooled "
             "standard deviations: the regression each step must decide (0.13 ~ an accept rate 20% lower at 0.30 under the "
             "default reward rule). Smaller catches smaller regressions at the first step and makes every step longer."
+        ),
+    )
+    advance_risk: float = Field(
+        0.2,
+        gt=0,
+        lt=1,
+        description=(
+            "Level of the test that lets a step advance: the chance that a candidate worse by detect_regression_sd is "
+            "let through to the next step (it is still tested there). Advancing is not a release decision and spends "
+            "none of alpha; larger advances a good candidate sooner and lets more regressions reach the next step."
         ),
     )
     stratify: bool = Field(
@@ -145,51 +157,11 @@ class CanaryConfig(Section):
         return self
 
     def plan(self) -> list[StepPlan]:
-        """Each step's requests to decide a detect_regression_sd regression (power 0.8) or clear it (median)."""
-        return [plan_step(w, self.detect_regression_sd, self.alpha / 2, self.mixture_sd) for w in self.steps]
-
-
-@dataclass(frozen=True)
-class History:
-    """One user's outcomes of the control version before the ramp: CUPED's covariates (means per request)."""
-
-    n: int
-    reward: float
-    accepted: float
-    accepted_chars: float
-
-
-def histories(outcomes: Sequence[Outcome]) -> dict[str, History]:
-    """Each user's History from their outcomes (those of the control version before a ramp)."""
-    by_user: dict[str, list[Outcome]] = {}
-    for o in outcomes:
-        by_user.setdefault(o.user, []).append(o)
-    return {
-        u: History(len(os), *(math.fsum(getattr(o, m) for o in os) / len(os) for m in METRICS)) for u, os in by_user.items() if u
-    }
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """One resolved request of one arm (from the logs): what the user got."""
-
-    arm: str  # "control" | "canary"
-    reward: float
-    accepted: float  # 1.0 accepted, else 0.0
-    accepted_chars: float
-    latency_ms: float
-    time_ms: int
-    kind: str = ""  # request kind (a stratum): release.outcomes.request_kind
-    history: History | None = None  # the user's outcomes before the ramp, if any
-    user: str = ""  # the user's hash (groups a user's outcomes into a History)
-
-
-@dataclass(frozen=True)
-class ArmHealth:
-    """Live counters of one arm since the canary started (errors never reach the logs)."""
-
-    requests: int = 0
-    errors: int = 0
+        """Each step's requests to roll back a detect_regression_sd regression (power 0.8), or to clear it (median)."""
+        return [
+            plan_step(w, self.detect_regression_sd, self.alpha / 2, self.mixture_sd, clear_alpha=self.advance_risk)
+            for w in self.steps
+        ]
 
 
 @dataclass
@@ -214,48 +186,6 @@ class Look:
         return out
 
 
-class Columns:
-    """The outcomes as arrays (one per field), for a look over tens of thousands of them. `kinds` maps each
-    request kind to its code; pass the same dict to columns that will be concatenated."""
-
-    def __init__(self, outcomes: Sequence[Outcome], kinds: dict[str, int] | None = None):
-        self.n, self.kinds = len(outcomes), {} if kinds is None else kinds
-        self.canary = np.fromiter((o.arm == "canary" for o in outcomes), bool, self.n)
-        self.values = {m: np.fromiter((getattr(o, m) for o in outcomes), float, self.n) for m in METRICS}
-        self.history = {
-            m: np.fromiter((math.nan if o.history is None else getattr(o.history, m) for o in outcomes), float, self.n)
-            for m in METRICS
-        }
-        self.latency_ms = np.fromiter((o.latency_ms for o in outcomes), float, self.n)
-        self.time_ms = np.fromiter((o.time_ms for o in outcomes), np.int64, self.n)
-        self.kind = np.fromiter((self.kinds.setdefault(o.kind, len(self.kinds)) for o in outcomes), np.int64, self.n)
-
-    def extend(self, more: Columns) -> Columns:
-        """These columns followed by `more` (built with the same kinds)."""
-        out = Columns([], self.kinds)
-        out.n = self.n + more.n
-        for name in ("canary", "latency_ms", "time_ms", "kind"):
-            setattr(out, name, np.concatenate([getattr(self, name), getattr(more, name)]))
-        out.values = {m: np.concatenate([self.values[m], more.values[m]]) for m in METRICS}
-        out.history = {m: np.concatenate([self.history[m], more.history[m]]) for m in METRICS}
-        return out
-
-
-def _blocks(values: np.ndarray, canary: np.ndarray, step: np.ndarray, kind: np.ndarray) -> list[list[tuple[Summary, Summary]]]:
-    """(control, canary) Summary per request kind, per step served in (small non-negative int codes)."""
-    kinds = int(kind.max()) + 1 if len(kind) else 1
-    group = (step * kinds + kind) * 2 + canary
-    size = 2 * kinds * (int(step.max()) + 1 if len(step) else 1)
-    n = np.bincount(group, minlength=size)
-    total = np.bincount(group, weights=values, minlength=size)
-    mean = np.divide(total, n, out=np.zeros(size), where=n > 0)
-    ss = np.bincount(group, weights=(values - mean[group]) ** 2, minlength=size)  # two-pass: exact for large means
-    var = np.divide(ss, n - 1, out=np.zeros(size), where=n > 1)
-    arm = [Summary(int(n[g]), float(mean[g]), float(var[g])) for g in range(size)]
-    pairs = [(arm[2 * s], arm[2 * s + 1]) for s in range(size // 2)]
-    return [[p for p in pairs[b * kinds : (b + 1) * kinds] if p[0].n + p[1].n] for b in range(size // (2 * kinds))]
-
-
 def _p99(values: np.ndarray) -> float:
     if not len(values):
         return math.nan
@@ -277,7 +207,7 @@ def _compare(
     tested = cuped(values, covariate) if cfg.cuped and covariate is not None else values
     c = stratified_msprt(
         name,
-        _blocks(tested, cols.canary, *strata),
+        blocks(tested, cols.canary, *strata),
         alpha,
         cfg.mixture_sd,
         cfg.min_test_samples,
@@ -391,12 +321,20 @@ def look(
         )
     last = step + 1 == len(cfg.steps)
     complete = step_canary_n >= cfg.min_samples
-    if complete and not last and primary.low > -regression:
+    # A step advances once it excludes, at advance_risk, a regression of detect_regression_sd sd in the primary and
+    # in accepted characters per request (else a candidate that wins reward by showing less would reach more users
+    # before the guardrail's alpha/6 test can roll it back).
+    held = {cfg.primary: (primary, regression)}
+    if cfg.primary != "accepted_chars":
+        held["accepted_chars"] = (chars, cfg.detect_regression_sd * math.sqrt(pooled(chars.control, chars.canary).var))
+    lows = {m: c.low_at(cfg.advance_risk) for m, (c, _) in held.items()}
+    if complete and not last and all(lows[m] > -step_margin for m, (_, step_margin) in held.items()):
         return out(
             "advance",
-            f"{cfg.primary} not worse than control by {regression:.4f} ({cfg.detect_regression_sd} sd) "
-            f"after {step_canary_n} canary outcomes at {weight:.0%} (delta in [{primary.low:.4f}, "
-            f"{primary.high:.4f}])",
+            f"{' and '.join(held)} not worse than control by {cfg.detect_regression_sd} sd at risk {cfg.advance_risk:g} "
+            f"after {step_canary_n} canary outcomes at {weight:.0%} ("
+            + "; ".join(f"{m} delta >= {lows[m]:.4f}, allowed -{step_margin:.4f}" for m, (_, step_margin) in held.items())
+            + ")",
         )
     unproven = [
         f"error rate excess {errors.high:.2%} > {margins.error_rate:.2%}" if errors.high > margins.error_rate else "",
@@ -413,8 +351,17 @@ def look(
             f"(delta in [{primary.low:.4f}, {primary.high:.4f}], p={primary.p_value:.4f}); guardrails "
             f"non-inferior (accepted chars delta >= {chars.low:.3f}, allowed -{chars_margin:.3f})",
         )
+    unmet = [
+        f"{m} delta >= {lows[m]:.4f}, allowed -{step_margin:.4f}"
+        for m, (_, step_margin) in held.items()
+        if lows[m] <= -step_margin
+    ]
     pending = f"{cfg.primary} delta in [{primary.low:.4f}, {primary.high:.4f}], p={primary.p_value:.4f}" + (
-        f"; not shown non-inferior: {'; '.join(unproven)}" if unproven and last else ""
+        f"; not shown non-inferior: {'; '.join(unproven)}"
+        if unproven and last
+        else f"; step regression not excluded at risk {cfg.advance_risk:g}: {'; '.join(unmet)}"
+        if unmet and not last
+        else ""
     )
     if step_elapsed_s >= cfg.max_step_s:
         return out(

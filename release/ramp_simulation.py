@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from data_contracts.rewards import RewardRule
-from release.policy import ArmHealth, CanaryConfig, History, Outcome, Ramp
+from release.canary_records import ArmHealth, History, Outcome
+from release.policy import CanaryConfig, Ramp
 from tidal.model_settings import Margins
 
 LATENCY_MEDIAN_MS = 120.0  # both arms: a typical small-model completion round trip

@@ -73,6 +73,14 @@ class Comparison:
     log_lambda: float  # log of the mixture likelihood ratio
     p_value: float  # 1 / Lambda at this look (take the running minimum across looks)
     alpha: float
+    var: float = math.inf  # V, the variance of delta (inf: no test made yet)
+    tau2: float = 1.0  # the mixture's tau^2
+
+    def low_at(self, alpha: float) -> float:
+        """The confidence sequence's lower bound at another level (same estimate, variance and mixture)."""
+        if math.isinf(self.var):
+            return -math.inf
+        return self.delta - _half_width(self.var, self.tau2, alpha)
 
     @property
     def significant(self) -> bool:
@@ -105,6 +113,11 @@ class Comparison:
         }
 
 
+def _half_width(V: float, tau2: float, alpha: float) -> float:
+    """Half-width of the confidence sequence at level alpha (module docstring)."""
+    return math.sqrt(2 * V * (V + tau2) / tau2 * (math.log(1 / alpha) + 0.5 * math.log((V + tau2) / V)))
+
+
 def _test(
     metric: str, control: Summary, canary: Summary, delta: float, V: float, pooled_var: float, alpha: float, mixture_sd: float
 ) -> Comparison:
@@ -112,9 +125,9 @@ def _test(
     V = max(V, _VAR_FLOOR)
     tau2 = mixture_sd**2 * max(pooled_var, _VAR_FLOOR)
     log_lambda = 0.5 * math.log(V / (V + tau2)) + tau2 * delta**2 / (2 * V * (V + tau2))
-    half = math.sqrt(2 * V * (V + tau2) / tau2 * (math.log(1 / alpha) + 0.5 * math.log((V + tau2) / V)))
+    half = _half_width(V, tau2, alpha)
     p_value = min(1.0, math.exp(-log_lambda))
-    return Comparison(metric, control, canary, delta, delta - half, delta + half, log_lambda, p_value, alpha)
+    return Comparison(metric, control, canary, delta, delta - half, delta + half, log_lambda, p_value, alpha, V, tau2)
 
 
 def _check(alpha: float, mixture_sd: float) -> None:
@@ -241,7 +254,7 @@ def _half_width_sd(n: float, weight: float, alpha: float, mixture_sd: float) -> 
     """(sqrt(V), half-width of the confidence sequence) in pooled standard deviations after n requests."""
     v = 1.0 / (n * weight * (1 - weight))  # V / s^2 with n_canary = weight n, n_control = (1 - weight) n
     t2 = mixture_sd**2
-    return math.sqrt(v), math.sqrt(2 * v * (v + t2) / t2 * (math.log(1 / alpha) + 0.5 * math.log((v + t2) / v)))
+    return math.sqrt(v), _half_width(v, t2, alpha)
 
 
 def _smallest_n(ok) -> int:
@@ -257,16 +270,21 @@ def _smallest_n(ok) -> int:
     return hi
 
 
-def plan_step(weight: float, effect_sd: float, alpha: float, mixture_sd: float, power: float = 0.8) -> StepPlan:
+def plan_step(
+    weight: float, effect_sd: float, alpha: float, mixture_sd: float, power: float = 0.8, clear_alpha: float | None = None
+) -> StepPlan:
     """The requests a step at `weight` needs to decide a regression of `effect_sd` pooled standard deviations:
 
     * detect: the estimate z = delta / sqrt(V) is N(effect_sd / sqrt(V / s^2), 1); the test has rejected once
       |z| >= its boundary, i.e. once the half-width falls below |delta|. Counting only the final look
       (a sequential test may also stop earlier), the smallest n with P(upper bound < 0) >= power.
-    * clear: the smallest n whose half-width is below effect_sd, so that an unchanged canary's lower bound
-      passes -effect_sd in about half the runs: when the step can advance.
+    * clear: the smallest n whose half-width at level clear_alpha (default alpha: the level the step advances
+      at) is below effect_sd, so that an unchanged canary's lower bound passes -effect_sd in about half the
+      runs: when the step can advance.
     Both ignore variance reduction (stratification, CUPED), which only shortens them."""
+    clear_alpha = alpha if clear_alpha is None else clear_alpha
     _check(alpha, mixture_sd)
+    _check(clear_alpha, mixture_sd)
     if not 0 < weight < 1 or effect_sd <= 0 or not 0 < power < 1:
         raise ValueError(f"need weight in (0, 1), effect_sd > 0, power in (0, 1): {weight}, {effect_sd}, {power}")
 
@@ -275,7 +293,7 @@ def plan_step(weight: float, effect_sd: float, alpha: float, mixture_sd: float, 
         return _normal_cdf((effect_sd - half) / sd) >= power
 
     def clears(n: int) -> bool:
-        return _half_width_sd(n, weight, alpha, mixture_sd)[1] <= effect_sd
+        return _half_width_sd(n, weight, clear_alpha, mixture_sd)[1] <= effect_sd
 
     return StepPlan(weight, effect_sd, _smallest_n(detects), _smallest_n(clears))
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from data_contracts.rewards import RewardRule
+from release.canary_records import ArmHealth, histories
 from release.operations import counters_since, parse_arm_counters
 from release.outcomes import LogReader, read_outcomes, request_kind
-from release.policy import ArmHealth, histories
 from tests.unit.test_contracts_data import HOUR, T0, completion, feedback, put_rows
 from tidal.store import LocalStore
 

@@ -151,11 +151,20 @@ def test_better_canary_is_promoted_through_every_step() -> None:
 
 def test_a_canary_better_on_reward_but_worse_on_accepted_chars_is_never_promoted() -> None:
     """10% more accepts (reward +0.03 per request) of suggestions 27% shorter: accepted characters per request
-    fall 20%. The reward test alone would promote it; the guardrail's non-inferiority requirement never lets it."""
+    fall 20%. The reward test alone would promote it; the guardrail's non-inferiority requirement never lets it, and
+    the first step, which must exclude a regression of accepted characters as well as of reward, holds it at 5%
+    until the guardrail rolls it back or the step runs out of time (inconclusive: rolled back by default)."""
     cfg = CanaryConfig(max_step_s=600.0)
     results = ramps(cfg, ArmModel(0.33, mean_chars=17.45), range(20), look_every=100)
     assert not any(r.action == "promote" for r in results), Counter((r.action, r.reason[:30]) for r in results)
-    assert sum(r.action == "rollback" and "accepted chars per request fell" in r.reason for r in results) >= 18
+    assert all(r.step == 0 for r in results), Counter((r.action, r.step) for r in results)
+    for r in results:
+        assert (
+            "accepted chars per request fell" in r.reason
+            if r.action == "rollback"
+            else (r.action == "inconclusive" and "step regression not excluded at risk 0.2: accepted_chars delta" in r.reason)
+        ), r.reason
+    assert np.mean([r.deltas["reward"] for r in results]) > 0 > np.mean([r.deltas["accepted_chars"] for r in results])
 
 
 # --- a canary that has learned silence: the collapse the accepted-characters guardrail exists for ----------

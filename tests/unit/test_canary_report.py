@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 
-from release.policy import ArmHealth, CanaryConfig, Ramp
+from release.canary_records import ArmHealth
+from release.policy import CanaryConfig, Ramp
 from release.report import CanaryRecord, canary_key, canary_record, step_table
 from tests.unit.test_canary_stats import outcomes
 
@@ -25,7 +26,9 @@ def test_a_ramps_step_table_round_trips_and_prints() -> None:
     assert set(first) == {"reward", "accepted", "accepted_chars", "error_rate", "slow_share"}
     assert first["reward"].low < first["reward"].delta < first["reward"].high
     assert first["reward"].margin > 0 and first["accepted_chars"].margin == 0.05 * first["accepted_chars"].control
-    assert stored.steps[0].n_canary == 200 and stored.steps[0].reason.startswith("reward not worse than control")
+    assert stored.steps[0].n_canary == 200 and stored.steps[0].reason.startswith(
+        "reward and accepted_chars not worse than control"
+    )
     early = canary_record("tab", 1, 2, ramp.looks[:1])
     # 10 canary outcomes: not tested yet, infinite bounds stored as null (error rate is tested on the request counts)
     assert {m.metric for m in early.steps[0].metrics if m.low is None} == {"reward", "accepted", "accepted_chars", "slow_share"}

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from release.policy import ArmHealth, CanaryConfig, Outcome, Ramp, look
+from release.canary_records import ArmHealth, Outcome
+from release.policy import CanaryConfig, Ramp, look
 from release.stats import Summary, cuped, fit_mixture_sd, msprt, plan_step, stratified_msprt
 from tidal.model_settings import Margins
 
@@ -61,6 +62,17 @@ def test_significance_is_exactly_the_bounds_excluding_zero() -> None:
             continue  # on the boundary itself rounding decides
         assert c.significant == (c.low > 0 or c.high < 0), delta
         assert c.significant == (c.p_value <= ALPHA), delta
+
+
+def test_the_lower_bound_at_another_level() -> None:
+    """low_at(alpha) is the same confidence sequence at another level: the test's own bound at its alpha, a
+    higher (narrower) one at a larger level, none before the test is made."""
+    c = msprt("accepted", Summary(800, 0.30, 0.21), Summary(400, 0.33, 0.21), ALPHA, 0.2)
+    assert c.low_at(ALPHA) == pytest.approx(c.low)
+    assert c.low < c.low_at(0.2) < c.low_at(0.5) < c.delta
+    twin = msprt("accepted", Summary(800, 0.30, 0.21), Summary(400, 0.33, 0.21), 0.2, 0.2)
+    assert c.low_at(0.2) == pytest.approx(twin.low)
+    assert msprt("accepted", Summary(10, 0.3, 0.21), Summary(10, 0.3, 0.21), ALPHA, 0.2).low_at(0.2) == -math.inf
 
 
 def test_confidence_bounds_contain_the_true_delta() -> None:
@@ -170,6 +182,10 @@ def test_the_power_plan_matches_the_simulated_test() -> None:
         rolled += msprt("r", control, canary, cfg.alpha / 2, cfg.mixture_sd).worse
     assert 0.74 <= rolled / 400 <= 0.9, rolled
     assert [p.weight for p in cfg.plan()] == cfg.steps
+    # a step clears at its advance level: sooner at a larger one, with the same requests to roll back
+    loose = plan_step(0.05, 0.13, cfg.alpha / 2, cfg.mixture_sd, clear_alpha=0.2)
+    assert loose.clear_requests < plan.clear_requests and loose.detect_requests == plan.detect_requests
+    assert cfg.plan()[0] == plan_step(0.05, 0.13, cfg.alpha / 2, cfg.mixture_sd, clear_alpha=cfg.advance_risk)
     with pytest.raises(ValueError, match="weight"):
         plan_step(1.0, 0.13, 0.025, 0.2)
 
@@ -194,7 +210,8 @@ def test_steps_must_be_increasing_shares_strictly_inside_0_1(steps: list[float])
 
 def test_config_defaults_and_typos() -> None:
     cfg = CanaryConfig()
-    assert (cfg.steps, cfg.min_samples, cfg.alpha, cfg.primary) == ([0.05, 0.25, 0.5], 100, 0.05, "reward")
+    assert (cfg.steps, cfg.min_samples, cfg.alpha, cfg.primary) == ([0.05, 0.25, 0.5], 50, 0.05, "reward")
+    assert cfg.advance_risk == 0.2
     assert (cfg.margins.accepted_chars, cfg.margins.error_rate, cfg.margins.slow_share) == (0.05, 0.02, 0.01)
     with pytest.raises(ValidationError, match="min_sample"):
         CanaryConfig(min_sample=100)  # extra keys are typos
@@ -298,7 +315,31 @@ def test_a_step_advances_only_once_the_regression_is_excluded() -> None:
     assert few.margins["reward"] == pytest.approx(0.13 * math.sqrt(few.comparisons["reward"].control.var), rel=0.01)
     many = outcomes("control", 9000) + outcomes("canary", 3000)
     res = look(cfg, 0, many, 3000, 60.0, {"control": ArmHealth(9000), "canary": ArmHealth(3000)})
-    assert res.action == "advance" and res.reason.startswith("reward not worse than control by 0.0596 (0.13 sd)"), res.reason
+    assert res.action == "advance" and res.reason.startswith(
+        "reward and accepted_chars not worse than control by 0.13 sd at risk 0.2 after 3000 canary outcomes at 5% "
+        "(reward delta >= "
+    ), res.reason
+    assert "allowed -0.0596; accepted_chars delta >= " in res.reason, res.reason
+
+
+def test_a_step_advances_at_its_own_risk_level() -> None:
+    """Advancing releases nothing, so the step's test runs at advance_risk, not at alpha/2: 800 equal canary
+    outcomes against 2,400 leave a 0.13 sd regression possible at 0.025 (half-width ~0.136 sd), not at 0.2 (~0.106)."""
+    data = outcomes("control", 2400) + outcomes("canary", 800)
+    health = {"control": ArmHealth(2400), "canary": ArmHealth(800)}
+    strict = look(CanaryConfig(advance_risk=0.025), 0, data, 800, 60.0, health)
+    assert strict.action == "wait", strict.reason
+    res = look(CanaryConfig(advance_risk=0.2), 0, data, 800, 60.0, health)
+    assert res.action == "advance" and " at risk 0.2 after 800 " in res.reason, res.reason
+    assert res.comparisons["reward"].low < -res.margins["reward"]  # the alpha/2 bound alone would not have let it pass
+    # better on reward, 20% fewer accepted characters per request: not shown worse than the guardrail's margin yet,
+    # and held at its step, which must exclude that regression as well before more users see it
+    shorter = outcomes("control", 2400) + outcomes("canary", 800, accepts_per=4, chars=12.0)
+    held = look(CanaryConfig(advance_risk=0.2), 0, shorter, 800, 60.0, health)
+    assert held.comparisons["reward"].better and held.action == "wait", held.reason
+    assert "step regression not excluded at risk 0.2: accepted_chars delta >= " in held.reason, held.reason
+    with pytest.raises(ValidationError, match="advance_risk"):
+        CanaryConfig(advance_risk=0.0)
 
 
 def test_promotion_needs_every_guardrail_shown_non_inferior() -> None:
