@@ -7,6 +7,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
+from tidal.quarantine_cli import add_parser as add_quarantine_parser
 from tidal.settings import TidalSettings, load_settings
 
 if TYPE_CHECKING:
@@ -265,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--json", action="store_true")
     ev.set_defaults(func=cmd_eval)
+    add_quarantine_parser(sub)
     return p
 
 
