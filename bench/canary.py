@@ -233,6 +233,7 @@ def main(argv: list[str] | None = None) -> dict:
         "alpha": cfg.alpha,
         "mixture_sd": cfg.mixture_sd,
         "detect_regression_sd": cfg.detect_regression_sd,
+        "advance_risk": cfg.advance_risk,
         "max_step_s": cfg.max_step_s,
         "stratify": cfg.stratify,
         "cuped": cfg.cuped,

@@ -167,13 +167,14 @@ def log_plan(cfg: CanaryConfig, history: dict[str, History], log) -> None:
         when = f" (~{p.detect_requests / rate:.0f} s at the last hour's {rate:.1f} requests/s)" if rate else ""
         log.info(
             "step at %.0f%%: a %.2f-sd regression of %s is rolled back within %d requests (80%% power)%s; an "
-            "unchanged candidate clears it after ~%d",
+            "unchanged candidate clears it after ~%d (at advance_risk %g)",
             w * 100,
             cfg.detect_regression_sd,
             cfg.primary,
             p.detect_requests,
             when,
             p.clear_requests,
+            cfg.advance_risk,
         )
     if rate and cfg.plan()[0].detect_requests / rate > cfg.max_step_s:
         log.warning(
