@@ -15,10 +15,10 @@ on canary − control: shown worse by more than the margin, shown not worse by m
     2. primary metric (reward per request by default): significantly lower → roll back
     3. a step that is not the last advances once it has >= min_samples canary outcomes and the primary and
        accepted characters per request are each shown not worse than control by detect_regression_sd pooled
-       standard deviations at level advance_risk:
-       each step decides the regression it must catch before more users see the candidate (`plan()` sizes it
-       by power). Advancing releases nothing, so it is tested at the exposure risk one accepts (the chance a
-       candidate worse by that much reaches the next step, where it is tested again), not at alpha
+       standard deviations at level advance_risk: each step decides the regression it must catch before more
+       users see the candidate (`plan()` sizes it by power). Advancing releases nothing, so it is tested at the
+       exposure risk one accepts (the chance a candidate worse by that much reaches the next step, where it is
+       tested again), not at alpha
     4. the last step promotes once the primary is significantly better AND every guardrail is shown
        non-inferior; "not significantly worse" is not enough
     5. a step past max_step_s → inconclusive (never promoted): roll back, or ask a human (on_inconclusive='ask')
