@@ -68,11 +68,9 @@ def _dataset_ids(store: ObjectStore, model: str) -> list[str]:
     return sorted({key[len(root) :].split("/", 1)[0] for key in store.list(root)})
 
 
-def _reasons(column: pa.ChunkedArray) -> Counter[str]:
-    out: Counter[str] = Counter()
-    for joined in column.to_pylist():
-        out.update(r for r in (joined or "").split(",") if r)
-    return out
+def _reasons(column: pa.ChunkedArray) -> list[list[str]]:
+    """Each row's reasons (write_quarantine stores them comma-joined)."""
+    return [[r for r in (joined or "").split(",") if r] for joined in column.to_pylist()]
 
 
 def index(store: ObjectStore, model: str) -> QuarantineIndex:
@@ -85,7 +83,7 @@ def index(store: ObjectStore, model: str) -> QuarantineIndex:
         for kind in KINDS:
             key = f"{prefix}/{kind}.parquet"
             if store.exists(key):
-                reasons = _reasons(read_parquet(store, key).column("reason"))
+                reasons = Counter(r for row in _reasons(read_parquet(store, key).column("reason")) for r in row)
                 counts += [
                     ReasonCount(dataset_id=ds, kind=kind, reason=r, rows=n, created_ms=created)
                     for r, n in sorted(reasons.items())
@@ -118,7 +116,7 @@ def rows(
             if not store.exists(key):
                 continue
             table = read_parquet(store, key)
-            hit = pa.array([reason in (j or "").split(",") for j in table.column("reason").to_pylist()], pa.bool_())
+            hit = pa.array([reason in row for row in _reasons(table.column("reason"))], pa.bool_())
             table = table.filter(hit)
             if table.num_rows:
                 out.setdefault(k, []).append(table.add_column(0, "dataset_id", pa.array([ds] * table.num_rows, pa.string())))
