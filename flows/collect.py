@@ -35,6 +35,7 @@ from tasks.collect import (
 )
 from tasks.events import Driver
 from tidal.clock import now_ms
+from tidal.flywheel_pause import ensure_running
 from tidal.registry import Registry
 from tidal.settings import load_settings
 from tidal.store import open_store
@@ -47,6 +48,7 @@ def collect(model: str = "tab", include_open_hour: bool = False, driver: Driver 
     settings = load_settings()
     settings.model(model)  # unknown model → clear error
     cfg, store, registry = settings.collect, open_store(settings), Registry(settings.mlflow.tracking_uri)
+    ensure_running(store, model, "collect")  # a paused model collects nothing (`tidal resume`)
     rule, as_of_ms = cfg.rule_for(model), now_ms()
 
     plan = find_new_partitions(store, model, cfg, as_of_ms, include_open_hour)

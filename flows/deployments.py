@@ -18,6 +18,13 @@ import os
 
 from tidal.settings import TidalSettings, load_settings
 
+STAGES = ("collect", "train", "promote", "flywheel")
+
+
+def deployment_names(model: str) -> list[str]:
+    """`flow/deployment` names of the model's stages (what `tidal pause` pauses in Prefect)."""
+    return [f"{stage}/{stage}-{model}" for stage in STAGES]
+
 
 def deployments(settings: TidalSettings) -> list:
     from prefect.events import DeploymentEventTrigger
@@ -28,11 +35,14 @@ def deployments(settings: TidalSettings) -> list:
     from flows.promote import promote
     from flows.train import train
     from tasks.events import CANDIDATE_REGISTERED, DATASET_READY
+    from tidal.flywheel_pause import paused
+    from tidal.store import open_store
 
     chained, cycles = settings.flywheel.loop == "chained", settings.flywheel.loop == "flywheel"
-    out = []
+    store, out = open_store(settings), []
     for m in settings.models:
         name, tags = m.name, ["tidal", m.name]
+        held = paused(store, name) is not None  # a restarted runner keeps a `tidal pause` in force
         # Standalone runs chain by events; runs inside the flywheel carry driver=flywheel and trigger nothing.
         on = {"tidal.model": name, "tidal.driver": "standalone"}
         out += [
@@ -40,6 +50,7 @@ def deployments(settings: TidalSettings) -> list:
                 name=f"collect-{name}",
                 schedules=[Cron(settings.collect.schedule_cron, timezone="UTC", active=chained)],
                 tags=tags,
+                paused=held,
                 parameters={"model": name},
                 description=f"Validate {name}'s new logs into a reward dataset.",
             ),
@@ -47,6 +58,7 @@ def deployments(settings: TidalSettings) -> list:
                 name=f"train-{name}",
                 parameters={"model": name},
                 tags=tags,
+                paused=held,
                 concurrency_limit=1,
                 description=f"PPO from {name}'s champion on a dataset; gated candidate.",
                 triggers=[
@@ -63,6 +75,7 @@ def deployments(settings: TidalSettings) -> list:
                 name=f"promote-{name}",
                 parameters={"model": name},
                 tags=tags,
+                paused=held,
                 concurrency_limit=1,
                 description=f"Canary A/B of {name}'s candidate; promote or roll back.",
                 triggers=[
@@ -80,6 +93,7 @@ def deployments(settings: TidalSettings) -> list:
                 schedules=[Cron(settings.flywheel.schedule_cron, timezone="UTC", active=cycles)],
                 parameters={"model": name},
                 tags=tags,
+                paused=held,
                 concurrency_limit=1,
                 description=f"One whole cycle for {name}: collect → train → promote.",
             ),

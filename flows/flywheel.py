@@ -16,6 +16,7 @@ from flows.promote import promote
 from flows.train import train
 from tasks.cycle_report import CycleReport
 from tasks.flywheel import close_cycle, close_failed_training, load_cycles, open_cycle, publish_cycles, record_cycle
+from tidal.flywheel_pause import ensure_running
 from tidal.registry import Registry
 from tidal.settings import load_settings
 from tidal.store import open_store
@@ -30,6 +31,7 @@ def flywheel(model: str = "tab", cycles: int = 1, include_open_hour: bool = Fals
     registry, store = Registry(settings.mlflow.tracking_uri), open_store(settings)
     reports, first = [], 1 + len(load_cycles(store, model))
     for n in range(first, first + cycles):
+        ensure_running(store, model, f"flywheel cycle {n}")  # each stage checks too: a pause mid-cycle ends it
         dataset = collect(model, include_open_hour, driver="flywheel")
         report = open_cycle(registry, store, model, n, dataset)
         if report.decision != "no_new_data":

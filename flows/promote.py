@@ -10,7 +10,6 @@ then promote it or roll it back, automatically.
 from __future__ import annotations
 
 from prefect import flow, get_run_logger
-from prefect.flow_runs import pause_flow_run
 
 from tasks.promote import (
     abandon_release,
@@ -23,7 +22,8 @@ from tasks.promote import (
     run_canary,
     unload_after_grace,
 )
-from tasks.promote_approval import Approval, approval_description
+from tasks.promote_approval import ask_human
+from tidal.flywheel_pause import ensure_running
 from tidal.registry import Registry
 from tidal.settings import load_settings
 from tidal.store import open_store
@@ -36,6 +36,7 @@ def promote(model: str = "tab", candidate: str = "@candidate", require_gate: boo
     settings.model(model)  # unknown model → clear error
     cfg = settings.canary
     registry, store = Registry(settings.mlflow.tracking_uri), open_store(settings)
+    ensure_running(store, model, "promote")  # a paused model releases nothing; a running canary rolls back
     fleet, routes = admin_clients(settings)
     gateway_url = f"http://{settings.gateway.host}:{settings.gateway.port}"
 
@@ -57,14 +58,11 @@ def promote(model: str = "tab", candidate: str = "@candidate", require_gate: boo
             log_segment_span_s=span_s,
             margins=settings.model(model).canary_margins,
         )
-        if look.action == "inconclusive" and cfg.on_inconclusive == "ask":
-            # the pause holds the canary as it is: the watchdog waits as long as a human may take, and a bit more
-            routes.watch(model, release.candidate.version, cfg.approval_timeout_s + cfg.watchdog_s)
-            answer = pause_flow_run(
-                wait_for_input=Approval.with_initial_data(description=approval_description(release, look), decision="rollback"),
-                timeout=int(cfg.approval_timeout_s),
-            )
-            registry.set_tags(model, release.candidate.version, answer.audit_tags())
+        ask = (look.action == "inconclusive" and cfg.on_inconclusive == "ask") or (
+            look.action == "promote" and 1.0 in cfg.approve_before
+        )
+        if ask:  # the canary holds its weight until a human answers the typed form
+            answer = ask_human(release, look, cfg, routes, registry, key=look.action)
             look.action, look.reason = ("promote" if answer.decision == "promote" else "rollback"), answer.summary()
     except BaseException as e:  # a failed or interrupted release leaves no canary routed (or leaves it to the watchdog)
         abandon_release(release, e, routes, fleet, registry)

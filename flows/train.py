@@ -26,6 +26,7 @@ from tasks.train import (
     run_offline_gate,
     run_trainer,
 )
+from tidal.flywheel_pause import ensure_running
 from tidal.registry import Registry
 from tidal.settings import load_settings
 from tidal.store import open_store
@@ -38,6 +39,7 @@ def train(model: str = "tab", dataset_id: str | None = None, driver: Driver = "s
     settings = load_settings()
     settings.model(model)  # unknown model → clear error
     cfg, store, registry = settings.train, open_store(settings), Registry(settings.mlflow.tracking_uri)
+    ensure_running(store, model, "train")  # a paused model trains nothing (`tidal resume`)
 
     champion = resolve_champion(registry, model)
     manifest = resolve_dataset(store, model, dataset_id)

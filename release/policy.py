@@ -124,8 +124,18 @@ class CanaryConfig(Section):
     on_inconclusive: Literal["rollback", "ask"] = Field(
         "rollback", description="At max_step_s: roll back, or pause the flow for a human decision."
     )
+    approve_before: list[float] = Field(
+        default_factory=list,
+        description=(
+            "Steps that wait for a typed human approval before traffic moves to them: any of `steps`, or 1.0 for the "
+            "promotion itself ([1.0]: always ask before 100%). The canary holds its current weight meanwhile."
+        ),
+    )
     approval_timeout_s: float = Field(
-        86400.0, gt=0, le=28 * 86400, description="How long an 'ask' pause waits for a human before the flow fails."
+        86400.0,
+        gt=0,
+        le=28 * 86400,
+        description="How long a pause for a human ('ask', approve_before) waits before the flow fails.",
     )
     feedback_wait_s: float = Field(30.0, ge=0, description="A completion without feedback counts (as 'ignored') once this old.")
     history_s: float = Field(
@@ -153,6 +163,11 @@ class CanaryConfig(Section):
             raise ValueError(
                 f"canary.watchdog_s={self.watchdog_s} is under 3 × canary.poll_s={self.poll_s}: a slow look "
                 f"would have a healthy release rolled back; raise watchdog_s to at least {3 * self.poll_s:g}"
+            )
+        if stray := [w for w in self.approve_before if w != 1.0 and w not in s]:
+            raise ValueError(
+                f"canary.approve_before={self.approve_before}: {stray} is not a step; use weights from "
+                f"canary.steps={s}, or 1.0 for the promotion"
             )
         return self
 
@@ -431,3 +446,10 @@ class Ramp:
             self.step, self.step_started_s, self.step_base_n = self.step + 1, now_s, n_canary
             self.step_starts_ms.append(clock_ms if clock_ms is not None else int(cols.time_ms.max(initial=0)) + 1)
         return result
+
+    def restart_step(self, now_s: float, clock_ms: int) -> None:
+        """The step just advanced to starts now: its traffic moved only after a human approved it. Its time limit
+        and its stratum (outcomes after clock_ms) begin here, not at the look that asked."""
+        self.step_started_s = now_s
+        if self.step_starts_ms:
+            self.step_starts_ms[-1] = clock_ms

@@ -36,7 +36,9 @@ from release.report import canary_key, canary_record
 from serving.client import FleetClient, RoutesClient, fleet_client, routes_client
 from serving.fleet_replies import DeployReply
 from serving.settings import ServingSettings
+from tasks.promote_approval import ask_human
 from tidal import lineage
+from tidal.flywheel_pause import paused
 from tidal.model_settings import Margins
 from tidal.registry import Registry
 from tidal.store import ObjectStore, put_json
@@ -125,6 +127,8 @@ def run_canary(
             gone = check_in(routes, model, cand.version, cfg.watchdog_s)
             if gone:
                 return Look("rollback", gone, ramp.step, ramp.weight, figures={})
+            if stop := paused(store, model):  # `tidal pause`: traffic back to control now
+                return Look("rollback", f"flywheel paused: {stop.describe()}", ramp.step, ramp.weight, figures={})
             outcomes = read_outcomes(logs, versions, rule, cfg.feedback_wait_s, now_ms(), history)
             step = ramp.step
             result = ramp.observe(
@@ -136,6 +140,11 @@ def run_canary(
             )
             log.info("step %d (%.0f%%): %s: %s", step + 1, ramp.cfg.steps[step] * 100, result.action, result.reason)
             if result.action == "advance":
+                if ramp.weight in cfg.approve_before:  # hold this weight until a human approves the next
+                    answer = ask_human(release, result, cfg, routes, registry, key=f"step-{ramp.step + 1}")
+                    if answer.decision == "rollback":
+                        return Look("rollback", answer.summary(), ramp.step, ramp.weight, figures={})
+                    ramp.restart_step(time.monotonic(), now_ms())
                 routes.canary(
                     model,
                     cand.version,

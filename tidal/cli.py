@@ -7,6 +7,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
+from tidal.pause_cli import add_parser as add_pause_parser
 from tidal.quarantine_cli import add_parser as add_quarantine_parser
 from tidal.settings import TidalSettings, load_settings
 
@@ -78,15 +79,28 @@ def cmd_import(settings: TidalSettings, args) -> None:
     import_checkpoint(model=args.model, source=args.source, champion=args.champion)
 
 
+def refuse_if_paused(settings: TidalSettings, stage: str, *models: str) -> None:
+    """A paused model's stage ends before a flow run starts (the flow checks too, for scheduled and triggered runs)."""
+    from tidal.flywheel_pause import ensure_running
+    from tidal.store import open_store
+
+    store = open_store(settings)
+    for model in models:
+        ensure_running(store, model, stage)
+
+
 def cmd_collect(settings: TidalSettings, args) -> None:
+    names = args.models or [m.name for m in settings.models]
+    refuse_if_paused(settings, "collect", *names)
     _platform(settings).up_servers()
     from flows.collect import collect  # after up_servers: Prefect reads its API URL on import
 
-    for name in args.models or [m.name for m in settings.models]:
+    for name in names:
         print(name, collect(model=name, include_open_hour=args.include_open_hour))
 
 
 def cmd_train(settings: TidalSettings, args) -> None:
+    refuse_if_paused(settings, "train", args.model)
     _platform(settings).up_servers()
     from flows.train import train  # after up_servers: Prefect reads its API URL on import
 
@@ -95,6 +109,7 @@ def cmd_train(settings: TidalSettings, args) -> None:
 
 
 def cmd_promote(settings: TidalSettings, args) -> None:
+    refuse_if_paused(settings, "promote", args.model)
     _platform(settings).up_servers()
     from flows.promote import promote  # after up_servers: Prefect reads its API URL on import
 
@@ -156,6 +171,8 @@ def print_status(status: PlatformStatus) -> None:
     for name, svc in status.services.items():
         state = "up" if svc.healthy else ("starting/unhealthy" if svc.running else "down")
         print(f"{name:8s} {state:18s} {svc.url:28s} pid={svc.pid}  log={svc.log}")
+    for rec in status.paused.values():
+        print(f"flywheel {rec.describe()} (`tidal resume {rec.model}`)")
     fleet = status.fleet
     if fleet:
         if fleet.error:
@@ -267,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", action="store_true")
     ev.set_defaults(func=cmd_eval)
     add_quarantine_parser(sub)
+    add_pause_parser(sub)
     return p
 
 
@@ -283,13 +301,25 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as e:  # every user-facing failure: one clear line, no traceback
         from serving.client import AdminError
+        from tidal.flywheel_pause import FlywheelPaused
         from tidal.platform import ServerUnavailable
         from tidal.procs import NotReady, PortInUse
         from tidal.registry import RegistryError
         from tidal.section import SettingsError
 
         if isinstance(
-            e, (AdminError, NotReady, PortInUse, RegistryError, ServerUnavailable, SettingsError, FileNotFoundError, ValueError)
+            e,
+            (
+                AdminError,
+                FlywheelPaused,
+                NotReady,
+                PortInUse,
+                RegistryError,
+                ServerUnavailable,
+                SettingsError,
+                FileNotFoundError,
+                ValueError,
+            ),
         ):
             print(f"error: {e}", file=sys.stderr)
             return 1

@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 
 from serving.fleet_replies import FleetState, FleetStatus
 from tidal.client_env import TELEMETRY_OFF
+from tidal.flywheel_pause import PauseRecord, paused
 from tidal.procs import (
     NotReady,
     ProcInfo,
@@ -37,6 +38,7 @@ from tidal.procs import (
 )
 from tidal.section import SettingsError
 from tidal.settings import TidalSettings
+from tidal.store import open_store
 
 log = logging.getLogger("tidal.platform")
 
@@ -56,6 +58,7 @@ class PlatformStatus(BaseModel):
 
     services: dict[str, ServiceStatus]
     fleet: FleetStatus | None = None
+    paused: dict[str, PauseRecord] = {}  # model → the `tidal pause` in force (models absent run)
 
 
 @dataclass
@@ -304,7 +307,9 @@ class Platform:
                 log=str(self.log_dir / f"{name}.log"),
             )
         fleet = self.fleet_client().status() if services["fleet"].healthy else None
-        return PlatformStatus(services=services, fleet=fleet)
+        store = open_store(self.settings)
+        held = {m.name: paused(store, m.name) for m in self.settings.models}
+        return PlatformStatus(services=services, fleet=fleet, paused={m: p for m, p in held.items() if p is not None})
 
 
 class ServerUnavailable(RuntimeError):

@@ -2,8 +2,8 @@
 suggestions that stay on the line they are typing. A degraded candidate (an adapter pushing the
 model towards line breaks), better on reward under a rule that pays for silence but worse on accepted
 characters, is rolled back at the first step with about 5% of users exposed; an
-operator's `tidal rollback` ends a ramp at once; an inconclusive ramp asks a human; the audit trail
-shows each."""
+operator's `tidal rollback` ends a ramp at once, and so does `tidal pause`; an inconclusive ramp asks a human,
+and so does a step listed in `canary.approve_before`; the audit trail shows each."""
 
 from __future__ import annotations
 
@@ -135,6 +135,44 @@ def test_operator_rollback_ends_a_ramp_at_once(settings, registry, checkpoints, 
     assert users.errors == []
 
 
+def tidal(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tidal.cli", *args], capture_output=True, text=True, env=dict(os.environ))
+
+
+def test_pausing_the_flywheel_mid_canary_returns_traffic_to_control(settings, registry, checkpoints, base_dir, users, tmp_path):
+    same = zero_adapter(base_dir, tmp_path / "neutral")  # no decision soon: only the pause ends this ramp
+    info = publish(registry, checkpoints.store, "tab", same, "lora", 1, {"tidal.origin": "test: paused"})
+    promote = Promote(info.version, tmp_path / "promote.log")
+    start_when_verified(users, registry, promote, info.version)
+    deadline = time.monotonic() + 600
+    while "tidal.release.step_1" not in tags(registry, info.version):
+        assert promote.running() and time.monotonic() < deadline, promote.log.read_text()[-3000:]
+        time.sleep(1)
+    try:
+        paused = tidal("pause", "tab", "--by", "oncall", "--reason", "labels broken upstream")
+        assert paused.returncode == 0, paused.stdout + paused.stderr
+        assert json.loads(paused.stdout)["record"]["paused"] is True
+        rc, out = promote.finish(timeout=300)
+        assert rc == 0 and "rolled back" in out and "flywheel paused" in out, out[-3000:]
+        routes = json.loads(tidal("route", "show").stdout)["routes"]["tab"]["arms"]
+        assert [(a["name"], a["version"], a["weight"]) for a in routes] == [("control", 1, 1.0)]
+        ended = json.loads(tags(registry, info.version)["tidal.release.rolled_back"])
+        assert "oncall" in ended["reason"] and "labels broken upstream" in ended["reason"]
+        status = json.loads(tidal("status", "--json").stdout)
+        assert (status["paused"]["tab"]["by"], status["paused"]["tab"]["reason"]) == ("oncall", "labels broken upstream")
+        refused = tidal("promote", "tab", "--candidate", str(info.version), "--no-gate")
+        assert refused.returncode == 1 and "promote refused" in refused.stderr and "tidal resume tab" in refused.stderr, (
+            refused.stdout + refused.stderr
+        )
+        assert "Traceback" not in refused.stderr
+    finally:
+        resumed = tidal("resume", "tab", "--by", "oncall", "--reason", "labels fixed")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert json.loads(tidal("status", "--json").stdout)["paused"] == {}
+    assert registry.aliases("tab")["champion"] == 1
+    assert users.errors == []
+
+
 def paused_promote_run(api: str, timeout: float = 600) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -220,13 +258,22 @@ def test_better_candidate_is_promoted_through_every_step(settings, registry, che
         "TIDAL_CANARY__STEPS": "[0.3, 0.5]",
         "TIDAL_CANARY__MIN_SAMPLES": "30",
         "TIDAL_CANARY__MAX_STEP_S": "600",
+        "TIDAL_CANARY__APPROVE_BEFORE": "[0.5]",  # the second step waits for a typed approval
     }
     promote = Promote(info.version, tmp_path / "promote.log", env=env)
     start_when_verified(users, registry, promote, info.version)
+    run = paused_promote_run(settings.prefect.api_url, timeout=900)
+    assert run["state"]["state_details"]["pause_key"] == "step-2"
+    assert "tidal.release.step_2" not in tags(registry, info.version)  # held at step 1 while it waits
+    wrong = tidal("approve", "tab", "--by", "alice", "--reason", "x")  # the form wants 3 characters or more
+    assert wrong.returncode == 1 and "refused" in wrong.stderr, wrong.stdout + wrong.stderr
+    ok = tidal("approve", "tab", "--by", "alice", "--reason", "step 1 figures look right")
+    assert ok.returncode == 0 and "advance" in ok.stdout, ok.stdout + ok.stderr
     rc, out = promote.finish(timeout=1200)
     assert rc == 0 and "promoted" in out, out[-3000:]
     t = tags(registry, info.version)
     assert {"tidal.release.step_1", "tidal.release.step_2", "tidal.release.promoted"} <= set(t)
+    assert json.loads(t["tidal.release.approved_step_2"])["approver"] == "alice"
     promoted = json.loads(t["tidal.release.promoted"])
     print("better canary:", promoted["reason"], promoted["figures"])
     assert "rose" in promoted["reason"]

@@ -102,3 +102,15 @@ def test_a_flow_run_starts_without_the_trainers_libraries():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_a_paused_model_registers_paused_deployments_under_the_names_pause_uses(settings_for):
+    from flows.deployments import deployment_names
+    from tidal.flywheel_pause import record_pause
+    from tidal.store import open_store
+
+    s = settings_for("chained")
+    record_pause(open_store(s), "chat", True, "alice", "labels broken")
+    d = {f"{dep.flow_name}/{dep.name}": dep for dep in deployments(s)}
+    assert set(d) == set(deployment_names("tab")) | set(deployment_names("chat"))
+    assert {n for n, dep in d.items() if dep.paused} == set(deployment_names("chat"))

@@ -1,4 +1,4 @@
-"""The typed approval form of an inconclusive canary: what a human may answer, and what gets recorded."""
+"""The typed forms of a release that waits for a human: what a human may answer, and what gets recorded."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from tasks.promote_approval import Approval
+from tasks.promote_approval import Approval, StepApproval, go_on_decision
 
 
 def test_a_complete_answer_is_recorded_with_who_and_why() -> None:
     a = Approval(decision="promote", approver="alice", reason="looks fine")
-    assert json.loads(a.audit_tags()["tidal.release.approved"]) == {
+    assert json.loads(a.audit_tags("inconclusive")["tidal.release.approved"]) == {
         "decision": "promote",
         "approver": "alice",
         "reason": "looks fine",
@@ -37,3 +37,16 @@ def test_the_form_schema_offers_exactly_the_two_decisions() -> None:
     schema = Approval.model_json_schema()
     assert schema["properties"]["decision"]["enum"] == ["promote", "rollback"]
     assert set(schema["required"]) == {"decision", "approver", "reason"}
+
+
+def test_a_step_form_offers_advance_or_rollback_and_records_the_step() -> None:
+    a = StepApproval(decision="advance", approver="alice", reason="figures look right")
+    assert list(a.audit_tags("step-3")) == ["tidal.release.approved_step_3"]
+    assert StepApproval.model_json_schema()["properties"]["decision"]["enum"] == ["advance", "rollback"]
+    with pytest.raises(ValidationError):
+        StepApproval(decision="promote", approver="alice", reason="wrong form")
+
+
+@pytest.mark.parametrize("key, decision", [("promote", "promote"), ("inconclusive", "promote"), ("step-2", "advance")])
+def test_the_pause_key_says_which_decision_goes_on(key: str, decision: str) -> None:
+    assert go_on_decision(key) == decision
