@@ -40,8 +40,23 @@ make_env() {
   echo "$dir"
 }
 
+# Prometheus and promtool (Debian's `prometheus` package): `tidal up --with-prometheus` and the monitoring tests
+# use them. Installed with apt-get where this runs as root; elsewhere the missing tool is named and setup goes on.
+ensure_prometheus() {
+  if command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; then return; fi
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log "installing Debian's prometheus package (Prometheus and promtool; first run only)"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus) >&2 \
+      || { log "installing prometheus failed (see above)"; exit 1; }
+  else
+    log "prometheus/promtool not found: install Debian's prometheus package (or put both on PATH);" \
+      "the monitoring tests and \`tidal up --with-prometheus\` need them"
+  fi
+}
+
 setup() {
   local plat eng flavor built pids=() pid
+  ensure_prometheus
   flavor=$(engine_flavor)
   # Both environments build at once (pip spends much of its time unpacking; on 2 cores this saves minutes).
   built=$(mktemp -d)
