@@ -402,6 +402,7 @@ class Ramp:
         self.looks: list[Look] = []
         self._cols: Columns | None = None
         self._seen: tuple[int, Outcome | None] = (0, None)
+        self._rebase_ms: int | None = None  # set by restart_step: the step's outcome count starts at this time
 
     @property
     def weight(self) -> float:
@@ -430,6 +431,8 @@ class Ramp:
         default the latest outcome's time."""
         cols = self._columns(outcomes)
         n_canary = int(cols.canary.sum())
+        if self._rebase_ms is not None:  # outcomes served while a human decided belong to the step before
+            self.step_base_n, self._rebase_ms = int(np.count_nonzero(cols.canary & (cols.time_ms < self._rebase_ms))), None
         result = look(
             self.cfg,
             self.step,
@@ -448,8 +451,8 @@ class Ramp:
         return result
 
     def restart_step(self, now_s: float, clock_ms: int) -> None:
-        """The step just advanced to starts now: its traffic moved only after a human approved it. Its time limit
-        and its stratum (outcomes after clock_ms) begin here, not at the look that asked."""
-        self.step_started_s = now_s
+        """The step just advanced to starts now: its traffic moved only after a human approved it. Its time limit,
+        its stratum and its outcome count (outcomes after clock_ms) begin here, not at the look that asked."""
+        self.step_started_s, self._rebase_ms = now_s, clock_ms
         if self.step_starts_ms:
             self.step_starts_ms[-1] = clock_ms

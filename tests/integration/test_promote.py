@@ -29,8 +29,9 @@ from tests.integration.release_helpers import (
     tags,
     zero_adapter,
 )
+from tidal.flywheel_pause import paused as paused_now
 from tidal.registry import publish
-from tidal.store import get_json
+from tidal.store import get_json, open_store
 
 pytestmark = pytest.mark.slow
 
@@ -139,7 +140,9 @@ def tidal(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tidal.cli", *args], capture_output=True, text=True, env=dict(os.environ))
 
 
-def test_pausing_the_flywheel_mid_canary_returns_traffic_to_control(settings, registry, checkpoints, base_dir, users, tmp_path):
+def test_pausing_the_flywheel_mid_canary_returns_traffic_to_control(
+    settings, registry, checkpoints, base_dir, users, tmp_path, platform
+):
     same = zero_adapter(base_dir, tmp_path / "neutral")  # no decision soon: only the pause ends this ramp
     info = publish(registry, checkpoints.store, "tab", same, "lora", 1, {"tidal.origin": "test: paused"})
     promote = Promote(info.version, tmp_path / "promote.log")
@@ -154,8 +157,8 @@ def test_pausing_the_flywheel_mid_canary_returns_traffic_to_control(settings, re
         assert json.loads(paused.stdout)["record"]["paused"] is True
         rc, out = promote.finish(timeout=300)
         assert rc == 0 and "rolled back" in out and "flywheel paused" in out, out[-3000:]
-        routes = json.loads(tidal("route", "show").stdout)["routes"]["tab"]["arms"]
-        assert [(a["name"], a["version"], a["weight"]) for a in routes] == [("control", 1, 1.0)]
+        arms = platform.routes_client().show().routes["tab"].arms
+        assert [(a.name, a.version, a.weight) for a in arms] == [("control", 1, 1.0)]
         ended = json.loads(tags(registry, info.version)["tidal.release.rolled_back"])
         assert "oncall" in ended["reason"] and "labels broken upstream" in ended["reason"]
         status = json.loads(tidal("status", "--json").stdout)
@@ -168,7 +171,7 @@ def test_pausing_the_flywheel_mid_canary_returns_traffic_to_control(settings, re
     finally:
         resumed = tidal("resume", "tab", "--by", "oncall", "--reason", "labels fixed")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert json.loads(tidal("status", "--json").stdout)["paused"] == {}
+    assert paused_now(open_store(settings), "tab") is None
     assert registry.aliases("tab")["champion"] == 1
     assert users.errors == []
 
@@ -265,8 +268,6 @@ def test_better_candidate_is_promoted_through_every_step(settings, registry, che
     run = paused_promote_run(settings.prefect.api_url, timeout=900)
     assert run["state"]["state_details"]["pause_key"] == "step-2"
     assert "tidal.release.step_2" not in tags(registry, info.version)  # held at step 1 while it waits
-    wrong = tidal("approve", "tab", "--by", "alice", "--reason", "x")  # the form wants 3 characters or more
-    assert wrong.returncode == 1 and "refused" in wrong.stderr, wrong.stdout + wrong.stderr
     ok = tidal("approve", "tab", "--by", "alice", "--reason", "step 1 figures look right")
     assert ok.returncode == 0 and "advance" in ok.stdout, ok.stdout + ok.stderr
     rc, out = promote.finish(timeout=1200)

@@ -40,7 +40,16 @@ def test_approve_before_names_steps_or_the_promotion() -> None:
 
 
 def test_a_step_restarts_when_its_traffic_moves_after_an_approval() -> None:
-    ramp = Ramp(CanaryConfig(steps=[0.1, 0.5]), now_s=0.0)
+    from release.canary_records import ArmHealth, Outcome
+
+    cfg = CanaryConfig(steps=[0.1, 0.5], min_samples=10, min_test_samples=5)
+    ramp = Ramp(cfg, now_s=0.0)
     ramp.step, ramp.step_started_s, ramp.step_starts_ms = 1, 100.0, [1_000]  # what an advancing look leaves
     ramp.restart_step(now_s=4_000.0, clock_ms=3_901_000)  # an hour later a human approved
     assert (ramp.step, ramp.step_started_s, ramp.step_starts_ms) == (1, 4_000.0, [3_901_000])
+    # 12 canary outcomes served while the human decided, 3 after: the step has 3 of its 10, not 15
+    waited = [Outcome("canary", 0.5, 1.0, 10.0, 20.0, time_ms=2_000_000 + i) for i in range(12)]
+    after = [Outcome("canary", 0.5, 1.0, 10.0, 20.0, time_ms=3_902_000 + i) for i in range(3)]
+    control = [Outcome("control", 0.5, 1.0, 10.0, 20.0, time_ms=2_000_000 + i) for i in range(20)]
+    result = ramp.observe(waited + after + control, {"canary": ArmHealth(15, 0), "control": ArmHealth(20, 0)}, 4_010.0)
+    assert result.action == "wait" and "3/10 canary outcomes" in result.reason, result.reason
