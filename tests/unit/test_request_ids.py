@@ -38,8 +38,25 @@ def test_round_trip(signer: RequestIdSigner) -> None:
     assert RequestIdSigner(SECRET).verify(rid) == claims  # any gateway process with the secret
 
 
+def test_the_serving_version_and_arm_round_trip(signer: RequestIdSigner) -> None:
+    for version, arm in [(7, "canary"), (1, "control"), (2**32 - 1, "canary")]:
+        claims = signer.verify(signer.issue("tab", "client-42", T, version=version, arm=arm))
+        assert (claims.model, claims.version, claims.arm) == ("tab", version, arm)
+    assert (signer.verify(signer.issue("tab", "c", T)).version, signer.verify(signer.issue("tab", "c", T)).arm) == (None, None)
+    for bad in ({"version": 0}, {"version": 2**32}, {"arm": "shadow"}):
+        with pytest.raises(ValueError):
+            signer.issue("tab", "c", T, **bad)
+
+
+def test_format_1_ids_issued_before_an_upgrade_are_still_read(signer: RequestIdSigner) -> None:
+    raw = bytes([1]) + bytes(12) + T.to_bytes(8, "big") + b"\x03tab\x01c"
+    payload = base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+    claims = signer.verify(f"{payload}.{signer._sign(payload)}")
+    assert (claims.model, claims.client_id, claims.time_ms, claims.version, claims.arm) == ("tab", "c", T, None, None)
+
+
 def test_round_trip_of_unicode_and_extreme_values(signer: RequestIdSigner) -> None:
-    for model, client, t in [("m", "c", 0), ("modèle-ü", "клиент/1", 2**63), ("tab", "x" * 148, T)]:
+    for model, client, t in [("m", "c", 0), ("modèle-ü", "клиент/1", 2**63), ("tab", "x" * 143, T)]:
         claims = signer.verify(signer.issue(model, client, t))
         assert (claims.model, claims.client_id, claims.time_ms) == (model, client, t)
 
@@ -104,8 +121,11 @@ def test_over_long_input_is_refused_before_decoding(signer: RequestIdSigner) -> 
 
 
 def test_signed_but_unknown_format_is_a_bad_payload(signer: RequestIdSigner) -> None:
-    raw = bytes([2]) + bytes(12) + T.to_bytes(8, "big") + b"\x03tab\x01c"
+    raw = bytes([3]) + bytes(12) + T.to_bytes(8, "big") + bytes(5) + b"\x03tab\x01c"
     payload = base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+    assert reason(signer, f"{payload}.{signer._sign(payload)}") == "bad_payload"
+    bad_arm = bytes([2]) + bytes(12) + T.to_bytes(8, "big") + bytes(4) + b"\x07" + b"\x03tab\x01c"
+    payload = base64.urlsafe_b64encode(bad_arm).rstrip(b"=").decode()
     assert reason(signer, f"{payload}.{signer._sign(payload)}") == "bad_payload"
     truncated = payload[:10]
     assert reason(signer, f"{truncated}.{signer._sign(truncated)}") == "bad_payload"
