@@ -47,3 +47,36 @@ class FeedbackLedger:
             t, rid = self._order.popleft()
             if self._seen.get(rid) == t:  # not released and claimed again since
                 del self._seen[rid]
+
+
+class CompletionLengths:
+    """Request id → characters suggested, for one feedback window: a verdict `accepted` carries no character count
+    (the client kept the whole suggestion), so the gateway's accepted-characters metric reads it here.
+
+    Same expiry as FeedbackLedger (by completion time, in arrival order); refilled from the WAL's completions at
+    start. An id absent here (another gateway process served it, or it expired) counts as unknown characters.
+    """
+
+    def __init__(self, window_ms: int):
+        if window_ms <= 0:
+            raise ValueError(f"window_ms must be > 0, not {window_ms}")
+        self.window_ms = window_ms
+        self._chars: dict[str, int] = {}
+        self._order: deque[tuple[int, str]] = deque()  # (completion ms, request id), oldest first
+
+    def __len__(self) -> int:
+        return len(self._chars)
+
+    def add(self, request_id: str, chars: int, time_ms: int) -> None:
+        self.expire(time_ms)
+        self._chars[request_id] = chars
+        self._order.append((time_ms, request_id))
+
+    def pop(self, request_id: str) -> int | None:
+        """The suggestion's length, forgotten once read (one verdict per completion)."""
+        return self._chars.pop(request_id, None)
+
+    def expire(self, now_ms: int) -> None:
+        cutoff = now_ms - self.window_ms
+        while self._order and self._order[0][0] < cutoff:
+            self._chars.pop(self._order.popleft()[1], None)

@@ -15,7 +15,7 @@ import orjson
 from data_contracts.records import CompletionRecord, FeedbackEvent, SamplingParams
 from data_contracts.suggestion_filter import withholds
 from serving.api_models import ChatRequest, CompletionRequest, FeedbackRequest
-from serving.feedback_ledger import FeedbackLedger
+from serving.feedback_ledger import CompletionLengths, FeedbackLedger
 from serving.request_ids import InvalidRequestId, RequestIdSigner
 from serving.routes import ArmSpec, ModelRoutes, RouteTable, arm_key, assign, assignment_key, user_hash, user_hash_key
 from serving.upstream import Endpoint, NoReplica, ReplicaPool, Saturated, describe_failure
@@ -67,8 +67,11 @@ class Gateway:
         self.arm_key = arm_key(user_secret)  # keys the canary assignment (serving/routes.py assign)
         self.session: aiohttp.ClientSession | None = None
         self.feedback_seen = FeedbackLedger(limits.feedback_window_ms)  # request ids that have their verdict
+        self.lengths = CompletionLengths(limits.feedback_window_ms)  # request id → characters suggested
         self.wal_stuck_since: float | None = None  # wall time of the first append not durable in time; None = healthy
         self._tasks: list[asyncio.Task] = []
+        metrics.route_weights = routes.weights  # the route table, as gauges at each scrape
+        routes.on_change = lambda c: metrics.route_changed(c.model, c.action, c.by)
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -80,14 +83,21 @@ class Gateway:
             json_serialize=lambda o: orjson.dumps(o).decode(),
         )
         self.sink.start()
-        for rec in self.sink.iter_recent("feedback"):  # duplicates stay refused across restarts
-            self.feedback_seen.claim(rec["request_id"], rec["time_ms"])
+        self.recall()
         try:
             await self.pool.refresh(self.session)
         except (TimeoutError, aiohttp.ClientError) as e:
             self.pool.last_error = f"fleet supervisor unreachable at start: {describe_failure(e)}"
         self._tasks.append(asyncio.create_task(self.pool.run(self.session)))
         self._tasks.append(asyncio.create_task(self.watch_canaries()))
+
+    def recall(self) -> None:
+        """What a restart must not forget, read back from the WAL: the verdicts given (duplicates stay refused) and
+        the suggestions' lengths (an `accepted` verdict still counts its characters)."""
+        for rec in self.sink.iter_recent("feedback"):
+            self.feedback_seen.claim(rec["request_id"], rec["time_ms"])
+        for rec in self.sink.iter_recent("completions"):
+            self.lengths.add(rec["request_id"], len(rec.get("completion_text") or ""), rec["time_ms"])
 
     async def watch_canaries(self) -> None:
         """The release watchdog: a canary whose release missed its check-in deadline goes back to control (at start
@@ -260,7 +270,8 @@ class Gateway:
         record["latency_ms"] = (time.perf_counter() - routed.t0) * 1000
         rec = CompletionRecord.model_validate(record)
         await self.durable("completions", rec.model_dump())
-        self.metrics.observe(rec.model, rec.arm, record["latency_ms"])
+        self.metrics.observe(rec.model, rec.version, rec.arm, record["latency_ms"], len(rec.completion_text))
+        self.lengths.add(rec.request_id, len(rec.completion_text), rec.time_ms)
 
     # ---- completions ---------------------------------------------------------------------------
     async def complete(self, req: CompletionRequest, client_id: str, chat: bool = False):
@@ -284,13 +295,13 @@ class Gateway:
             else:
                 data, ep = await self.engine_json(fmt.path, routed.served_name, body)
         except NoReplica as e:
-            self.metrics.errors.labels(req.model, routed.arm.name).inc()
+            self.metrics.errors.labels(req.model, routed.arm.version, routed.arm.name).inc()
             raise GatewayError(503, str(e)) from None
         except GatewayError as e:
             if e.status >= 500:  # the arm failed the user (canary guardrail); 4xx are the client's doing
-                self.metrics.errors.labels(req.model, routed.arm.name).inc()
+                self.metrics.errors.labels(req.model, routed.arm.version, routed.arm.name).inc()
             raise
-        rid = self.signer.issue(req.model, client_id, routed.t0_ms)
+        rid = self.signer.issue(req.model, client_id, routed.t0_ms, version=routed.arm.version, arm=routed.arm.name)
         record = self.new_record(req, routed, client_id, rid, ep, prompt_text)
         if req.stream:
             meta = {"X-Tidal-Request-Id": rid, "X-Tidal-Version": str(routed.arm.version)}
@@ -408,6 +419,9 @@ class Gateway:
             self.feedback_seen.release(req.request_id)
             raise
         self.metrics.feedback.labels(req.event).inc()
+        length = self.lengths.pop(req.request_id)
+        kept = {"rejected": 0, "partial": req.accepted_chars, "accepted": length}[req.event]
+        self.metrics.verdict(claims.model, claims.version, claims.arm, req.event, kept)
         return event
 
 

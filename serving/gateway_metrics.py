@@ -1,12 +1,23 @@
-"""Gateway metrics (Prometheus, one registry per gateway instance) and the per-client rate limiter."""
+"""Gateway metrics (Prometheus, one registry per gateway instance) and the per-client rate limiter.
+
+Completions, latency, errors, verdicts and characters are labelled by model, version and arm, so accept rate and
+accepted characters per served version are a division in PromQL (infra/monitoring/rules.yml records them). A
+verdict's version and arm come from its signed request id; `unknown` for ids issued before they were carried.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000)
+
+
+SERVED = ["model", "version", "arm"]
+# (model, arm, version, weight) of every routed arm, read at each scrape
+RouteWeights = Callable[[], list[tuple[str, str, int, float]]]
 
 
 class GatewayMetrics:
@@ -14,16 +25,34 @@ class GatewayMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("gateway_requests", "Requests answered", ["endpoint", "code"], registry=r)
-        self.completions = Counter("gateway_completions", "Completions logged", ["model", "arm"], registry=r)
+        self.completions = Counter("gateway_completions", "Completions logged", SERVED, registry=r)
         self.latency = Histogram(
-            "gateway_latency_ms",
-            "Receive to last byte, logged completions",
-            ["model", "arm"],
-            buckets=LATENCY_BUCKETS_MS,
+            "gateway_latency_ms", "Receive to last byte, logged completions", SERVED, buckets=LATENCY_BUCKETS_MS, registry=r
+        )
+        self.suggested_chars = Counter(
+            "gateway_suggested_chars", "Characters of the completions logged (empty when withheld)", SERVED, registry=r
+        )
+        self.errors = Counter("gateway_completion_errors", "Completions routed to an arm that failed (5xx)", SERVED, registry=r)
+        self.verdicts = Counter(
+            "gateway_verdicts", "Feedback recorded, by the verdict's version and arm", [*SERVED, "event"], registry=r
+        )
+        self.accepted_chars = Counter(
+            "gateway_accepted_chars", "Characters users kept (whole suggestions and partial accepts)", SERVED, registry=r
+        )
+        self.accepted_chars_unknown = Counter(
+            "gateway_accepted_chars_unknown",
+            "Accepted verdicts whose suggestion length this gateway did not hold (served elsewhere or expired)",
+            ["model"],
             registry=r,
         )
-        self.errors = Counter(
-            "gateway_completion_errors", "Completions routed to an arm that failed (5xx)", ["model", "arm"], registry=r
+        self.route_weight = Gauge(
+            "gateway_route_weight", "Traffic share of each routed arm", ["model", "arm", "version"], registry=r
+        )
+        self.route_changes = Counter(
+            "gateway_route_changes",
+            "Route table changes (a canary step, a promotion, a rollback)",
+            ["model", "action", "by"],
+            registry=r,
         )
         self.failovers = Counter("gateway_upstream_failovers", "Replica failures before the first byte", ["model"], registry=r)
         self.feedback = Counter("gateway_feedback", "Feedback events by outcome", ["outcome"], registry=r)
@@ -44,14 +73,31 @@ class GatewayMetrics:
             "gateway_wal", "Log sink state (wal_bytes, segments_pending, wal_over_cap, ...)", ["figure"], registry=r
         )
         self._sink_metrics = sink_metrics
+        self.route_weights: RouteWeights = list  # the gateway binds its route table's
 
-    def observe(self, model: str, arm: str, latency_ms: float) -> None:
-        self.completions.labels(model, arm).inc()
-        self.latency.labels(model, arm).observe(latency_ms)
+    def observe(self, model: str, version: int, arm: str, latency_ms: float, chars: int) -> None:
+        self.completions.labels(model, version, arm).inc()
+        self.latency.labels(model, version, arm).observe(latency_ms)
+        self.suggested_chars.labels(model, version, arm).inc(chars)
+
+    def route_changed(self, model: str, action: str, by: str) -> None:
+        self.route_changes.labels(model, action, by).inc()
+
+    def verdict(self, model: str, version: int | None, arm: str | None, event: str, chars: int | None) -> None:
+        """One recorded verdict; chars: characters kept (0 for a reject), None when not known here."""
+        served = (model, version or "unknown", arm or "unknown")
+        self.verdicts.labels(*served, event).inc()
+        if chars is None:
+            self.accepted_chars_unknown.labels(model).inc()
+        else:
+            self.accepted_chars.labels(*served).inc(chars)
 
     def render(self) -> bytes:
         for key, value in self._sink_metrics().items():
             self._wal.labels(key).set(float(value))
+        self.route_weight.clear()  # arms and versions come and go: only the current table is exported
+        for model, arm, version, weight in self.route_weights():
+            self.route_weight.labels(model, arm, version).set(weight)
         return generate_latest(self.registry)
 
 

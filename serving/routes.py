@@ -16,6 +16,7 @@ import logging
 import os
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -197,11 +198,16 @@ class RouteTable:
     serialized by a lock; a change that fails validation or cannot be written changes nothing.
     """
 
-    def __init__(self, path: Path, limits: RouteLimits | None = None):
+    def __init__(self, path: Path, limits: RouteLimits | None = None, on_change: Callable[[RouteChange], None] | None = None):
         self.path = Path(path)
         self.limits = limits or RouteLimits()
+        self.on_change = on_change  # told of every change once it is written (the gateway counts them)
         self._lock = threading.RLock()
         self._snap = self._load()
+
+    def weights(self) -> list[tuple[str, str, int, float]]:
+        """(model, arm, version, weight) of every routed arm (the gateway's route-weight gauge)."""
+        return [(m, a.name, a.version, a.weight) for m, r in self._snap.routes.items() for a in r.arms]
 
     # ---- reads ---------------------------------------------------------------------------------
 
@@ -318,6 +324,8 @@ class RouteTable:
             new = _Snapshot({**old.routes, routes.model: routes}, (*old.history, change)[-HISTORY_LIMIT:])
             self._write(new)
             self._snap = new  # one reference swap: readers see the old or the new snapshot, whole
+        if self.on_change is not None:
+            self.on_change(change)
         log.info(
             "routes %s by %s (%s): %s",
             routes.model,

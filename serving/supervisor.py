@@ -11,9 +11,11 @@ from contextlib import asynccontextmanager
 
 import uvicorn
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, Field
 
+from serving import fleet_metrics
 from serving.engine import EngineEnvironmentMissing, EngineError
 from serving.fleet import Fleet
 from serving.fleet_replies import DeployReply, FleetStatus, ScaleReply, ServingReply, UndeployReply
@@ -102,6 +104,10 @@ def build_app(state: FleetState, token: str) -> FastAPI:
     @app.get("/health")
     def health() -> dict:
         return {"ok": True}
+
+    @app.get("/metrics")
+    def metrics() -> Response:  # counts and states only, like the gateway's: no token, no names of secrets
+        return Response(fleet_metrics.render(state.fleet.status(), state.ready), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/fleet", dependencies=[Depends(admin)])
     def fleet_status() -> FleetStatus:

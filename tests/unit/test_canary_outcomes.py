@@ -104,10 +104,10 @@ def test_segments_closed_before_the_start_are_not_read(store) -> None:
 
 
 METRICS = """# HELP gateway_completions_total Completions logged
-gateway_completions_total{arm="control",model="tab"} 950.0
-gateway_completions_total{arm="canary",model="tab"} 48.0
-gateway_completions_total{arm="control",model="other"} 7.0
-gateway_completion_errors_total{arm="canary",model="tab"} 2.0
+gateway_completions_total{arm="control",model="tab",version="1"} 950.0
+gateway_completions_total{arm="canary",model="tab",version="2"} 48.0
+gateway_completions_total{arm="control",model="other",version="1"} 7.0
+gateway_completion_errors_total{arm="canary",model="tab",version="2"} 2.0
 gateway_completions_created{arm="control",model="tab"} 1.7e9
 """
 

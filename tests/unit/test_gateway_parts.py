@@ -495,3 +495,68 @@ def test_a_versions_suggestion_filter_withholds_an_unlikely_completion_and_logs_
     else:
         assert (text, flag) == (("", True) if withheld else ("ab", False))
     assert gw.metrics.withheld.labels("tab", "control")._value.get() == float(withheld)
+
+
+def test_verdicts_and_characters_are_counted_per_version_and_arm_across_a_restart(tmp_path):
+    """Feedback was counted by outcome only: the accept rate and accepted characters of a served version were not
+    in the metrics. A verdict carries its version and arm in its signed id; `accepted` takes the suggestion's
+    length from the completions this gateway logged (its WAL after a restart)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from serving.api_models import CompletionRequest, FeedbackRequest
+    from serving.routes import ArmSpec, ModelRoutes
+
+    engine = _Engine(broken=False)  # answers "ab"
+    pool = ReplicaPool("http://unused", "t" * 16, poll_s=1.0)
+    pool.apply(fleet(replica("tab-0", engine.url, {"tab@v1": 1})))
+
+    async def complete(gw) -> str:
+        import aiohttp
+
+        async with aiohttp.ClientSession() as gw.session:
+            return (await gw.complete(CompletionRequest(model="tab", prompt="x", max_tokens=4), "alice"))["id"]
+
+    def samples(gw) -> dict[tuple, float]:
+        text = gw.metrics.render().decode()
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text)
+            for s in fam.samples
+            if not s.name.endswith("_created")
+        }
+
+    served = (("arm", "control"), ("model", "tab"), ("version", "1"))
+    gw = _gateway(tmp_path, pool)
+    gw.sink.start()
+    try:
+        first, second = asyncio.run(complete(gw)), asyncio.run(complete(gw))
+        asyncio.run(gw.feedback(FeedbackRequest(request_id=first, event="accepted"), "alice"))
+        asyncio.run(gw.feedback(FeedbackRequest(request_id=second, event="partial", accepted_chars=1), "alice"))
+        third = asyncio.run(complete(gw))
+        m = samples(gw)
+    finally:
+        gw.sink.stop()
+    assert m[("gateway_completions_total", served)] == 3 and m[("gateway_suggested_chars_total", served)] == 6
+    assert m[("gateway_verdicts_total", (served[0], ("event", "accepted"), *served[1:]))] == 1
+    assert m[("gateway_verdicts_total", (served[0], ("event", "partial"), *served[1:]))] == 1
+    assert m[("gateway_accepted_chars_total", served)] == 2 + 1
+
+    restarted = _gateway(tmp_path, pool)  # same WAL: the third suggestion's length is read back at start
+    restarted.sink.start()
+    try:
+        restarted.recall()  # what Gateway.start does after starting the sink
+        asyncio.run(restarted.feedback(FeedbackRequest(request_id=third, event="accepted"), "alice"))
+        legacy = restarted.signer.issue("tab", "alice", third_time := int(time.time() * 1000))  # no version, no arm
+        asyncio.run(restarted.feedback(FeedbackRequest(request_id=legacy, event="accepted"), "alice"))
+        arms = [ArmSpec(name="control", version=1, weight=1.0)]
+        restarted.routes.set(ModelRoutes(model="tab", arms=arms, updated_ms=third_time, updated_by="test", reason="r"))
+        m = samples(restarted)
+    finally:
+        restarted.sink.stop()
+        engine.sock.close()
+    assert m[("gateway_accepted_chars_total", served)] == 2
+    unknown = (("arm", "unknown"), ("event", "accepted"), ("model", "tab"), ("version", "unknown"))
+    assert m[("gateway_verdicts_total", unknown)] == 1
+    assert m[("gateway_accepted_chars_unknown_total", (("model", "tab"),))] == 1
+    assert m[("gateway_route_weight", (("arm", "control"), ("model", "tab"), ("version", "1")))] == 1.0
+    assert m[("gateway_route_changes_total", (("action", "set"), ("by", "test"), ("model", "tab")))] == 1
