@@ -79,6 +79,7 @@ class GatewayMetrics:
         self.completions.labels(model, version, arm).inc()
         self.latency.labels(model, version, arm).observe(latency_ms)
         self.suggested_chars.labels(model, version, arm).inc(chars)
+        self.errors.labels(model, version, arm)  # a served arm's error count exists at 0: its rate reads 0, not no data
 
     def route_changed(self, model: str, action: str, by: str) -> None:
         self.route_changes.labels(model, action, by).inc()

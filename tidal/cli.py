@@ -50,6 +50,8 @@ def cmd_up(settings: TidalSettings, args) -> None:
     if not args.no_fleet:
         platform.up_fleet()
         platform.up_gateway()
+    if args.with_prometheus:
+        platform.up_prometheus()
     print_status(platform.status())
 
 
@@ -195,6 +197,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="start Prefect, MLflow and the fleet (bootstraps the base policy if missing)")
     up.add_argument("--no-fleet", action="store_true", help="servers only")
+    up.add_argument(
+        "--with-prometheus",
+        action="store_true",
+        help="also a local Prometheus scraping the gateway and the supervisor, with infra/monitoring's alert rules",
+    )
     up.set_defaults(func=cmd_up)
     sub.add_parser("down", help="stop everything `up` started").set_defaults(func=cmd_down)
     st = sub.add_parser("status", help="what runs, where, which versions each replica serves")

@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, Field
 
 from serving.fleet_replies import FleetState, FleetStatus
+from tidal import prometheus
 from tidal.client_env import TELEMETRY_OFF
 from tidal.flywheel_pause import PauseRecord, paused
 from tidal.procs import (
@@ -154,6 +155,23 @@ class Platform:
                 f"http://{s.prefect.host}:{s.prefect.runner_port}",
                 child,
             ),
+            "prometheus": Service(
+                "prometheus",
+                [
+                    s.prometheus.binary,
+                    f"--config.file={self.run_dir / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={data / 'prometheus'}",
+                    f"--storage.tsdb.retention.time={s.prometheus.retention}",
+                    f"--web.listen-address={s.prometheus.host}:{s.prometheus.port}",
+                ],
+                s.prometheus.host,
+                s.prometheus.port,
+                "prometheus.port",
+                f"{s.prometheus.url}/-/ready",
+                60.0,
+                s.prometheus.url,
+                dirs=[data / "prometheus"],
+            ),
             "gateway": Service(
                 "gateway",
                 [py, "-m", "serving.gateway_app"],
@@ -240,6 +258,15 @@ class Platform:
     def up_gateway(self) -> ProcInfo:
         return self.ensure(self.services()["gateway"])
 
+    def up_prometheus(self) -> ProcInfo:
+        """Prometheus scraping the gateway and the supervisor, with Tidal's alert rules (tidal/prometheus.py)."""
+        s = self.settings
+        cfg = prometheus.config(s.prometheus, f"{s.gateway.host}:{s.gateway.port}", f"{s.fleet.host}:{s.fleet.admin_port}")
+        prometheus.executable(s.prometheus)  # a clear error before a spawn that could only fail
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "prometheus.yml").write_text(yaml.safe_dump(cfg))
+        return self.ensure(self.services()["prometheus"])
+
     def routes_client(self):
         from serving.client import routes_client
 
@@ -266,7 +293,7 @@ class Platform:
     def down(self) -> list[str]:
         """Stop the gateway (it flushes its log), the fleet (it stops its replicas), then MLflow and
         Prefect; kill any replica left behind."""
-        order = ("gateway", "flows", "fleet", "mlflow", "prefect")
+        order = ("prometheus", "gateway", "flows", "fleet", "mlflow", "prefect")
         stopped = [n for n in order if self.running(n)]
         for name in order:
             self.stop(name)
@@ -293,6 +320,8 @@ class Platform:
         services = {}
         for name, svc in self.services().items():
             info = self.running(name)
+            if name == "prometheus" and info is None:
+                continue  # optional (`tidal up --with-prometheus`): listed while it runs
             healthy = False
             if info is not None:
                 try:

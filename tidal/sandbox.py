@@ -16,7 +16,7 @@ import yaml
 from tidal.procs import port_free
 from tidal.section import deep_merge
 
-BLOCK = 80  # ports per sandbox: services at +0..+4, spare for tests at +5..+9, replicas from +10 to +70
+BLOCK = 80  # ports per sandbox: services at +0..+4, spare for tests at +5..+8, Prometheus at +9, replicas from +10 to +70
 SPARE = 5  # offset of the spare ports (from prefect.port)
 
 
@@ -42,6 +42,7 @@ def write_config(root: Path, models: list[dict], base_port: int | None = None, p
         "data_dir": str(root / "data"),
         "prefect": {"port": b, "runner_port": b + 1},
         "mlflow": {"port": b + 2},
+        "prometheus": {"port": b + 9, "scrape_interval_s": 1.0},
         "fleet": {
             "admin_port": b + 3,
             "base_port": b + 10,

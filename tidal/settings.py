@@ -17,6 +17,7 @@ from release.policy import CanaryConfig
 from serving.settings import ServingSettings
 from tidal.core_settings import load_root
 from tidal.loop_settings import DemoSettings, FlywheelSettings
+from tidal.prometheus import PrometheusSettings
 from training.train_settings import BootstrapSettings, LaunchSettings, TrainSettings
 
 
@@ -37,6 +38,9 @@ class TidalSettings(ServingSettings):
         default_factory=CanaryConfig, description="Release plane: canary ramp, sequential test, guardrails."
     )
     flywheel: FlywheelSettings = Field(default_factory=FlywheelSettings, description="How the deployed loop is scheduled.")
+    prometheus: PrometheusSettings = Field(
+        default_factory=PrometheusSettings, description="The local Prometheus of `tidal up --with-prometheus`."
+    )
     demo: DemoSettings = Field(
         default_factory=DemoSettings, description="What `tidal demo` runs: cycles, simulated users, its canary and training."
     )

@@ -3,6 +3,7 @@ and the Helm chart (rendered, and its settings file loaded by Tidal)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -273,6 +274,11 @@ def test_chart_renders_the_fleet_supervisor(tmp_path, monkeypatch):
                 "image": {"repository": "registry.example/tidal", "tag": "0.1.0"},
                 "gateway": {"existingSecret": "tidal-gateway"},
                 "supervisor": {"enabled": True},
+                "metrics": {
+                    "serviceMonitor": {"enabled": True},
+                    "prometheusRule": {"enabled": True},
+                    "grafanaDashboard": {"enabled": True},
+                },
                 "settings": {"store": {"url": "s3://tidal-checkpoints"}},
                 "models": [{"name": "tab", "replicas": 2, "updateStrategy": "lora", "gpus": 2, "instanceType": "g6e.12xlarge"}],
             }
@@ -293,6 +299,16 @@ def test_chart_renders_the_fleet_supervisor(tmp_path, monkeypatch):
         ("Role", "tidal-fleet-supervisor"),
         ("RoleBinding", "tidal-fleet-supervisor"),
     } <= set(docs) and ("Deployment", "tidal-vllm-tab") not in docs
+    # monitoring: both scrapes, the rules promtool tests, the dashboard whose queries a real Prometheus answers
+    monitor = docs[("ServiceMonitor", "tidal-fleet-supervisor")]["spec"]["endpoints"][0]
+    assert (monitor["port"], monitor["path"], monitor["relabelings"][0]["replacement"]) == ("admin", "/metrics", "tidal-fleet")
+    rules = yaml.safe_load((ROOT / "infra" / "monitoring" / "rules.yml").read_text())
+    assert docs[("PrometheusRule", "tidal")]["spec"]["groups"] == rules["groups"]
+    dashboard = docs[("ConfigMap", "tidal-grafana-dashboard")]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["tidal.json"]) == json.loads(
+        (ROOT / "infra" / "monitoring" / "dashboard.json").read_text()
+    )
     assert docs[("Role", "tidal-fleet-supervisor")]["rules"] == yaml.safe_load(
         (CHART / "files" / "fleet-supervisor-rules.yaml").read_text()
     )

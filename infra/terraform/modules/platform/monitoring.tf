@@ -14,6 +14,7 @@ resource "helm_release" "kube_prometheus_stack" {
       prometheusSpec = {
         serviceMonitorSelectorNilUsesHelmValues = false
         podMonitorSelectorNilUsesHelmValues     = false
+        ruleSelectorNilUsesHelmValues           = false # the Tidal chart's PrometheusRule (infra/monitoring/rules.yml)
         retention                               = var.prometheus_retention
         nodeSelector                            = local.cpu_pool
       }
@@ -32,6 +33,8 @@ resource "helm_release" "kube_prometheus_stack" {
       # Not the chart's well-known default password. The secret's keys are the chart's defaults
       # (admin-user, admin-password).
       admin = { existingSecret = kubernetes_secret_v1.grafana_admin.metadata[0].name }
+      # the Tidal chart's dashboard ConfigMap (label grafana_dashboard=1) lives in the Tidal namespace
+      sidecar = { dashboards = { enabled = true, label = "grafana_dashboard", searchNamespace = "ALL" } }
     }
   })]
 }

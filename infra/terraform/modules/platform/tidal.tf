@@ -41,7 +41,12 @@ resource "helm_release" "tidal" {
       }
       persistence = { size = var.gateway.storage.size, storageClass = var.gateway.storage.storage_class }
     }
-    metrics = { serviceMonitor = { enabled = true } }
+    # scrapes of the gateway and the supervisor, Tidal's alert rules and its Grafana dashboard
+    metrics = {
+      serviceMonitor   = { enabled = true }
+      prometheusRule   = { enabled = true }
+      grafanaDashboard = { enabled = true }
+    }
     settings = {
       data_dir = "/var/lib/tidal"
       # One bucket per kind of data (IRSA grants follow it); keys keep their area prefix in each.
