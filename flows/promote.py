@@ -22,7 +22,7 @@ from tasks.promote import (
     run_canary,
     unload_after_grace,
 )
-from tasks.promote_approval import ask_human
+from tasks.promote_approval import ask_human, needs_human
 from tidal.flywheel_pause import ensure_running
 from tidal.registry import Registry
 from tidal.settings import load_settings
@@ -58,12 +58,10 @@ def promote(model: str = "tab", candidate: str = "@candidate", require_gate: boo
             log_segment_span_s=span_s,
             margins=settings.model(model).canary_margins,
         )
-        ask = (look.action == "inconclusive" and cfg.on_inconclusive == "ask") or (
-            look.action == "promote" and 1.0 in cfg.approve_before
-        )
-        if ask:  # the canary holds its weight until a human answers the typed form
+        if needs_human(look, cfg):  # the canary holds its weight until a human answers the typed form
             answer = ask_human(release, look, cfg, routes, registry, key=look.action)
-            look.action, look.reason = ("promote" if answer.decision == "promote" else "rollback"), answer.summary()
+            look.action = "promote" if answer.decision == "promote" else "rollback"
+            look.reason = f"{answer.summary()} (canary: {look.reason})"
     except BaseException as e:  # a failed or interrupted release leaves no canary routed (or leaves it to the watchdog)
         abandon_release(release, e, routes, fleet, registry)
         raise

@@ -56,6 +56,14 @@ def go_on_decision(pause_key: str) -> str:
     return GO_ON[pause_key.split("-")[0]]
 
 
+def needs_human(look, cfg) -> bool:
+    """Whether the ramp's last decision waits for a human: an inconclusive canary under `on_inconclusive: ask`, or
+    a promotion under `approve_before: [1.0]`."""
+    return (look.action == "inconclusive" and cfg.on_inconclusive == "ask") or (
+        look.action == "promote" and 1.0 in cfg.approve_before
+    )
+
+
 def ask_human(release, look, cfg, routes, registry, key: str) -> _Answer:
     """Pause the flow run until a human answers (or cfg.approval_timeout_s passes: the flow fails and the watchdog
     rolls the canary back). The canary holds its weight meanwhile; the answer is tagged on the candidate."""

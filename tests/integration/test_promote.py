@@ -2,8 +2,9 @@
 suggestions that stay on the line they are typing. A degraded candidate (an adapter pushing the
 model towards line breaks), better on reward under a rule that pays for silence but worse on accepted
 characters, is rolled back at the first step with about 5% of users exposed; an
-operator's `tidal rollback` ends a ramp at once, and so does `tidal pause`; an inconclusive ramp asks a human,
-and so does a step listed in `canary.approve_before`; the audit trail shows each."""
+operator's `tidal rollback` ends a ramp at once, and so does `tidal pause`; a step and the promotion listed in
+`canary.approve_before` wait for a typed human answer (`tidal approve`, or the Prefect API); the audit trail shows
+each."""
 
 from __future__ import annotations
 
@@ -157,6 +158,7 @@ def test_pausing_the_flywheel_mid_canary_returns_traffic_to_control(
         assert json.loads(paused.stdout)["record"]["paused"] is True
         rc, out = promote.finish(timeout=300)
         assert rc == 0 and "rolled back" in out and "flywheel paused" in out, out[-3000:]
+        users.stop.set()  # the commands below need no traffic: the cores are theirs
         arms = platform.routes_client().show().routes["tab"].arms
         assert [(a.name, a.version, a.weight) for a in arms] == [("control", 1, 1.0)]
         ended = json.loads(tags(registry, info.version)["tidal.release.rolled_back"])
@@ -176,7 +178,8 @@ def test_pausing_the_flywheel_mid_canary_returns_traffic_to_control(
     assert users.errors == []
 
 
-def paused_promote_run(api: str, timeout: float = 600) -> dict:
+def paused_promote_run(api: str, key: str, promote: Promote, timeout: float = 600) -> dict:
+    """The promote run once it waits for a human's answer to `key` (its pause key: step-N, promote, inconclusive)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         runs = httpx.post(
@@ -184,10 +187,12 @@ def paused_promote_run(api: str, timeout: float = 600) -> dict:
             timeout=30,
             json={"flow_runs": {"state": {"type": {"any_": ["PAUSED"]}}}, "flows": {"name": {"any_": ["promote"]}}},
         ).json()
-        if runs:
-            return runs[0]
+        found = [r for r in runs if r["state"]["state_details"]["pause_key"] == key]
+        if found:
+            return found[0]
+        assert promote.running(), promote.log.read_text()[-3000:]
         time.sleep(2)
-    raise AssertionError("no paused promote run")
+    raise AssertionError(f"no promote run paused for {key!r}")
 
 
 def resume_run(api: str, run_id: str, run_input: dict, attempts: int = 3) -> dict:
@@ -204,53 +209,6 @@ def resume_run(api: str, run_id: str, run_input: dict, attempts: int = 3) -> dic
     raise AssertionError(f"resume kept failing: HTTP {r.status_code} {body}")
 
 
-def test_inconclusive_ramp_asks_a_human_and_a_typed_answer_promotes(
-    settings, registry, checkpoints, base_dir, users, tmp_path, platform
-):
-    same = zero_adapter(base_dir, tmp_path / "aa")
-    info = publish(registry, checkpoints.store, "tab", same, "lora", 1, {"tidal.origin": "test: A/A"})
-    env = {
-        **os.environ,
-        "TIDAL_CANARY__STEPS": "[0.5]",
-        "TIDAL_CANARY__MAX_STEP_S": "20",
-        "TIDAL_CANARY__ON_INCONCLUSIVE": "ask",
-        "TIDAL_CANARY__MIN_SAMPLES": "1000000",
-    }
-    promote = Promote(info.version, tmp_path / "promote.log", env=env)
-    start_when_verified(users, registry, promote, info.version)
-    api = settings.prefect.api_url
-    run = paused_promote_run(api)
-    bad = resume_run(api, run["id"], {"decision": "maybe", "approver": "", "reason": "?"})
-    assert bad["status"] == "REJECT" and "Reason" in bad["details"]["reason"]
-    assert httpx.get(f"{api}/flow_runs/{run['id']}", timeout=30).json()["state"]["type"] == "PAUSED"
-    good = resume_run(api, run["id"], {"decision": "promote", "approver": "alice", "reason": "A/A by construction"})
-    assert good["status"] == "ACCEPT", good
-    rc, out = promote.finish(timeout=300)
-    assert rc == 0 and "promoted" in out, out[-3000:]
-    t = tags(registry, info.version)
-    approved = json.loads(t["tidal.release.approved"])
-    assert (approved["decision"], approved["approver"]) == ("promote", "alice") and "tidal.release.promoted" in t
-    aliases = registry.aliases("tab")
-    assert (aliases["champion"], aliases["previous"]) == (info.version, 1)
-    arms = platform.routes_client().show().routes["tab"].arms
-    assert [(a.name, a.version, a.weight) for a in arms] == [("control", info.version, 1.0)]
-
-    # instant rollback after a promotion: back to the previous champion, which is still loaded
-    rb = subprocess.run(
-        [sys.executable, "-m", "tidal.cli", "rollback", "tab", "--reason", "undo"],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ),
-        check=False,
-    )
-    assert rb.returncode == 0, rb.stdout + rb.stderr
-    result = json.loads(rb.stdout)
-    assert result["serving"] == 1 and result["route_change_s"] < 5
-    assert registry.aliases("tab")["champion"] == 1
-    assert [(a.version, a.weight) for a in platform.routes_client().show().routes["tab"].arms] == [(1, 1.0)]
-    assert users.errors == []
-
-
 @pytest.mark.timeout(1500)
 def test_better_candidate_is_promoted_through_every_step(settings, registry, checkpoints, base_dir, users, tmp_path, platform):
     # The newline adapter reversed: the model breaks lines less often, so these users accept more.
@@ -261,23 +219,31 @@ def test_better_candidate_is_promoted_through_every_step(settings, registry, che
         "TIDAL_CANARY__STEPS": "[0.3, 0.5]",
         "TIDAL_CANARY__MIN_SAMPLES": "30",
         "TIDAL_CANARY__MAX_STEP_S": "600",
-        "TIDAL_CANARY__APPROVE_BEFORE": "[0.5]",  # the second step waits for a typed approval
+        # the second step and the promotion wait for a typed human answer
+        "TIDAL_CANARY__APPROVE_BEFORE": "[0.5, 1.0]",
     }
+    api = settings.prefect.api_url
     promote = Promote(info.version, tmp_path / "promote.log", env=env)
     start_when_verified(users, registry, promote, info.version)
-    run = paused_promote_run(settings.prefect.api_url, timeout=900)
-    assert run["state"]["state_details"]["pause_key"] == "step-2"
+    run = paused_promote_run(api, "step-2", promote, timeout=900)
     assert "tidal.release.step_2" not in tags(registry, info.version)  # held at step 1 while it waits
+    bad = resume_run(api, run["id"], {"decision": "promote", "approver": "", "reason": "?"})  # not this form's answer
+    assert bad["status"] == "REJECT" and "Reason" in bad["details"]["reason"]
+    assert httpx.get(f"{api}/flow_runs/{run['id']}", timeout=30).json()["state"]["type"] == "PAUSED"
     ok = tidal("approve", "tab", "--by", "alice", "--reason", "step 1 figures look right")
     assert ok.returncode == 0 and "advance" in ok.stdout, ok.stdout + ok.stderr
+    run = paused_promote_run(api, "promote", promote, timeout=900)  # the last step passed: promote to 100%?
+    good = resume_run(api, run["id"], {"decision": "promote", "approver": "bob", "reason": "both steps look right"})
+    assert good["status"] == "ACCEPT", good
     rc, out = promote.finish(timeout=1200)
     assert rc == 0 and "promoted" in out, out[-3000:]
     t = tags(registry, info.version)
     assert {"tidal.release.step_1", "tidal.release.step_2", "tidal.release.promoted"} <= set(t)
     assert json.loads(t["tidal.release.approved_step_2"])["approver"] == "alice"
+    assert json.loads(t["tidal.release.approved"])["approver"] == "bob"
     promoted = json.loads(t["tidal.release.promoted"])
     print("better canary:", promoted["reason"], promoted["figures"])
-    assert "rose" in promoted["reason"]
+    assert "promote approved by bob" in promoted["reason"] and "rose" in promoted["reason"]
     aliases = registry.aliases("tab")
     assert (aliases["champion"], aliases["previous"]) == (info.version, 1)
     arms = platform.routes_client().show().routes["tab"].arms
@@ -285,15 +251,13 @@ def test_better_candidate_is_promoted_through_every_step(settings, registry, che
     # A LoRA promotion left the fleet's serving version on the base: a gateway with no routes served the old model.
     assert platform.fleet_client().status().models["tab"].serving_version == info.version
     assert users.errors == []
-    # back to version 1 for the tests that follow
-    rb = subprocess.run(
-        [sys.executable, "-m", "tidal.cli", "rollback", "tab", "--to", "1", "--reason", "test cleanup"],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ),
-        check=False,
-    )
-    assert rb.returncode == 0 and registry.aliases("tab")["champion"] == 1, rb.stdout + rb.stderr
+    # instant rollback after a promotion: back to the previous champion, which is still loaded
+    rb = tidal("rollback", "tab", "--reason", "undo")
+    assert rb.returncode == 0, rb.stdout + rb.stderr
+    result = json.loads(rb.stdout)
+    assert result["serving"] == 1 and result["route_change_s"] < 5
+    assert registry.aliases("tab")["champion"] == 1
+    assert [(a.version, a.weight) for a in platform.routes_client().show().routes["tab"].arms] == [(1, 1.0)]
     assert platform.fleet_client().status().models["tab"].serving_version == 1
 
 

@@ -7,7 +7,8 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from tasks.promote_approval import Approval, StepApproval, go_on_decision
+from release.policy import CanaryConfig, Look
+from tasks.promote_approval import Approval, StepApproval, go_on_decision, needs_human
 
 
 def test_a_complete_answer_is_recorded_with_who_and_why() -> None:
@@ -50,3 +51,17 @@ def test_a_step_form_offers_advance_or_rollback_and_records_the_step() -> None:
 @pytest.mark.parametrize("key, decision", [("promote", "promote"), ("inconclusive", "promote"), ("step-2", "advance")])
 def test_the_pause_key_says_which_decision_goes_on(key: str, decision: str) -> None:
     assert go_on_decision(key) == decision
+
+
+@pytest.mark.parametrize(
+    "action, settings, asks",
+    [
+        ("inconclusive", {"on_inconclusive": "ask"}, True),
+        ("inconclusive", {}, False),  # rolled back by itself
+        ("promote", {"approve_before": [1.0]}, True),
+        ("promote", {"approve_before": [0.5]}, False),  # a step's approval, asked during the ramp
+        ("rollback", {"approve_before": [1.0], "on_inconclusive": "ask"}, False),  # a regression never waits
+    ],
+)
+def test_which_decisions_wait_for_a_human(action: str, settings: dict, asks: bool) -> None:
+    assert needs_human(Look(action, "why", 1, 0.5), CanaryConfig(**settings)) is asks
