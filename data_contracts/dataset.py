@@ -43,6 +43,20 @@ def quarantine_prefix(model: str, ds_id: str) -> str:
     return f"quarantine/model={model}/{ds_id}"
 
 
+def data_docs_prefix(model: str, ds_id: str) -> str:
+    """Where a collection's Great Expectations Data Docs site lives (index.html at its root)."""
+    return f"reports/data_docs/model={model}/{ds_id}"
+
+
+def latest_data_docs(store: ObjectStore, model: str) -> str | None:
+    """The prefix of the Data Docs of the model's latest collection (None before its first)."""
+    wm = read_watermark(store, model)
+    if wm is None or not wm.dataset_id:
+        return None
+    prefix = data_docs_prefix(model, wm.dataset_id)
+    return prefix if store.exists(f"{prefix}/index.html") else None
+
+
 def read_watermark(store: ObjectStore, model: str) -> Watermark | None:
     key = watermark_key(model)
     if not store.exists(key):

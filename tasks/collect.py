@@ -83,7 +83,7 @@ def quarantine_failures(store: ObjectStore, work: Work, ds_id: str) -> dict:
 @task(cache_policy=NO_CACHE)
 def publish_data_docs(store: ObjectStore, docs_dir: Path, model: str, ds_id: str) -> str:
     """Upload the Data Docs site; returns the store URI of its index page."""
-    prefix = f"reports/data_docs/model={model}/{ds_id}"
+    prefix = dataset.data_docs_prefix(model, ds_id)
     upload_dir(store, docs_dir, prefix)
     return store.uri(f"{prefix}/index.html")
 

@@ -175,6 +175,8 @@ def print_status(status: PlatformStatus) -> None:
         print(f"{name:8s} {state:18s} {svc.url:28s} pid={svc.pid}  log={svc.log}")
     for rec in status.paused.values():
         print(f"flywheel {rec.describe()} (`tidal resume {rec.model}`)")
+    for model, link in status.data_docs.items():
+        print(f"data docs {model}: {link}")
     fleet = status.fleet
     if fleet:
         if fleet.error:

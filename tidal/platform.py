@@ -39,7 +39,7 @@ from tidal.procs import (
 )
 from tidal.section import SettingsError
 from tidal.settings import TidalSettings
-from tidal.store import open_store
+from tidal.store import download_dir, open_store
 
 log = logging.getLogger("tidal.platform")
 
@@ -60,6 +60,7 @@ class PlatformStatus(BaseModel):
     services: dict[str, ServiceStatus]
     fleet: FleetStatus | None = None
     paused: dict[str, PauseRecord] = {}  # model → the `tidal pause` in force (models absent run)
+    data_docs: dict[str, str] = {}  # model → a local link to its latest collection's Data Docs (file URI)
 
 
 @dataclass
@@ -338,7 +339,26 @@ class Platform:
         fleet = self.fleet_client().status() if services["fleet"].healthy else None
         store = open_store(self.settings)
         held = {m.name: paused(store, m.name) for m in self.settings.models}
-        return PlatformStatus(services=services, fleet=fleet, paused={m: p for m, p in held.items() if p is not None})
+        docs = {m.name: self.data_docs_link(store, m.name) for m in self.settings.models}
+        return PlatformStatus(
+            services=services,
+            fleet=fleet,
+            paused={m: p for m, p in held.items() if p is not None},
+            data_docs={m: link for m, link in docs.items() if link},
+        )
+
+    def data_docs_link(self, store, model: str) -> str | None:
+        """A link a browser opens: the store's own file for a local store, else a copy under data_dir/docs/."""
+        from data_contracts.dataset import latest_data_docs
+
+        prefix = latest_data_docs(store, model)
+        if prefix is None:
+            return None
+        index = store.uri(f"{prefix}/index.html")
+        if index.startswith("file://"):
+            return index
+        local = download_dir(store, prefix, self.settings.data_path / "docs" / prefix)
+        return (local / "index.html").as_uri()
 
 
 class ServerUnavailable(RuntimeError):
