@@ -136,13 +136,18 @@ def cmd_rollback(settings: TidalSettings, args) -> None:
 
 
 def cmd_fleet(settings: TidalSettings, args) -> None:
-    client = _platform(settings).fleet_client()
+    from tidal.progress import replica_summary, with_progress
+
+    platform = _platform(settings)
+    client, watcher = platform.fleet_client(), platform.fleet_client(timeout_s=10.0)
     if args.fleet_cmd == "scale":
-        out = client.scale(args.model, args.replicas)
+        call = lambda: client.scale(args.model, args.replicas)  # noqa: E731
     elif args.fleet_cmd == "deploy":
-        out = client.deploy(args.model, args.version)
+        call = lambda: client.deploy(args.model, args.version)  # noqa: E731
     else:
-        out = client.undeploy(args.model, args.version, force=args.force)
+        call = lambda: client.undeploy(args.model, args.version, force=args.force)  # noqa: E731
+    # scale and deploy answer once their replicas are verified (minutes): the replicas' states meanwhile, on stderr
+    out = with_progress(call, lambda: replica_summary(watcher.status(), args.model))
     print(json.dumps(out.model_dump(), indent=2))
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
+import subprocess
+import sys
 import time
 from collections import Counter
 
@@ -99,7 +102,12 @@ def test_scale_one_two_one(fleet):
     fleet.scale("tab", 1)
     replicas = fleet.replicas("tab")
     assert len(replicas) == 1 and replicas[0].state == "ready"
-    fleet.scale("tab", 2)
+    # `tidal fleet scale` waits for the new replica's verification, printing the replicas' states meanwhile
+    cli = subprocess.run([sys.executable, "-m", "tidal.cli", "fleet", "scale", "tab", "2"], capture_output=True, text=True)
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    assert len(json.loads(cli.stdout)["replicas"]) == 2
+    lines = [line for line in cli.stderr.splitlines() if line.startswith("[")]
+    assert lines and all(" s] tab " in line for line in lines) and " starting [" in cli.stderr, cli.stderr
     replicas = fleet.replicas("tab")
     assert [r.state for r in replicas] == ["ready", "ready"]
     assert all(complete(r.url, "tab@v1")["text"] for r in replicas)
