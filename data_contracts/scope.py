@@ -36,6 +36,7 @@ from data_contracts.log_layout import LOG_KEY
 
 HOUR_MS = 3_600_000
 _RID_HEAD_CHARS = 28  # base64 characters covering the id's first 21 bytes
+ID_FORMATS = (1, 2)  # request id formats whose head (format, nonce, time_ms) this reads
 _B64URL_VALUES = np.full(256, 255, dtype=np.uint8)
 _B64URL_VALUES[np.frombuffer(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_", dtype=np.uint8)] = np.arange(64)
 
@@ -150,9 +151,9 @@ def completes_hour(rng: Range, part: Partition, kind: str) -> bool:
 
 
 def rid_time_ms(request_ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """(N,) completion times read from signed request ids (format 1 of serving/request_ids.py: base64url of
-    version byte, 12-byte nonce, 8-byte big-endian time_ms, ...); -1 where an id is not readable. The
-    signature is not checked: a forged id refers to no stored completion, so its feedback is an orphan.
+    """(N,) completion times read from signed request ids (formats 1 and 2 of serving/request_ids.py, whose
+    heads agree: base64url of format byte, 12-byte nonce, 8-byte big-endian time_ms, ...); -1 where an id is not
+    readable. The signature is not checked: a forged id refers to no stored completion, so its feedback is an orphan.
 
     Vectorised: the first 28 characters encode bytes 0..20, which hold the version and the time."""
     ids = request_ids.combine_chunks() if isinstance(request_ids, pa.ChunkedArray) else request_ids
@@ -170,7 +171,7 @@ def rid_time_ms(request_ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
     t = np.zeros(len(chars), dtype=np.uint64)
     for c in range(16, 28):  # characters 16..27 are bytes 12..20; the low 64 bits are bytes 13..20
         t = (t << np.uint64(6)) | sextets[:, c].astype(np.uint64)
-    ok = readable & (version == 1) & (t < np.uint64(2**62))
+    ok = readable & np.isin(version, ID_FORMATS) & (t < np.uint64(2**62))
     out[np.flatnonzero(full)[ok]] = t[ok].astype(np.int64)
     return out
 

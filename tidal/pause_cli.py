@@ -121,8 +121,15 @@ def cmd_approve(settings: TidalSettings, args) -> None:
     print(answer(run, decision, args.by, args.reason) + f"; it asked: {key}")
 
 
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # a container user with no name
+        return "cli"
+
+
 def add_parser(sub) -> None:
-    me = getpass.getuser()
+    me = _user()
     for verb, text in (
         ("pause", "stop the model's flywheel: no collect, train or release runs; a running canary rolls back"),
         ("resume", "let the model's flywheel run again"),

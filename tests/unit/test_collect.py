@@ -153,8 +153,19 @@ def test_future_rows_are_quarantined_once(tmp_path):
 
 
 def test_request_id_times_are_read_without_the_secret():
-    ids = [SIGNER.issue("tab", "alice", T0 + 7), "not-an-id", None, SIGNER.issue("a-model", "some-client", 2**41)]
-    assert rid_time_ms(pa.array(ids)).tolist() == [T0 + 7, -1, -1, 2**41]
+    import base64
+
+    v1 = base64.urlsafe_b64encode(bytes([1]) + bytes(12) + (T0 + 9).to_bytes(8, "big") + b"\x03tab\x01c").rstrip(b"=")
+    v3 = base64.urlsafe_b64encode(bytes([3]) + bytes(12) + (T0 + 9).to_bytes(8, "big") + b"\x03tab\x01c").rstrip(b"=")
+    ids = [
+        SIGNER.issue("tab", "alice", T0 + 7, version=4, arm="canary"),  # format 2
+        "not-an-id",
+        None,
+        SIGNER.issue("a-model", "some-client", 2**41),
+        v1.decode() + ".sig",  # format 1, issued before an upgrade
+        v3.decode() + ".sig",  # a format this code does not know
+    ]
+    assert rid_time_ms(pa.array(ids)).tolist() == [T0 + 7, -1, -1, 2**41, T0 + 9, -1]
 
 
 def test_reports_and_data_docs(tmp_path):
