@@ -107,23 +107,28 @@ def test_degraded_candidate_is_rolled_back_at_the_first_step(
     assert registry.aliases("tab")["champion"] == 1
 
 
-def test_operator_rollback_ends_a_ramp_at_once(settings, registry, checkpoints, base_dir, users, tmp_path):
-    same = zero_adapter(base_dir, tmp_path / "neutral")  # the champion's own outputs: no decision soon
-    info = publish(registry, checkpoints.store, "tab", same, "lora", 1, {"tidal.origin": "test: neutral"})
+def tidal(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tidal.cli", *args], capture_output=True, text=True, env=dict(os.environ))
+
+
+def neutral_ramp_at_step_1(registry, checkpoints, base_dir, users, tmp_path, origin: str):
+    """A candidate with the champion's own outputs (no decision soon) released until its first step is routed;
+    returns its version info and the running `tidal promote`."""
+    same = zero_adapter(base_dir, tmp_path / "neutral")
+    info = publish(registry, checkpoints.store, "tab", same, "lora", 1, {"tidal.origin": origin})
     promote = Promote(info.version, tmp_path / "promote.log")
     start_when_verified(users, registry, promote, info.version)
     deadline = time.monotonic() + 600
     while "tidal.release.step_1" not in tags(registry, info.version):
         assert promote.running() and time.monotonic() < deadline, promote.log.read_text()[-3000:]
         time.sleep(1)
+    return info, promote
+
+
+def test_operator_rollback_ends_a_ramp_at_once(settings, registry, checkpoints, base_dir, users, tmp_path):
+    info, promote = neutral_ramp_at_step_1(registry, checkpoints, base_dir, users, tmp_path, "test: neutral")
     time.sleep(5)  # the canary serves for a moment
-    rb = subprocess.run(
-        [sys.executable, "-m", "tidal.cli", "rollback", "tab", "--by", "oncall", "--reason", "pager says no"],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ),
-        check=False,
-    )
+    rb = tidal("rollback", "tab", "--by", "oncall", "--reason", "pager says no")
     assert rb.returncode == 0, rb.stdout + rb.stderr
     result = json.loads(rb.stdout)
     assert result["serving"] == 1 and result["rolled_back"] == [info.version] and result["route_change_s"] < 5
@@ -137,21 +142,11 @@ def test_operator_rollback_ends_a_ramp_at_once(settings, registry, checkpoints, 
     assert users.errors == []
 
 
-def tidal(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tidal.cli", *args], capture_output=True, text=True, env=dict(os.environ))
-
-
 def test_pausing_the_flywheel_mid_canary_returns_traffic_to_control(
     settings, registry, checkpoints, base_dir, users, tmp_path, platform
 ):
-    same = zero_adapter(base_dir, tmp_path / "neutral")  # no decision soon: only the pause ends this ramp
-    info = publish(registry, checkpoints.store, "tab", same, "lora", 1, {"tidal.origin": "test: paused"})
-    promote = Promote(info.version, tmp_path / "promote.log")
-    start_when_verified(users, registry, promote, info.version)
-    deadline = time.monotonic() + 600
-    while "tidal.release.step_1" not in tags(registry, info.version):
-        assert promote.running() and time.monotonic() < deadline, promote.log.read_text()[-3000:]
-        time.sleep(1)
+    # only the pause ends this ramp
+    info, promote = neutral_ramp_at_step_1(registry, checkpoints, base_dir, users, tmp_path, "test: paused")
     try:
         paused = tidal("pause", "tab", "--by", "oncall", "--reason", "labels broken upstream")
         assert paused.returncode == 0, paused.stdout + paused.stderr
