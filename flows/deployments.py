@@ -21,9 +21,13 @@ from tidal.settings import TidalSettings, load_settings
 STAGES = ("collect", "train", "promote", "flywheel")
 
 
+def deployment_name(stage: str, model: str) -> str:
+    return f"{stage}-{model}"
+
+
 def deployment_names(model: str) -> list[str]:
     """`flow/deployment` names of the model's stages (what `tidal pause` pauses in Prefect)."""
-    return [f"{stage}/{stage}-{model}" for stage in STAGES]
+    return [f"{stage}/{deployment_name(stage, model)}" for stage in STAGES]
 
 
 def deployments(settings: TidalSettings) -> list:
@@ -47,7 +51,7 @@ def deployments(settings: TidalSettings) -> list:
         on = {"tidal.model": name, "tidal.driver": "standalone"}
         out += [
             collect.to_deployment(
-                name=f"collect-{name}",
+                name=deployment_name("collect", name),
                 schedules=[Cron(settings.collect.schedule_cron, timezone="UTC", active=chained)],
                 tags=tags,
                 paused=held,
@@ -55,7 +59,7 @@ def deployments(settings: TidalSettings) -> list:
                 description=f"Validate {name}'s new logs into a reward dataset.",
             ),
             train.to_deployment(
-                name=f"train-{name}",
+                name=deployment_name("train", name),
                 parameters={"model": name},
                 tags=tags,
                 paused=held,
@@ -72,7 +76,7 @@ def deployments(settings: TidalSettings) -> list:
                 ],
             ),
             promote.to_deployment(
-                name=f"promote-{name}",
+                name=deployment_name("promote", name),
                 parameters={"model": name},
                 tags=tags,
                 paused=held,
@@ -89,7 +93,7 @@ def deployments(settings: TidalSettings) -> list:
                 ],
             ),
             flywheel.to_deployment(
-                name=f"flywheel-{name}",
+                name=deployment_name("flywheel", name),
                 schedules=[Cron(settings.flywheel.schedule_cron, timezone="UTC", active=cycles)],
                 parameters={"model": name},
                 tags=tags,
