@@ -67,10 +67,10 @@ def read_watermark(store: ObjectStore, model: str) -> Watermark | None:
 
 
 def write_watermark(store: ObjectStore, wm: Watermark) -> str:
-    return _put_bytes(store, watermark_key(wm.model), wm.model_dump_json(indent=2).encode())
+    return put_bytes(store, watermark_key(wm.model), wm.model_dump_json(indent=2).encode())
 
 
-def _put_bytes(store: ObjectStore, key: str, data: bytes) -> str:
+def put_bytes(store: ObjectStore, key: str, data: bytes) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "object"
         path.write_bytes(data)
@@ -78,7 +78,7 @@ def _put_bytes(store: ObjectStore, key: str, data: bytes) -> str:
     return key
 
 
-def _parquet_bytes(table: pa.Table) -> bytes:
+def parquet_bytes(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
     return sink.getvalue().to_pybytes()
@@ -102,7 +102,7 @@ def write_quarantine(store: ObjectStore, batch: Batch, ledgers: dict[str, Ledger
         table = kind_rows.table.take(pa.array(rows, pa.int64()))
         table = table.append_column("reason", pa.array([",".join(ledger.quarantined[r]) for r in rows], pa.string()))
         table = table.append_column("source_key", pa.array([batch.files[kind_rows.source[r]] for r in rows], pa.string()))
-        written[kind] = _put_bytes(store, f"{prefix}/{kind}.parquet", _parquet_bytes(table))
+        written[kind] = put_bytes(store, f"{prefix}/{kind}.parquet", parquet_bytes(table))
     copies = []
     with tempfile.TemporaryDirectory() as tmp:
         for bad in batch.bad_files:
@@ -120,17 +120,17 @@ def write_dataset(
 ) -> DatasetManifest:
     """Write the samples (and the withheld completions, if any), then the manifest with their digests; returns the
     manifest as written."""
-    data = _parquet_bytes(samples)
+    data = parquet_bytes(samples)
     prefix = dataset_prefix(model, ds_id)
     extra = {}
     if withheld is not None and withheld.num_rows:
-        held = _parquet_bytes(withheld)
+        held = parquet_bytes(withheld)
         extra = {
             "withheld_key": f"{prefix}/withheld.parquet",
             "withheld_rows": withheld.num_rows,
             "withheld_digest": "sha256:" + hashlib.sha256(held).hexdigest(),
         }
-        _put_bytes(store, extra["withheld_key"], held)
+        put_bytes(store, extra["withheld_key"], held)
     manifest = DatasetManifest.model_validate(
         {
             **record.model_dump(),
@@ -143,8 +143,8 @@ def write_dataset(
             **extra,
         }
     )
-    _put_bytes(store, f"{prefix}/part-0.parquet", data)
-    _put_bytes(store, f"{prefix}/manifest.json", json.dumps(manifest.stored(), indent=2, sort_keys=True).encode())
+    put_bytes(store, f"{prefix}/part-0.parquet", data)
+    put_bytes(store, f"{prefix}/manifest.json", json.dumps(manifest.stored(), indent=2, sort_keys=True).encode())
     return manifest
 
 

@@ -35,6 +35,22 @@ class Ledger:
         for row, rs in reasons.items():
             self.quarantined[row] = sorted(set(self.quarantined.get(row, [])) | set(rs))
 
+    def waive(self, waived: np.ndarray) -> int:
+        """Released rows (data_contracts/release.py): drop the one reason each row's release waives; a row with no
+        reason left is live again. waived: (rows,) object, None for rows no release holds. Returns rows let in."""
+        let_in = 0
+        for row in np.flatnonzero(np.not_equal(waived, None)):
+            reasons = self.quarantined.get(int(row))
+            if reasons is None:
+                continue
+            left = [r for r in reasons if r != waived[row]]
+            if left:
+                self.quarantined[int(row)] = left
+            else:
+                del self.quarantined[int(row)]
+                let_in += 1
+        return let_in
+
     @property
     def quarantine_mask(self) -> np.ndarray:
         mask = np.zeros(self.rows, dtype=bool)

@@ -74,6 +74,7 @@ class KindRows:
     source: np.ndarray  # (N,) int index into Batch.files
     joinable: np.ndarray | None = None  # feedback: (N,) bool, may be matched to this run's completions
     late: np.ndarray | None = None  # (N,) bool, arrived after an earlier run's range passed its time
+    waived: np.ndarray | None = None  # (N,) object: the reason a release waives for the row (None: a log row)
 
 
 @dataclass
@@ -85,6 +86,7 @@ class Batch:
     files: list[str]  # log objects with owned rows
     bad_files: list[BadFile]
     future: dict[str, dict[str, int]] = field(default_factory=dict)  # kind → request id → time of future rows owned
+    releases: list[str] = field(default_factory=list)  # ids of the releases appended (data_contracts/release.py)
 
     @property
     def partitions(self) -> list[str]:

@@ -105,6 +105,14 @@ class CollectRecord(Record):
         ),
     )
 
+    releases: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Releases of quarantined rows this run took (released/model=M/<id>/, `tidal quarantine release`): their "
+            "rows count in `counts` like log rows, with the one reason each release waived dropped."
+        ),
+    )
+
 
 class DatasetManifest(CollectRecord):
     dataset_id: str

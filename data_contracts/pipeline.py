@@ -17,7 +17,7 @@ from typing import Protocol
 import numpy as np
 import pyarrow as pa
 
-from data_contracts import dataset, secrets
+from data_contracts import dataset, release, secrets
 from data_contracts.assemble import (
     Work,
     assign_rewards,
@@ -79,7 +79,9 @@ def find_partitions(store: ObjectStore, model: str, cfg: CollectSettings, as_of_
 
 
 def load_logs(store: ObjectStore, plan: Plan) -> Batch:
-    return load_batch(store, plan.model, plan.rng, plan.watermark, plan.files)
+    """The rows the run owns, plus the rows of pending releases (`tidal quarantine release`)."""
+    batch = load_batch(store, plan.model, plan.rng, plan.watermark, plan.files)
+    return release.attach(store, batch, release.pending(store, plan.model, plan.watermark))
 
 
 def registry_versions(source: VersionSource, model: str) -> Versions:
@@ -121,6 +123,8 @@ def validate_logs(
         if late is not None and late.any():  # no run's range holds them any more (data_contracts/scope.py)
             ledger.quarantine({int(i): ["late_arrival"] for i in np.flatnonzero(late)})
         ledger.schema_rows = sum(b.rows for b in batch.bad_files if b.kind == kind)
+        if getattr(batch, kind).waived is not None:  # released rows: their release's reason no longer counts
+            ledger.waive(getattr(batch, kind).waived)
         ledgers[kind] = ledger
     work = Work(batch, ledgers["completions"], ledgers["feedback"], c_frame, f_frame, c_replay, f_replay, outcomes)
     if pii_policy == "scrub":
@@ -202,6 +206,7 @@ def collect_record(
             "versions": {"known": versions.known, "champion": versions.champion, "max_stale_versions": cfg.max_stale_versions},
             "summary": summarize(samples, rule),
             "withheld_by_version": withheld_by_version(work),
+            "releases": batch.releases,
         }
     )
 
@@ -241,7 +246,9 @@ def write_version(
     """Dataset + manifest; returns the manifest and the watermark to set once everything else succeeded."""
     wm_after = advance(plan.watermark, plan.rng, work.batch.future, ds_id, as_of_ms, plan.listed_from_ms, plan.listed_recent)
     record = collect_record(plan, work.batch, work, samples, rule, cfg, versions, wm_after, quarantine, as_of_ms)
-    return dataset.write_dataset(store, plan.model, ds_id, samples, record, build_withheld(work)), wm_after
+    manifest = dataset.write_dataset(store, plan.model, ds_id, samples, record, build_withheld(work))
+    release.mark_consumed(store, plan.model, work.batch.releases, ds_id, plan.watermark, as_of_ms)  # before the watermark
+    return manifest, wm_after
 
 
 def summarize(samples: pa.Table, rule: RewardRule) -> dict:
