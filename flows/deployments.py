@@ -132,9 +132,9 @@ def register_on_pool(settings: TidalSettings, deps: list) -> list:
 
 def main() -> None:
     settings = load_settings()
-    from tidal.client_env import prefect_env
+    from tidal.client_env import mlflow_env, prefect_env
 
-    os.environ.update(prefect_env(settings))
+    os.environ.update({**prefect_env(settings), **mlflow_env(settings)})  # the flows' clients, remote servers included
     os.environ.update(
         {
             "PREFECT_RUNNER_SERVER_ENABLE": "true",

@@ -170,7 +170,7 @@ class KubernetesFleetSettings(Section):
             )
         if mlflow_host in LOOPBACK or mlflow_host.startswith("127."):
             out.append(
-                f"mlflow.host {mlflow_host!r} is the loopback; the supervisor runs in the cluster beside its pods: "
+                f"MLflow's host {mlflow_host!r} (mlflow.url or mlflow.host) is the loopback; the supervisor runs in the cluster beside its pods: "
                 "use the MLflow service's address (e.g. tidal-mlflow.tidal.svc.cluster.local)"
             )
         unknown = sorted(set(self.models) - set(models))

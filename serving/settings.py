@@ -242,7 +242,7 @@ class ServingSettings(SettingsRoot):
             k8s = self.fleet.kubernetes
             problems = k8s.problems(
                 self.store.routes.get("checkpoints", self.store.url),
-                self.mlflow.host,
+                self.mlflow.server_host,
                 self.engine.flavor,
                 {m.name: m.update_strategy for m in self.models},
             )

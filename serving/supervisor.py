@@ -6,6 +6,7 @@ Operations block until done (a scale-up waits for verified replicas); GET /fleet
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from contextlib import asynccontextmanager
 
@@ -24,6 +25,7 @@ from serving.route_guard import RoutedVersion, RouteGuard, RoutesUnknown
 from serving.runtime.base import ClusterError
 from serving.settings import ServingSettings, load_serving_settings
 from serving.weight_sync import StrategyUnavailable
+from tidal.client_env import mlflow_env
 from tidal.procs import NotReady, PortInUse
 from tidal.registry import CheckpointCache, CheckpointCorrupt, Registry, RegistryError
 from tidal.section import SettingsError
@@ -142,6 +144,7 @@ def build_app(state: FleetState, token: str) -> FastAPI:
 
 
 def serve(settings: ServingSettings) -> None:
+    os.environ.update(mlflow_env(settings))  # a remote MLflow's credential and CA, read from the settings at start-up
     store = open_store(settings)
     fleet = Fleet(settings, Registry(settings.mlflow.tracking_uri), CheckpointCache(store, settings.data_path / "cache"))
     guard = RouteGuard(

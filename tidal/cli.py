@@ -176,6 +176,9 @@ def cmd_eval(settings: TidalSettings, args) -> None:
 
 def print_status(status: PlatformStatus) -> None:
     for name, svc in status.services.items():
+        if svc.remote:
+            print(f"{name:8s} {'up' if svc.healthy else 'unreachable':18s} {svc.url:28s} (remote)")
+            continue
         state = "up" if svc.healthy else ("starting/unhealthy" if svc.running else "down")
         print(f"{name:8s} {state:18s} {svc.url:28s} pid={svc.pid}  log={svc.log}")
     for rec in status.paused.values():

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
+from urllib.parse import urlparse
 
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
@@ -46,7 +47,75 @@ class StoreSettings(Section):
     s3_region: str = Field("us-east-1", description="Region for the S3 client.")
 
 
-class PrefectSettings(Section):
+class ServerAccess(Section):
+    """How to reach a control plane that runs elsewhere (a cluster, a managed service, a port-forward): its full URL,
+    a credential read from the environment or a file (a mounted Secret) when it is used, and the CA that signed its
+    TLS certificate. Unset `url`: the server is local and `tidal` starts it."""
+
+    url: str | None = Field(None, description="Full URL of a remote server; set: `tidal` starts no server of this kind.")
+    credential_kind: Literal["basic", "bearer"] = Field(
+        "basic",
+        description=(
+            "basic: the credential is 'user:password' (HTTP Basic, what a self-hosted server or its proxy checks); "
+            "bearer: it is a token sent as 'Authorization: Bearer' (managed services, token-checking proxies)."
+        ),
+    )
+    credential_env: str | None = Field(None, description="Name of an environment variable holding the credential.")
+    credential_file: Path | None = Field(None, description="File holding the credential (e.g. a mounted Secret).")
+    ca_file: Path | None = Field(None, description="CA bundle that verifies the server's TLS certificate; None = system CAs.")
+
+    @model_validator(mode="after")
+    def _one_credential(self):
+        if self.credential_env and self.credential_file:
+            raise ValueError("credential_env and credential_file: set one (the credential comes from one place)")
+        if self.url is not None:
+            parsed = urlparse(self.url)
+            if parsed.scheme not in ("http", "https") or not parsed.hostname:
+                raise ValueError(f"url {self.url!r}: expected http(s)://host[:port][/path]")
+        elif self.credential_env or self.credential_file or self.ca_file:
+            raise ValueError("a credential or CA file without `url`: they are for a remote server (set its url)")
+        return self
+
+    @property
+    def remote(self) -> bool:
+        return self.url is not None
+
+    def credential(self, section: str) -> str | None:
+        """The credential, read now (a rotated Secret is picked up); a missing one is an error naming where it was
+        looked for, never what it holds."""
+        if self.credential_env:
+            value = os.environ.get(self.credential_env)
+            if not value:
+                raise SettingsError(f"{section}.credential_env: ${self.credential_env} is not set (expected the credential)")
+            return value.strip()
+        if self.credential_file:
+            try:
+                value = self.credential_file.expanduser().read_text().strip()
+            except OSError as e:
+                raise SettingsError(f"{section}.credential_file {self.credential_file}: {e.strerror}") from None
+            if not value:
+                raise SettingsError(f"{section}.credential_file {self.credential_file} is empty (expected the credential)")
+            return value
+        return None
+
+    def auth_headers(self, section: str) -> dict[str, str]:
+        """The Authorization header this process's own requests (health checks) send."""
+        import base64
+
+        value = self.credential(section)
+        if value is None:
+            return {}
+        if self.credential_kind == "bearer":
+            return {"Authorization": f"Bearer {value}"}
+        return {"Authorization": "Basic " + base64.b64encode(value.encode()).decode()}
+
+    @property
+    def verify(self) -> str | bool:
+        """httpx's `verify`: the CA bundle, or the system's."""
+        return str(self.ca_file.expanduser()) if self.ca_file else True
+
+
+class PrefectSettings(ServerAccess):
     host: str = Field("127.0.0.1", description="Address the Prefect server binds to.")
     port: int = Field(4200, ge=1, le=65535, description="Prefect API/UI port.")
     runner_port: int = Field(4201, ge=1, le=65535, description="Health port of the runner that executes scheduled flows.")
@@ -62,10 +131,20 @@ class PrefectSettings(Section):
 
     @property
     def api_url(self) -> str:
-        return f"http://{self.host}:{self.port}/api"
+        """The API URL clients use: `url` (a remote server's, ending in /api) or the local server's."""
+        return self.url.rstrip("/") if self.url else f"http://{self.host}:{self.port}/api"
+
+    def client_env(self) -> dict[str, str]:
+        """Prefect's own variables for the credential and CA (its HTTP client and its events websocket read them)."""
+        env, value = {}, self.credential("prefect")
+        if value is not None:
+            env["PREFECT_API_AUTH_STRING" if self.credential_kind == "basic" else "PREFECT_API_KEY"] = value
+        if self.ca_file:
+            env["PREFECT_API_SSL_CERT_FILE"] = str(self.ca_file.expanduser())
+        return env
 
 
-class MlflowSettings(Section):
+class MlflowSettings(ServerAccess):
     host: str = Field("127.0.0.1", description="Address the MLflow server binds to.")
     port: int = Field(5000, ge=1, le=65535, description="MLflow tracking/registry port.")
     workers: int = Field(1, ge=1, description="Server workers; 1 keeps it at ~0.5 GB and ready in ~20 s.")
@@ -82,7 +161,25 @@ class MlflowSettings(Section):
 
     @property
     def tracking_uri(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        """The tracking and registry URI clients use: `url` (a remote server's) or the local server's."""
+        return self.url.rstrip("/") if self.url else f"http://{self.host}:{self.port}"
+
+    @property
+    def server_host(self) -> str:
+        """The host clients reach MLflow at (for the checks that pods can reach it)."""
+        return urlparse(self.tracking_uri).hostname or self.host
+
+    def client_env(self) -> dict[str, str]:
+        """MLflow's own variables for the credential and CA (its REST client reads them per request)."""
+        env, value = {}, self.credential("mlflow")
+        if value is not None and self.credential_kind == "bearer":
+            env["MLFLOW_TRACKING_TOKEN"] = value
+        elif value is not None:
+            user, _, password = value.partition(":")
+            env.update(MLFLOW_TRACKING_USERNAME=user, MLFLOW_TRACKING_PASSWORD=password)
+        if self.ca_file:
+            env["MLFLOW_TRACKING_SERVER_CERT_PATH"] = str(self.ca_file.expanduser())
+        return env
 
 
 class SettingsRoot(BaseSettings):

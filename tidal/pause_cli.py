@@ -19,8 +19,10 @@ from tidal.settings import TidalSettings
 
 
 def _prefect_up(settings: TidalSettings) -> bool:
+    p = settings.prefect
     try:
-        return httpx.get(settings.prefect.api_url.rstrip("/") + "/health", timeout=5).is_success
+        headers = p.auth_headers("prefect") if p.remote else {}
+        return httpx.get(p.api_url.rstrip("/") + "/health", headers=headers, verify=p.verify, timeout=5).is_success
     except httpx.HTTPError:
         return False
 

@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field
 from serving.fleet_replies import FleetState, FleetStatus
 from tidal import prometheus
 from tidal.client_env import TELEMETRY_OFF
+from tidal.core_settings import ServerAccess
 from tidal.flywheel_pause import PauseRecord, paused
 from tidal.procs import (
     NotReady,
@@ -47,7 +48,8 @@ log = logging.getLogger("tidal.platform")
 class ServiceStatus(BaseModel):
     """One process `tidal up` runs, as `tidal status` shows it."""
 
-    running: bool = Field(description="Its process is alive.")
+    remote: bool = Field(False, description="A server configured by URL: `tidal` runs no process for it.")
+    running: bool = Field(description="Its process is alive (False for a remote server).")
     pid: int | None
     url: str
     healthy: bool = Field(description="Its readiness URL answered 2xx.")
@@ -98,7 +100,7 @@ class Platform:
                 "prefect.port",
                 f"{s.prefect.api_url}/health",
                 s.prefect.ready_timeout_s,
-                f"http://{s.prefect.host}:{s.prefect.port}",
+                s.prefect.api_url.removesuffix("/api") if s.prefect.remote else f"http://{s.prefect.host}:{s.prefect.port}",
                 {
                     **TELEMETRY_OFF,
                     "PREFECT_HOME": str(data / "prefect"),
@@ -227,10 +229,36 @@ class Platform:
             raise
         return info
 
+    def remote(self, name: str) -> ServerAccess | None:
+        """The access settings of a control plane configured by URL (`tidal` starts no such server), else None."""
+        access = {"prefect": self.settings.prefect, "mlflow": self.settings.mlflow}.get(name)
+        return access if access is not None and access.remote else None
+
+    def answers(self, name: str, svc: Service, timeout_s: float = 2.0) -> httpx.Response:
+        """svc's readiness URL, asked with the credential and CA of a remote server."""
+        access = self.remote(name)
+        if access is None:
+            return httpx.get(svc.ready_url, timeout=timeout_s)
+        return httpx.get(svc.ready_url, headers=access.auth_headers(name), verify=access.verify, timeout=timeout_s)
+
     def up_servers(self) -> None:
+        """Start the local Prefect and MLflow servers; a remote one is only checked (reachable, credential accepted)."""
         svcs = self.services()
         for name in ("prefect", "mlflow"):
-            self.ensure(svcs[name])
+            if self.remote(name) is None:
+                self.ensure(svcs[name])
+                continue
+            try:
+                reply = self.answers(name, svcs[name], timeout_s=10.0)
+            except httpx.HTTPError as e:
+                raise NotReady(f"{name} at {svcs[name].url} is unreachable ({type(e).__name__}: {e}); check {name}.url") from None
+            if reply.status_code in (401, 403):
+                raise NotReady(
+                    f"{name} at {svcs[name].url} refused the credential (HTTP {reply.status_code}); check "
+                    f"{name}.credential_env / credential_file and credential_kind"
+                )
+            if not reply.is_success:
+                raise NotReady(f"{name} at {svcs[name].url}: {svcs[name].ready_url} answered HTTP {reply.status_code}")
 
     def up_flows(self) -> ProcInfo:
         """The runner of scheduled flows (deployments registered with the Prefect server)."""
@@ -320,16 +348,17 @@ class Platform:
     def status(self) -> PlatformStatus:
         services = {}
         for name, svc in self.services().items():
-            info = self.running(name)
+            info, remote = self.running(name), self.remote(name) is not None
             if name == "prometheus" and info is None:
                 continue  # optional (`tidal up --with-prometheus`): listed while it runs
             healthy = False
-            if info is not None:
+            if info is not None or remote:
                 try:
-                    healthy = httpx.get(svc.ready_url, timeout=2.0).is_success
-                except httpx.HTTPError:
+                    healthy = self.answers(name, svc).is_success
+                except (httpx.HTTPError, SettingsError):
                     pass
             services[name] = ServiceStatus(
+                remote=remote,
                 running=info is not None,
                 pid=info.pid if info else None,
                 url=svc.url,

@@ -49,7 +49,7 @@ class TidalSettings(ServingSettings):
     def _check_training(self) -> TidalSettings:
         if self.trainer.launcher == "kubernetes":  # the trainer reads datasets, checkpoints and writes training/
             stores = {area: self.store.routes.get(area, self.store.url) for area in ("datasets", "checkpoints", "training")}
-            problems = self.trainer.kubernetes.problems(stores, self.mlflow.host)
+            problems = self.trainer.kubernetes.problems(stores, self.mlflow.server_host)
             if problems:
                 raise ValueError("trainer.launcher 'kubernetes':" + "".join(f"\n    - {p}" for p in problems))
         # every trainer process holds one tensor-parallel shard; the processes must fill whole shard groups

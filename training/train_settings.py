@@ -235,7 +235,7 @@ class KubernetesJobSettings(Section):
             )
         if mlflow_host in ("127.0.0.1", "localhost", "::1", "0.0.0.0") or mlflow_host.startswith("127."):
             out.append(
-                f"mlflow.host {mlflow_host!r} is this machine's loopback, which a pod cannot reach: use the MLflow "
+                f"MLflow's host {mlflow_host!r} (mlflow.url or mlflow.host) is this machine's loopback, which a pod cannot reach: use the MLflow "
                 "service's cluster address (e.g. tidal-mlflow.tidal.svc.cluster.local)"
             )
         return out
