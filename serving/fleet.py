@@ -24,6 +24,11 @@ from tidal.registry import CheckpointCache, Registry, RegistryError, VersionInfo
 from tidal.section import SettingsError
 
 log = logging.getLogger("tidal.fleet")
+AWAIT_MODEL_S = 15.0  # how often a model with no version under its serve alias is looked up again
+
+
+class NoServedVersion(RegistryError):
+    """A configured model has no version under its serve alias yet (a new install before `tidal import`)."""
 
 
 class ModelGroup:
@@ -80,22 +85,51 @@ class Fleet:
         self._state_lock = threading.Lock()  # boots in parallel threads save state; one writer of the file at a time
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
+        self.waiting: dict[str, str] = {}  # model → why it serves nothing yet (no version under its serve alias)
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        """Serve each configured model's `serve_alias` version on its replicas; start the health monitor."""
+        """Serve each configured model's `serve_alias` version on its replicas; start the health monitor. A model
+        with no such version yet is waited for (`waiting`, looked up again every AWAIT_MODEL_S) while the others
+        serve: on a new install the supervisor starts before anyone imported a checkpoint."""
         for m in self.settings.models:
-            self.add_model(m)
+            self._add_or_wait(m)
         self._monitor = threading.Thread(target=self._monitor_loop, name="fleet-monitor", daemon=True)
         self._monitor.start()
+        if self.waiting:
+            threading.Thread(target=self._await_models, name="fleet-await-models", daemon=True).start()
+
+    def _add_or_wait(self, m: ModelSettings) -> bool:
+        try:
+            self.add_model(m)
+        except NoServedVersion as e:
+            if m.name not in self.waiting:
+                log.warning("%s", e)
+            self.waiting[m.name] = str(e)
+            return False
+        self.waiting.pop(m.name, None)
+        return True
+
+    def add_waiting(self) -> list[str]:
+        """Serve each waiting model that has a version under its serve alias now; returns the ones added."""
+        return [m.name for m in self.settings.models if m.name in self.waiting and self._add_or_wait(m)]
+
+    def _await_models(self) -> None:
+        while self.waiting and not self._stop.wait(AWAIT_MODEL_S):
+            try:
+                for name in self.add_waiting():
+                    log.info("%s has a version under its serve alias now: serving it", name)
+            except Exception:  # a registry outage: look again next time
+                log.exception("looking up the waiting models failed")
 
     def add_model(self, m: ModelSettings) -> ModelGroup:
         strategy = strategy_for(m.update_strategy)
         strategy.check_engine(self.flavor)
         info = self.registry.by_alias(m.name, m.serve_alias)
         if info is None:
-            raise RegistryError(
-                f"model {m.name!r} has no version with alias {m.serve_alias!r}; run `tidal bootstrap {m.name}` first"
+            raise NoServedVersion(
+                f"model {m.name!r} has no version with alias {m.serve_alias!r} yet: import one (`tidal import {m.name} "
+                f"CHECKPOINT --champion`) or make one (`tidal bootstrap {m.name}`); it is served once it has one"
             )
         base = info if info.kind == "full" else self.registry.get(m.name, info.base_version)
         if info.kind == "lora" and m.update_strategy != "lora":

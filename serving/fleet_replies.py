@@ -56,7 +56,9 @@ class FleetStatus(FleetState):
     """GET /fleet: the fleet's state and whether its start finished."""
 
     ready: bool = Field(description="Every configured replica started and verified.")
-    error: str | None = Field(description="Why the fleet failed to start, if it did.")
+    error: str | None = Field(
+        description="Why the fleet failed to start, if it did, or which models wait for a version to serve (and the fix)."
+    )
 
 
 class ScaleReply(Reply):

@@ -113,7 +113,8 @@ def build_app(state: FleetState, token: str) -> FastAPI:
 
     @app.get("/fleet", dependencies=[Depends(admin)])
     def fleet_status() -> FleetStatus:
-        return FleetStatus(ready=state.ready, error=state.error, **dict(state.fleet.status()))
+        waiting = "; ".join(state.fleet.waiting.values())  # models with no version to serve yet
+        return FleetStatus(ready=state.ready and not waiting, error=state.error or waiting or None, **dict(state.fleet.status()))
 
     @app.post("/fleet/{model}/scale", dependencies=[Depends(admin)])
     def scale(model: str, body: ScaleRequest) -> ScaleReply:

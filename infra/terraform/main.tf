@@ -87,6 +87,7 @@ module "platform" {
   models               = var.models
   tidal_image          = var.tidal_image
   vllm_image           = var.vllm_image
+  tidal_settings       = var.tidal_settings
   gateway = {
     min_replicas    = var.gateway_min_replicas
     max_replicas    = var.gateway_max_replicas

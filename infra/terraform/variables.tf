@@ -44,7 +44,8 @@ variable "models" {
       name              registered model name (lowercase letters, digits, '-')
       replicas          vLLM pods
       update_strategy   how new versions reach the replicas: lora | restart | reload | nccl
-      model_uri         what vLLM loads: an s3:// checkpoint URI, a path or a hub id
+      model_uri         unused with the fleet supervisor (the default): each model serves its registry version
+                        (`tidal import` registers one first, infra/README.md); only the chart's static engines read it
       instance_type     GPU instance type for its pods; must be one of fleet_node_group.instance_types
       gpus              GPUs per pod (tensor parallel size), default 1
       served_model_name --served-model-name, default name
@@ -53,7 +54,7 @@ variable "models" {
     name              = string
     replicas          = number
     update_strategy   = string
-    model_uri         = string
+    model_uri         = optional(string, "")
     instance_type     = string
     gpus              = optional(number, 1)
     served_model_name = optional(string)
@@ -87,11 +88,6 @@ variable "models" {
   validation {
     condition     = alltrue([for m in var.models : contains(var.fleet_node_group.instance_types, m.instance_type)])
     error_message = "models[*].instance_type must be one of fleet_node_group.instance_types, or its pods can never be scheduled."
-  }
-
-  validation {
-    condition     = alltrue([for m in var.models : m.model_uri != ""])
-    error_message = "models[*].model_uri must say what vLLM loads (s3:// URI, path or hub id)."
   }
 }
 
@@ -328,8 +324,24 @@ variable "gateway_storage" {
   }
 }
 
+variable "tidal_settings" {
+  description = <<-EOT
+    Tidal settings (tidal.yaml sections, e.g. collect, train, canary, flywheel) merged over the ones this stack sets,
+    key by key (Helm merges the values), into the `tidal-settings` ConfigMap every Tidal pod reads. The stack sets
+    data_dir, store, prefect, mlflow, fleet, engine and the models; `models` comes from var.models and credentials
+    from Secrets, so neither may be given here. infra/examples/aws.tidal.yaml shows a whole file.
+  EOT
+  type        = any
+  default     = {}
+
+  validation {
+    condition     = length(setintersection(keys(var.tidal_settings), ["models", "admin_token", "gateway_clients"])) == 0
+    error_message = "tidal_settings may not set models (use var.models) or admin_token/gateway_clients (Secrets: var.gateway_clients)."
+  }
+}
+
 variable "vllm_image" {
-  description = "vLLM OpenAI-server image (CUDA build) of the fleet."
+  description = "vLLM OpenAI-server image (CUDA build) of the fleet: infra/docker/engine.Dockerfile, which runs it non-root."
   type = object({
     repository = string
     tag        = string

@@ -52,7 +52,7 @@ class Registry:
         return self.versions[(model, version)]
 
     def by_alias(self, model, alias):
-        return self.get(model, self.champion) if alias == "champion" else None
+        return self.get(model, self.champion) if alias == "champion" and self.champion is not None else None
 
     def resolve(self, model, ref):
         return self.get(model, int(str(ref).lstrip("v")))
@@ -123,6 +123,22 @@ def test_scale_up_and_down_patches_the_deployment_and_removes_the_retired_pods(t
     assert [r.name for r in w.replicas()] == ["tab-0"] and w.in_rotation("tab@v1") == ["tab-0"]
     w.fleet.scale("tab", 0)
     assert dep not in c.deployments and not c.pods
+
+
+def test_a_model_with_no_champion_yet_waits_and_is_served_once_it_has_one(tmp_path, monkeypatch):
+    """A new install: the supervisor starts before anyone imported a checkpoint. It serves nothing for the model,
+    says why (and the fix) in GET /fleet, and serves it once the registry has its champion, without a restart."""
+    w = World(tmp_path, monkeypatch)
+    w.registry.champion = None
+    w.fleet.start()
+    try:
+        assert "tab" not in w.fleet.status().models and "`tidal import tab CHECKPOINT --champion`" in w.fleet.waiting["tab"]
+        assert w.fleet.add_waiting() == [] and not w.cluster.deployments
+        w.registry.champion = 1  # `tidal import tab ... --champion` from an operator's machine
+        assert w.fleet.add_waiting() == ["tab"] and w.fleet.waiting == {}
+        assert [r.state for r in w.replicas()] == ["ready", "ready"] and w.in_rotation("tab@v1") == ["tab-0", "tab-1"]
+    finally:
+        w.fleet.stop()
 
 
 def test_lora_versions_are_fetched_into_the_pod_loaded_and_verified(tmp_path, monkeypatch):

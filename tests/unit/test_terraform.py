@@ -260,6 +260,18 @@ def test_helm_releases_pin_chart_versions():
             assert re.fullmatch(r"\$\{local\.charts\.\w+\.version\}", rel["version"]), name
 
 
+def test_the_tidal_release_runs_the_supervisor_with_the_settings_variable_merged_last():
+    """`terraform apply` ends with a gateway that serves: the supervisor creates the engines (the static ones need a
+    model_uri of a version that does not exist yet), and var.tidal_settings reaches the settings ConfigMap."""
+    platform = load_dir(TF / "modules" / "platform")
+    first, last = platform["resource"]["helm_release"]["tidal"]["values"]  # Helm merges the later over the earlier
+    assert "supervisor = {enabled = true}" in first
+    assert last == "${yamlencode({settings = var.tidal_settings})}"
+    root = load_dir(TF)
+    assert root["module"]["platform"]["tidal_settings"] == "${var.tidal_settings}"
+    assert "model_uri" not in (TF / "terraform.tfvars.example").read_text().split("models = [", 1)[1].split("]", 1)[0]
+
+
 # ---- RDS ---------------------------------------------------------------------------------------
 
 

@@ -93,6 +93,7 @@ def test_tfvars_example_passes_validation(tmp_path):
         ),
         (('gateway_allowed_cidrs   = ["0.0.0.0/0"]', ""), '"gateway_allowed_cidrs" is not set, and has no default value'),
         (('[{ client_id = "test", key = "0123456789abcdef0123" }]', "[]"), "must list at least one API client"),
+        (('flywheel = { loop = "chained" }', 'admin_token = "x"'), "tidal_settings may not set models"),
     ],
 )
 def test_bad_variables_are_refused_with_a_clear_message(tmp_path, change, message):

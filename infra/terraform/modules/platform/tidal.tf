@@ -11,7 +11,8 @@ locals {
   gateway_port = var.gateway.certificate_arn == "" ? 80 : 443
 }
 
-# The Tidal chart from this repository: gateway, per-model vLLM fleet, settings, service accounts.
+# The Tidal chart from this repository: gateway, fleet supervisor (which creates the engines), settings, service
+# accounts. The second values document is var.tidal_settings: Helm merges it over the first, key by key.
 resource "helm_release" "tidal" {
   name      = "tidal"
   namespace = kubernetes_namespace_v1.tidal.metadata[0].name
@@ -41,6 +42,9 @@ resource "helm_release" "tidal" {
       }
       persistence = { size = var.gateway.storage.size, storageClass = var.gateway.storage.storage_class }
     }
+    # the supervisor serves each model's registry version (serve_alias) on engine Deployments it creates; the
+    # chart's static per-model engines are not rendered
+    supervisor = { enabled = true }
     # scrapes of the gateway and the supervisor, Tidal's alert rules and its Grafana dashboard
     metrics = {
       serviceMonitor   = { enabled = true }
@@ -84,7 +88,7 @@ resource "helm_release" "tidal" {
       gpus            = m.gpus
       instanceType    = m.instance_type
     }]
-  })]
+  }), yamlencode({ settings = var.tidal_settings })]
 
   # The ServiceMonitor kind comes with kube-prometheus-stack; GPUs with the device plugin.
   depends_on = [

@@ -40,7 +40,7 @@ variable "models" {
     name              = string
     replicas          = number
     update_strategy   = string
-    model_uri         = string
+    model_uri         = optional(string, "")
     instance_type     = string
     gpus              = number
     served_model_name = optional(string)
@@ -50,6 +50,12 @@ variable "models" {
 variable "tidal_image" {
   description = "Tidal image repository and tag."
   type        = object({ repository = string, tag = string })
+}
+
+variable "tidal_settings" {
+  description = "Tidal settings merged over the ones this module sets (see the root variable `tidal_settings`)."
+  type        = any
+  default     = {}
 }
 
 variable "vllm_image" {
