@@ -383,9 +383,20 @@ def look(
             "inconclusive",
             f"no decision within {cfg.max_step_s:.0f} s at {weight:.0%} ({step_canary_n} canary outcomes this step, {pending})",
         )
+    ends = f"; inconclusive in {_duration(cfg.max_step_s - step_elapsed_s)} without a decision"
     if complete:
-        return out("wait", f"undecided after {step_canary_n} canary outcomes at {weight:.0%} ({pending})")
-    return out("wait", f"{step_canary_n}/{cfg.min_samples} canary outcomes at {weight:.0%}")
+        return out("wait", f"undecided after {step_canary_n} canary outcomes at {weight:.0%} ({pending}){ends}")
+    rate = step_canary_n / step_elapsed_s if step_elapsed_s > 0 else 0.0  # canary outcomes per second this step
+    eta = f"; ~{_duration((cfg.min_samples - step_canary_n) / rate)} to {cfg.min_samples} at {rate:.2f}/s" if rate else ""
+    return out("wait", f"{step_canary_n}/{cfg.min_samples} canary outcomes at {weight:.0%}{eta}{ends}")
+
+
+def _duration(seconds: float) -> str:
+    """A wait in the unit that reads best: 45 s, 12 min, 3.5 h."""
+    seconds = max(seconds, 0.0)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 class Ramp:

@@ -133,7 +133,7 @@ def plan_run(
     spec_path = settings.run_dir / f"train-{model}-{key}.json"
     spec_path.parent.mkdir(parents=True, exist_ok=True)
     spec_path.write_text(spec.model_dump_json(indent=2))
-    return TrainPlan(spec, champion, manifest, spec_path, settings.log_dir / f"train-{model}.log", settings.trainer)
+    return TrainPlan(spec, champion, manifest, spec_path, settings.train_log(model), settings.trainer)
 
 
 def trainer_threads(settings: TidalSettings) -> int:

@@ -105,8 +105,11 @@ def cmd_train(settings: TidalSettings, args) -> None:
     refuse_if_paused(settings, "train", args.model)
     _platform(settings).up_servers()
     from flows.train import train  # after up_servers: Prefect reads its API URL on import
+    from tidal.progress import log_status, with_progress
 
-    version = train(model=args.model, dataset_id=args.dataset)
+    # the trainer's own iteration lines (with their ETA) from the model's train log, while the flow waits for it
+    status = log_status(settings.train_log(args.model), ("iteration ", "resuming"), "training: preparing the run")
+    version = with_progress(lambda: train(model=args.model, dataset_id=args.dataset), status, every_s=5.0)
     print(f"{args.model}: candidate v{version}")
 
 

@@ -228,6 +228,10 @@ class SettingsRoot(BaseSettings):
     def log_dir(self) -> Path:
         return self.data_path / "logs"
 
+    def train_log(self, model: str) -> Path:
+        """The model's train log: every trainer run's output, appended (tasks/train.py, `tidal train`'s progress)."""
+        return self.log_dir / f"train-{model}.log"
+
     @property
     def store_url(self) -> str:
         return self.store.url or (self.data_path / "store").as_uri()

@@ -12,7 +12,9 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import TextIO, TypeVar
 
 T = TypeVar("T")
@@ -40,36 +42,35 @@ class Progress:
             self.stream.flush()
 
 
-def with_progress(call: Callable[[], T], status: Callable[[], str], every_s: float = 2.0, progress: Progress | None = None) -> T:
-    """Run `call` (blocking) and report `status()` every `every_s` until it returns; its result or error is call's.
-    A status that fails (the server busy with the call) is shown as such and asked again next time."""
-    progress = progress or Progress()
-    out: dict = {}
+@contextmanager
+def reporting(status: Callable[[], str], every_s: float = 2.0, progress: Progress | None = None) -> Iterator[None]:
+    """Report `status()` every `every_s` from a background thread while the block runs in this one (a Prefect flow
+    keeps its thread, and Ctrl-C its usual effect). A status that fails is shown as such and asked again next time."""
+    progress, stop, start = progress or Progress(), threading.Event(), time.monotonic()
 
-    def run() -> None:
-        try:
-            out["value"] = call()
-        except BaseException as e:  # noqa: BLE001  re-raised in the caller's thread
-            out["error"] = e
-
-    worker = threading.Thread(target=run, name="long-command", daemon=True)
-    start = time.monotonic()
-    worker.start()
-    try:
-        while True:
-            worker.join(timeout=every_s)
-            if not worker.is_alive():
-                break
+    def loop() -> None:
+        while not stop.wait(every_s):
             try:
                 text = status()
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001  the server busy with the call, say
                 text = f"(status unavailable: {type(e).__name__})"
-            progress.update(time.monotonic() - start, text)
+            if not stop.is_set():
+                progress.update(time.monotonic() - start, text)
+
+    reporter = threading.Thread(target=loop, name="progress", daemon=True)
+    reporter.start()
+    try:
+        yield
     finally:
+        stop.set()
+        reporter.join(timeout=every_s + 5)
         progress.close()
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
+
+
+def with_progress(call: Callable[[], T], status: Callable[[], str], every_s: float = 2.0, progress: Progress | None = None) -> T:
+    """`call()` (blocking), with `status()` reported while it runs; its result or error is call's."""
+    with reporting(status, every_s, progress):
+        return call()
 
 
 def replica_summary(status, model: str) -> str:
@@ -82,3 +83,22 @@ def replica_summary(status, model: str) -> str:
         for r in group.replicas
     ]
     return f"{model} {len(group.replicas)}/{group.desired_replicas}: " + (" · ".join(parts) or "no replicas")
+
+
+def log_status(path: Path, starts: tuple[str, ...], idle: str) -> Callable[[], str]:
+    """A status that is the last line starting with one of `starts` written to `path` since this call (a log that
+    another process appends to, e.g. the trainer's `iteration 3/20 (41 s, ~120 s left): ...`), else `idle`."""
+    offset = path.stat().st_size if path.exists() else 0
+    last = idle
+
+    def status() -> str:
+        nonlocal last
+        if path.exists():
+            with open(path, "rb") as f:
+                f.seek(offset)
+                for line in f.read().decode(errors="replace").splitlines():
+                    if line.startswith(starts):
+                        last = line.strip()[:160]
+        return last
+
+    return status

@@ -274,10 +274,13 @@ class Progress:
         self.spec, self.store, self.built, self.iterations = spec, store, built, iterations
         self.mlflow = MlflowClient(spec.tracking_uri) if distributed.is_main() else None
         self.mlflow_s = 0.0  # wall seconds in MLflow calls, reported with the result
+        self.started: tuple[int, float] | None = None  # (first iteration this process ran, its start): the ETA's base
 
     def after_iteration(self, it: int, metrics: dict[str, float]) -> None:
         from mlflow.entities import Metric
 
+        if self.started is None:  # a resumed run times only what it ran itself
+            self.started = (it, time.monotonic() - metrics.get("charts/iteration_s", 0.0))
         due = (it + 1) % self.spec.train.checkpoint_every == 0 or it + 1 == self.iterations
         saved = self.built.state() if due else None  # every rank joins (Megatron gathers), rank 0 alone writes
         if self.mlflow is None:
@@ -288,10 +291,18 @@ class Progress:
         if saved is not None:
             save_state(self.store, self.spec.prefix, it, {**saved, "final": metrics})
         print(
-            f"iteration {it + 1}/{self.iterations}: "
+            f"iteration {it + 1}/{self.iterations} ({eta(self.started, it, self.iterations)}): "
             + ", ".join(f"{k.split('/')[1]}={v:.4g}" for k, v in metrics.items() if k in SHOWN),
             flush=True,
         )
+
+
+def eta(started: tuple[int, float], it: int, iterations: int, now: float | None = None) -> str:
+    """'<elapsed> s, ~<left> left' after iteration `it`, from the mean time of the iterations this process ran."""
+    first, t0 = started
+    elapsed = (time.monotonic() if now is None else now) - t0
+    left = elapsed / (it + 1 - first) * (iterations - it - 1)
+    return f"{elapsed:.0f} s, done" if it + 1 >= iterations else f"{elapsed:.0f} s, ~{left:.0f} s left"
 
 
 def publish(

@@ -306,6 +306,17 @@ def test_primary_fell_rolls_back() -> None:
     assert res.action == "rollback" and res.reason.startswith("reward fell: -0.1500 vs 0.0500")
 
 
+def test_a_waiting_step_says_when_it_expects_its_samples_and_when_it_gives_up() -> None:
+    """The line `tidal promote` prints each look: 10 of 150 outcomes in 20 s is 0.5/s, ~280 s to go; max_step_s 1800."""
+    cfg = CanaryConfig(min_samples=150, max_step_s=1800.0)
+    res = look(cfg, 0, SAME, 10, 20.0, HEALTHY)
+    assert res.action == "wait" and res.reason == (
+        "10/150 canary outcomes at 5%; ~5 min to 150 at 0.50/s; inconclusive in 30 min without a decision"
+    ), res.reason
+    assert look(cfg, 0, SAME, 0, 20.0, HEALTHY).reason == "0/150 canary outcomes at 5%; inconclusive in 30 min without a decision"
+    assert "inconclusive in 60 s without a decision" in look(cfg, 0, SAME, 300, 1740.0, HEALTHY).reason
+
+
 def test_a_step_advances_only_once_the_regression_is_excluded() -> None:
     """With the default detect_regression_sd (0.13 sd), 300 equal canary outcomes leave a regression that size
     possible (half-width ~0.21 sd): the step waits. 3,000 against 9,000 exclude it (~0.07 sd)."""

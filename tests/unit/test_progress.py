@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from serving.fleet_replies import FleetStatus, ModelStatus, ReplicaStatus
-from tidal.progress import Progress, replica_summary, with_progress
+from tidal.progress import Progress, log_status, replica_summary, with_progress
 
 
 def test_a_plain_stream_gets_one_line_per_change() -> None:
@@ -76,3 +76,24 @@ def test_replica_summary_names_each_replicas_state_and_versions() -> None:
     status = FleetStatus(engine_flavor="cpu", runtime="local", models={"tab": group}, ready=True, error=None)
     assert replica_summary(status, "tab") == "tab 2/2: tab-0 ready [tab@v1, tab@v7] · tab-1 starting [] restarts=2"
     assert replica_summary(status, "chat") == "chat: not in the fleet yet"
+
+
+def test_a_log_status_shows_the_last_matching_line_written_since_it_began(tmp_path) -> None:
+    log = tmp_path / "train-tab.log"
+    log.write_text("iteration 9/9 (50 s, done): reward=1\n")  # an earlier run's
+    status = log_status(log, ("iteration ", "resuming"), "training: preparing the run")
+    assert status() == "training: preparing the run"
+    with open(log, "a") as f:
+        f.write("tab/run-2: loading\niteration 1/20 (4 s, ~76 s left): reward=0.1\niteration 2/20 (8 s, ~72 s left): kl=0\n")
+    assert status() == "iteration 2/20 (8 s, ~72 s left): kl=0"
+    with open(log, "a") as f:
+        f.write("gate passed\n")
+    assert status() == "iteration 2/20 (8 s, ~72 s left): kl=0"  # the last iteration line stays
+
+
+def test_the_trainers_eta_is_the_mean_of_the_iterations_this_process_ran() -> None:
+    from training.job import eta
+
+    assert eta((0, 100.0), 1, 10, now=120.0) == "20 s, ~80 s left"  # 2 iterations in 20 s, 8 to go
+    assert eta((5, 100.0), 6, 10, now=120.0) == "20 s, ~30 s left"  # resumed after 5: 2 ran here, 3 to go
+    assert eta((0, 100.0), 9, 10, now=190.0) == "90 s, done"
