@@ -183,7 +183,12 @@ def test_kubernetes_runtime_settings_are_checked_at_start_up(tmp_path):
     assert (
         "fleet.kubernetes.image 'vllm/vllm-openai:latest' has no fixed tag" in msg and "set fleet.kubernetes.weights_image" in msg
     )
-    assert "s3://bucket/prefix" in msg and "mlflow.host '127.0.0.1'" in msg and "['other']" in msg and "asks no GPU" in msg
+    assert (
+        "s3://bucket/prefix" in msg
+        and "host '127.0.0.1' (mlflow.url or mlflow.host)" in msg
+        and "['other']" in msg
+        and "asks no GPU" in msg
+    )
     with pytest.raises(SettingsError, match="memory_request 8Gi > memory_limit 4Gi"):
         load_settings(fleet={"kubernetes": {"memory_request": "8Gi", "memory_limit": "4Gi"}})
     with pytest.raises(SettingsError, match="engine.flavor 'cpu' but model 'tab' asks 1 GPU"):

@@ -125,7 +125,7 @@ def test_kubernetes_launcher_settings_are_checked_at_start_up():
     with pytest.raises(SettingsError) as e:
         load_settings(trainer={"launcher": "kubernetes", "kubernetes": {"image": "tidal:latest", "gpus_per_node": 2}})
     msg = str(e.value)
-    assert "not latest" in msg and "s3://bucket/prefix" in msg and "mlflow.host '127.0.0.1'" in msg
+    assert "not latest" in msg and "s3://bucket/prefix" in msg and "host '127.0.0.1' (mlflow.url or mlflow.host)" in msg
     assert "gpus_per_node" not in msg  # several GPUs: torchrun, one data-parallel process per GPU
     with pytest.raises(SettingsError, match="set trainer.kubernetes.image"):
         load_settings(trainer={"launcher": "kubernetes"}, store={"url": "s3://b/t"}, mlflow={"host": "tidal-mlflow"})
