@@ -49,6 +49,20 @@ def open_cycle(registry: Registry, store: ObjectStore, model: str, cycle: int, d
     """The cycle's starting point, with how users fared under each version in its dataset;
     `no_new_data` when the champion already learned from this dataset."""
     champion = registry.by_alias(model, "champion")
+    if not dataset_id:  # collect found nothing, and no earlier collection wrote a dataset either
+        return CycleReport(
+            model=model,
+            cycle=cycle,
+            champion_before=champion.version,
+            dataset_id="",
+            rows=0,
+            champion_after=champion.version,
+            decision="no_new_data",
+            reason=(
+                "no dataset yet: the collection found no records it may take (a record is collected once it is "
+                "older than collect.upload_grace_s and its verdicts had feedback_timeout_s to arrive); waiting for logs"
+            ),
+        )
     ds = load_dataset(store, model, dataset_id)
     report = CycleReport(
         model=model,

@@ -3,6 +3,7 @@ query of the Grafana dashboard returns series, every rule loads and evaluates, b
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ def query(prom: str, expr: str) -> list:
     return r.json()["data"]["result"]
 
 
-def test_every_dashboard_query_returns_series_from_the_platform(settings, platform, gateway, keys):
+def test_every_dashboard_query_returns_series_from_the_platform(settings, platform, gateway, keys, tmp_path):
     platform.up_prometheus()
     prom = settings.prometheus.url
     with httpx.Client(base_url=gateway, headers={"Authorization": f"Bearer {keys['alice']}"}, timeout=120) as client:
@@ -53,3 +54,11 @@ def test_every_dashboard_query_returns_series_from_the_platform(settings, platfo
     assert set(rules) == expected and set(rules.values()) == {"ok"}, rules
     accept = [float(s["value"][1]) for s in query(prom, 'tidal:accept_rate:ratio_rate5m{model="tab"}')]
     assert accept and all(0 <= a <= 1 for a in accept if a == a), accept  # NaN: no completions in the window
+
+    # the README's picture of the dashboard is drawn by this script, from the same queries
+    spec = importlib.util.spec_from_file_location("render_dashboard", DASHBOARD.parent / "render_dashboard.py")
+    renderer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(renderer)
+    drawn = renderer.render(prom, 5, tmp_path / "dashboard.png", step_s=2)
+    assert drawn["panels"] == len(json.loads(DASHBOARD.read_text())["panels"]) and drawn["empty"] == [], drawn
+    assert (tmp_path / "dashboard.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

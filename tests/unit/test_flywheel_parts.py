@@ -210,3 +210,19 @@ def test_a_cycle_report_is_read_back_as_itself_and_refuses_an_unknown_decision()
     assert list(stored["served"]) == ["1"] and CycleReport.model_validate(stored) == r  # version keys back to ints
     with pytest.raises(ValidationError, match="decision"):
         r.decision = "promotd"
+
+
+def test_a_cycle_before_any_dataset_waits_for_logs_instead_of_failing(tmp_path) -> None:
+    """A first cycle whose collection found nothing old enough (all records younger than upload_grace_s) used to fail
+    in train with 'dataset  of tab not found'; it is a no_new_data cycle that says why."""
+    from tasks.flywheel import open_cycle
+    from tidal.registry import VersionInfo
+    from tidal.store import LocalStore
+
+    class Champion:
+        def by_alias(self, model, alias):
+            return VersionInfo(model, 1, "full", 1, "file:///ckpt")
+
+    report = open_cycle.fn(Champion(), LocalStore(tmp_path), "tab", 1, "")
+    assert report.decision == "no_new_data" and report.rows == 0 and report.champion_after == 1
+    assert "collect.upload_grace_s" in report.reason
