@@ -28,15 +28,11 @@ def _release(settings: TidalSettings, store, args) -> None:
     )
     again = ", ".join(f"{r}: {c}" for r, c in plan.other_reasons.items())
     if args.dry_run:
-        print(
-            f"{args.model}: would release {what}, waiving {args.reason!r}"
-            + (f"; skipped {plan.skipped} already released" if plan.skipped else "")
-        )
-        if again:
-            print(f"  rows that also broke other contracts will be quarantined again ({again})")
-        return
-    record = release.write_release(store, args.model, args.reason, args.by or getpass.getuser(), args.why, now_ms(), plan)
-    print(f"{args.model}: released {what} as {record.release_id}, waiving {args.reason!r}; the next collection takes them")
+        print(f"{args.model}: would release {what}, waiving {args.reason!r}")
+    else:
+        by = args.by or getpass.getuser()
+        record = release.write_release(store, args.model, args.reason, by, args.why, now_ms(), plan)
+        print(f"{args.model}: released {what} as {record.release_id}, waiving {args.reason!r}; the next collection takes them")
     if again:
         print(f"  rows that also broke other contracts will be quarantined again ({again})")
     if plan.skipped:
