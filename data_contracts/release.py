@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import json
 import secrets
-import tempfile
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -32,7 +30,7 @@ from data_contracts.dataset import dataset_prefix, parquet_bytes, put_bytes, qua
 from data_contracts.logs import Batch, KindRows
 from data_contracts.records import SCHEMAS
 from data_contracts.scope import Watermark
-from tidal.store import ObjectStore
+from tidal.store import ObjectStore, get_json, put_json
 
 
 class ReleaseError(ValueError):
@@ -74,12 +72,6 @@ def release_prefix(model: str, release_id: str) -> str:
     return f"released/model={model}/{release_id}"
 
 
-def _read_json(store: ObjectStore, key: str, cls: type[_Record]):
-    with tempfile.TemporaryDirectory() as tmp:
-        store.get_file(key, Path(tmp) / "r.json")
-        return cls.model_validate_json((Path(tmp) / "r.json").read_text())
-
-
 def releases(store: ObjectStore, model: str) -> list[tuple[ReleaseRecord, ReleaseConsumed | None]]:
     """Every release of the model, oldest first, with the run that consumed it (None: pending)."""
     root = f"released/model={model}/"
@@ -92,8 +84,8 @@ def releases(store: ObjectStore, model: str) -> list[tuple[ReleaseRecord, Releas
         consumed = f"{prefix}/consumed.json"
         out.append(
             (
-                _read_json(store, f"{prefix}/release.json", ReleaseRecord),
-                _read_json(store, consumed, ReleaseConsumed) if store.exists(consumed) else None,
+                ReleaseRecord.model_validate(get_json(store, f"{prefix}/release.json")),
+                ReleaseConsumed.model_validate(get_json(store, consumed)) if store.exists(consumed) else None,
             )
         )
     return out
@@ -142,7 +134,7 @@ def mark_consumed(store: ObjectStore, model: str, release_ids: list[str], ds_id:
     """Each release taken by the dataset `ds_id`, written once the dataset is (before the watermark moves)."""
     for rid in release_ids:
         done = ReleaseConsumed(release_id=rid, dataset_id=ds_id, watermark_before=wm, consumed_ms=now_ms)
-        put_bytes(store, f"{release_prefix(model, rid)}/consumed.json", done.model_dump_json(indent=2).encode())
+        put_json(store, f"{release_prefix(model, rid)}/consumed.json", done.model_dump(mode="json"))
 
 
 def _released_keys(store: ObjectStore, model: str) -> set[tuple[str, str, str]]:
@@ -256,5 +248,5 @@ def write_release(
         skipped_already_released=plan.skipped,
         other_reasons=plan.other_reasons,
     )
-    put_bytes(store, f"{prefix}/release.json", record.model_dump_json(indent=2).encode())
+    put_json(store, f"{prefix}/release.json", record.model_dump(mode="json"))
     return record
