@@ -6,6 +6,7 @@ Per configured model (`flywheel.loop` picks which schedule and triggers are acti
   train-<model>     on each `tidal.dataset.ready` event of a standalone collect ('chained'), or on demand
   promote-<model>   on each `tidal.candidate.registered` event of a standalone train ('chained'), or on demand
   flywheel-<model>  whole cycles on its cron schedule ('flywheel'), or on demand
+  rollout-<model>   a champion alias moved by hand in the registry (release/webhook_app.py), or on demand
 On demand: the UI, `prefect deployment run <flow>/<deployment>`, or the `tidal` commands.
 
 With `flywheel.work_pool` set, the same deployments are registered on that work pool (the image and each
@@ -18,7 +19,7 @@ import os
 
 from tidal.settings import TidalSettings, load_settings
 
-STAGES = ("collect", "train", "promote", "flywheel")
+STAGES = ("collect", "train", "promote", "flywheel")  # the flywheel's: `tidal pause` pauses these
 
 
 def deployment_name(stage: str, model: str) -> str:
@@ -37,6 +38,7 @@ def deployments(settings: TidalSettings) -> list:
     from flows.collect import collect  # Prefect reads its API URL on import: after the environment is set
     from flows.flywheel import flywheel
     from flows.promote import promote
+    from flows.rollout import rollout
     from flows.train import train
     from tasks.events import CANDIDATE_REGISTERED, DATASET_READY
     from tidal.flywheel_pause import paused
@@ -100,6 +102,13 @@ def deployments(settings: TidalSettings) -> list:
                 paused=held,
                 concurrency_limit=1,
                 description=f"One whole cycle for {name}: collect → train → promote.",
+            ),
+            rollout.to_deployment(
+                name=deployment_name("rollout", name),
+                parameters={"model": name},
+                tags=tags,
+                concurrency_limit=1,  # never paused: an operator's move, like `tidal rollback`
+                description=f"Serve the version {name}'s champion alias was moved to by hand (registry webhook).",
             ),
         ]
     return out

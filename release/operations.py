@@ -83,6 +83,16 @@ def candidate_verified(fleet: FleetClient, model: str, cand: VersionInfo, strate
     return bool(serving) and (strategy != "lora" or len(serving) == len(ready))
 
 
+def served_arms(routes: RoutesClient, fleet: FleetClient, model: str) -> dict[str, int]:
+    """Arm name → version users get now: the route table's arms, or with no routes the fleet's serving version
+    (what the gateway falls back to) as `control`; {} when the model serves nothing yet."""
+    table = routes.show().get(model)
+    if table is not None:
+        return {a.name: a.version for a in table.arms}
+    group = fleet.status().models.get(model)
+    return {"control": group.serving_version} if group is not None else {}
+
+
 def when_served(change, timeout_s: float = 60.0):
     """Run a route change once the gateway lists the versions it names: the gateway polls the fleet every
     gateway.fleet_poll_s, so right after a deploy (or while a replica is briefly out of rotation) it answers 409."""

@@ -34,6 +34,10 @@ SUGGESTION_FILTER = "tidal.suggestion_filter"  # the version's suggestion filter
 RELEASE_PREFIX = "tidal.release."  # an audit record per release event, JSON (release/operations.py audit)
 RELEASE_FAILED_CHECK = "tidal.release.failed_check"  # the guardrail or test that rolled a canary back
 MANAGED = "tidal.managed"  # on a registered model this platform created
+# set by an operator before moving an alias in the registry UI (release/registry_webhook.py)
+GATE_OVERRIDE = "tidal.gate_override"  # who lets a version that did not pass its gate be released, and why
+IMMEDIATE = "tidal.rollout_immediate"  # a hand-set champion is served at once, without the probe on every replica
+ALIAS_MARK = "tidal.alias_mark."  # + alias: when Tidal itself last moved that alias here (ms), consumed by the receiver
 
 
 def release_tag(event: str) -> str:

@@ -41,6 +41,7 @@ from tidal.procs import (
 from tidal.section import SettingsError
 from tidal.settings import TidalSettings
 from tidal.store import download_dir, open_store
+from tidal.tokens import fernet_key, secret
 
 log = logging.getLogger("tidal.platform")
 
@@ -87,7 +88,15 @@ class Platform:
     # ---- services -------------------------------------------------------------------------------
     def services(self) -> dict[str, Service]:
         s, data, py = self.settings, self.settings.data_path, sys.executable
-        mlflow_env = {**TELEMETRY_OFF, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        mlflow_env = {
+            **TELEMETRY_OFF,
+            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+            # the registry webhook's receiver is on this host (http, a loopback address); MLflow keeps webhook secrets
+            # encrypted with this key, which must outlive a restart and be the same in every server worker
+            "MLFLOW_WEBHOOK_ALLOWED_SCHEMES": "http,https",
+            "MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS": "true",
+            "MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY": fernet_key(secret(data, "mlflow_webhook_key")),
+        }
         if s.store.s3_endpoint_url:
             mlflow_env["MLFLOW_S3_ENDPOINT_URL"] = s.store.s3_endpoint_url
         child = {"TIDAL_CONFIG": str(self.settings_file)}
@@ -156,6 +165,17 @@ class Platform:
                 f"http://{s.prefect.host}:{s.prefect.runner_port}/health",
                 120.0,
                 f"http://{s.prefect.host}:{s.prefect.runner_port}",
+                child,
+            ),
+            "webhook": Service(
+                "webhook",
+                [py, "-m", "release.webhook_app"],
+                s.registry_webhook.host,
+                s.registry_webhook.port,
+                "registry_webhook.port",
+                f"http://{s.registry_webhook.host}:{s.registry_webhook.port}/health",
+                60.0,
+                s.registry_webhook.endpoint,
                 child,
             ),
             "prometheus": Service(
@@ -267,7 +287,10 @@ class Platform:
                 f"flywheel.work_pool={self.settings.flywheel.work_pool!r}: flow runs belong to that pool's "
                 "workers, not a local runner; register the deployments with `python -m flows.deployments`"
             )
-        return self.ensure(self.services()["flows"])
+        info = self.ensure(self.services()["flows"])
+        if self.settings.registry_webhook.enabled:  # alias moves in the registry start releases
+            self.ensure(self.services()["webhook"])
+        return info
 
     def up_fleet(self, timeout_s: float | None = None) -> dict:
         """Start the supervisor and wait until every configured replica is verified (or start-up failed)."""
@@ -322,7 +345,7 @@ class Platform:
     def down(self) -> list[str]:
         """Stop the gateway (it flushes its log), the fleet (it stops its replicas), then MLflow and
         Prefect; kill any replica left behind."""
-        order = ("prometheus", "gateway", "flows", "fleet", "mlflow", "prefect")
+        order = ("prometheus", "gateway", "webhook", "flows", "fleet", "mlflow", "prefect")
         stopped = [n for n in order if self.running(n)]
         for name in order:
             self.stop(name)

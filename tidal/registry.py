@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -234,8 +235,22 @@ class Registry:
             return {}
 
     def set_alias(self, model: str, alias: str, version: int) -> None:
+        """Tidal's own alias move, marked on the version first so that the registry webhook's receiver can tell it
+        from an operator's (release/registry_webhook.py)."""
         self.get(model, version)
+        self.client.set_model_version_tag(model, str(version), lineage.ALIAS_MARK + alias, str(int(time.time() * 1000)))
         self.client.set_registered_model_alias(model, alias, str(version))
+
+    def own_alias_move(self, info: VersionInfo, alias: str, at_ms: int) -> bool:
+        """Whether the move of `alias` to `info` announced at at_ms was Tidal's: its mark is consumed either way, and
+        counts when the announcement comes from a minute before (clock skew) to ten minutes after it: a mark no
+        delivery consumed (the receiver was down) must not hide a later move by hand."""
+        key = lineage.ALIAS_MARK + alias
+        mark = info.tags.get(key)
+        if mark is None:
+            return False
+        self.client.delete_model_version_tag(info.model, str(info.version), key)
+        return -60_000 <= at_ms - int(mark) <= 600_000
 
     def find_by_tag(self, model: str, key: str, value: str) -> VersionInfo | None:
         """The newest version whose tag `key` equals `value`, or None."""

@@ -16,7 +16,8 @@ import yaml
 from tidal.procs import port_free
 from tidal.section import deep_merge
 
-BLOCK = 80  # ports per sandbox: services at +0..+4, spare for tests at +5..+8, Prometheus at +9, replicas from +10 to +70
+BLOCK = 80  # ports per sandbox: services at +0..+4, spare for tests at +5..+7, the registry webhook at +8,
+# Prometheus at +9, replicas from +10 to +70
 SPARE = 5  # offset of the spare ports (from prefect.port)
 
 
@@ -43,6 +44,7 @@ def write_config(root: Path, models: list[dict], base_port: int | None = None, p
         "prefect": {"port": b, "runner_port": b + 1},
         "mlflow": {"port": b + 2},
         "prometheus": {"port": b + 9, "scrape_interval_s": 1.0},
+        "registry_webhook": {"port": b + 8},
         "fleet": {
             "admin_port": b + 3,
             "base_port": b + 10,

@@ -14,6 +14,7 @@ from pydantic_settings import SettingsConfigDict
 
 from data_contracts.collect_settings import CollectSettings
 from release.policy import CanaryConfig
+from release.registry_webhook import RegistryWebhookSettings
 from serving.settings import ServingSettings
 from tidal.core_settings import load_root
 from tidal.loop_settings import DemoSettings, FlywheelSettings
@@ -38,6 +39,10 @@ class TidalSettings(ServingSettings):
         default_factory=CanaryConfig, description="Release plane: canary ramp, sequential test, guardrails."
     )
     flywheel: FlywheelSettings = Field(default_factory=FlywheelSettings, description="How the deployed loop is scheduled.")
+    registry_webhook: RegistryWebhookSettings = Field(
+        default_factory=RegistryWebhookSettings,
+        description="Releases started by alias moves in the MLflow registry (release/registry_webhook.py).",
+    )
     prometheus: PrometheusSettings = Field(
         default_factory=PrometheusSettings, description="The local Prometheus of `tidal up --with-prometheus`."
     )

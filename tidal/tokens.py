@@ -7,6 +7,8 @@ than MIN_SECRET_CHARS, given or read, is refused: an empty token would equal a m
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
 import os
 import secrets as _secrets
@@ -61,6 +63,11 @@ def _create(path: Path, value: str) -> None:
             os.close(dir_fd)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def fernet_key(value: str) -> str:
+    """A Fernet key (urlsafe base64 of 32 bytes) derived from a secret: MLflow's webhook-secret encryption key."""
+    return base64.urlsafe_b64encode(hashlib.sha256(value.encode()).digest()).decode()
 
 
 def admin_token(settings: SettingsRoot) -> str:

@@ -1,10 +1,10 @@
 """The promote flow on the real platform: real vLLM replicas, the gateway, simulated Tab users who keep
 suggestions that stay on the line they are typing. A degraded candidate (an adapter pushing the
 model towards line breaks), better on reward under a rule that pays for silence but worse on accepted
-characters, is rolled back at the first step with about 5% of users exposed; an
-operator's `tidal rollback` ends a ramp at once, and so does `tidal pause`; a step and the promotion listed in
-`canary.approve_before` wait for a typed human answer (`tidal approve`, or the Prefect API); the audit trail shows
-each."""
+characters, is rolled back at the first step with about 5% of users exposed; a candidate an operator sets in the
+MLflow registry is released, and `tidal rollback` ends its ramp at once, as does `tidal pause` another's; a step and
+the promotion listed in `canary.approve_before` wait for a typed human answer (`tidal approve`, or the Prefect API);
+the audit trail shows each."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import time
 
 import httpx
 import pytest
+from mlflow import MlflowClient
 
 from release.operations import rollback_now
 from release.report import CanaryRecord, canary_key
@@ -30,6 +31,7 @@ from tests.integration.release_helpers import (
     tags,
     zero_adapter,
 )
+from tidal import lineage
 from tidal.flywheel_pause import paused as paused_now
 from tidal.registry import publish
 from tidal.store import get_json, open_store
@@ -125,20 +127,43 @@ def neutral_ramp_at_step_1(registry, checkpoints, base_dir, users, tmp_path, ori
     return info, promote
 
 
-def test_operator_rollback_ends_a_ramp_at_once(settings, registry, checkpoints, base_dir, users, tmp_path):
-    info, promote = neutral_ramp_at_step_1(registry, checkpoints, base_dir, users, tmp_path, "test: neutral")
+def test_a_candidate_set_in_the_registry_ramps_until_an_operator_rolls_it_back(
+    settings, registry, checkpoints, base_dir, users, tmp_path, platform
+):
+    """The operator sets `candidate` in the MLflow registry (its client, as the UI does): the webhook's receiver starts
+    the promote deployment, which verifies and ramps it; `tidal rollback` ends the ramp at once."""
+    platform.up_flows()  # the flows runner runs the release the receiver starts
+    same = zero_adapter(base_dir, tmp_path / "neutral")
+    info = publish(registry, checkpoints.store, "tab", same, "lora", 1, {"tidal.origin": "test: neutral"})
+    mlflow_ui = MlflowClient(settings.mlflow.tracking_uri)
+    mlflow_ui.set_model_version_tag("tab", str(info.version), lineage.GATE_OVERRIDE, "oncall: an A/A adapter, no gate run")
+    mlflow_ui.set_registered_model_alias("tab", "candidate", str(info.version))
+    deadline = time.monotonic() + 600
+    while "tidal.release.verified" not in tags(registry, info.version):
+        assert time.monotonic() < deadline, tags(registry, info.version)
+        time.sleep(0.5)
+    users.start()  # once the candidate's weights are verified: its first step starts with users on both arms
+    while "tidal.release.step_1" not in tags(registry, info.version):
+        assert time.monotonic() < deadline, tags(registry, info.version)
+        time.sleep(1)
+    t = tags(registry, info.version)
+    started, override = json.loads(t["tidal.release.registry_release"]), json.loads(t["tidal.release.gate_override"])
+    assert override["by"] == "oncall: an A/A adapter, no gate run" and override["alias"] == "candidate"
     time.sleep(5)  # the canary serves for a moment
     rb = tidal("rollback", "tab", "--by", "oncall", "--reason", "pager says no")
     assert rb.returncode == 0, rb.stdout + rb.stderr
     result = json.loads(rb.stdout)
     assert result["serving"] == 1 and result["rolled_back"] == [info.version] and result["route_change_s"] < 5
-    rc, out = promote.finish(timeout=300)
-    assert rc == 0 and "rolled back" in out and "operator" in out, out[-3000:]
+    run = f"{settings.prefect.api_url}/flow_runs/{started['flow_run']}"
+    while (state := httpx.get(run, timeout=30).json()["state"])["type"] not in ("COMPLETED", "FAILED", "CRASHED"):
+        assert time.monotonic() < deadline + 300, state
+        time.sleep(1)
+    assert state["type"] == "COMPLETED", state
     t = tags(registry, info.version)
     manual, ended = json.loads(t["tidal.release.manual_rollback"]), json.loads(t["tidal.release.rolled_back"])
     assert (manual["by"], manual["reason"], manual["to"]) == ("oncall", "pager says no", 1)
     assert ended["reason"].startswith("canary removed from the routes by an operator")
-    assert "tidal.release.promoted" not in t
+    assert "tidal.release.promoted" not in t and registry.aliases("tab")["champion"] == 1
     assert users.errors == []
 
 

@@ -31,7 +31,8 @@ def by_name(settings) -> dict:
 def test_loop_mode_decides_what_runs_by_itself(settings_for, loop, collect_on, triggers_on, flywheel_on):
     s = settings_for(loop)
     d = by_name(s)
-    assert set(d) == {f"{stage}-{m}" for stage in ("collect", "train", "promote", "flywheel") for m in ("tab", "chat")}
+    stages = ("collect", "train", "promote", "flywheel", "rollout")
+    assert set(d) == {f"{stage}-{m}" for stage in stages for m in ("tab", "chat")}
     for m in ("tab", "chat"):
         assert [sc.active for sc in d[f"collect-{m}"].schedules] == [collect_on]
         assert [sc.active for sc in d[f"flywheel-{m}"].schedules] == [flywheel_on]
@@ -48,6 +49,8 @@ def test_loop_mode_decides_what_runs_by_itself(settings_for, loop, collect_on, t
             }
             assert t.parameters["model"] == m and "event.payload" in t.parameters[param]
             assert not d[f"{stage}-{m}"].schedules
+        rollout = d[f"rollout-{m}"]  # started by the registry webhook's receiver only
+        assert not rollout.triggers and not rollout.schedules and rollout.concurrency_limit == 1
 
 
 def test_an_unknown_loop_mode_is_refused(settings_for):
@@ -112,5 +115,9 @@ def test_a_paused_model_registers_paused_deployments_under_the_names_pause_uses(
     s = settings_for("chained")
     record_pause(open_store(s), "chat", True, "alice", "labels broken")
     d = {f"{dep.flow_name}/{dep.name}": dep for dep in deployments(s)}
-    assert set(d) == set(deployment_names("tab")) | set(deployment_names("chat"))
+    # every flywheel stage is paused; a hand rollout (the registry webhook's) never is, like `tidal rollback`
+    assert set(d) == set(deployment_names("tab")) | set(deployment_names("chat")) | {
+        "rollout/rollout-tab",
+        "rollout/rollout-chat",
+    }
     assert {n for n, dep in d.items() if dep.paused} == set(deployment_names("chat"))
