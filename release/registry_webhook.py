@@ -177,8 +177,8 @@ def decide(
         return answer("ignored", f"{ev.name} is not a model of this platform (models: {', '.join(models)})")
     try:
         info = registry.get(ev.name, ev.version)
-    except RegistryError as e:
-        return answer("refused", str(e))
+    except RegistryError as e:  # no version to record the refusal on
+        return WebhookDecision(**{**out, "version": None}, action="refused", reason=str(e))
     arms = served_arms(routes, fleet, ev.name)
     stop = paused(store, ev.name)
     if registry.own_alias_move(info, ev.alias, at_ms):  # last read: a failure before it leaves the mark for the retry

@@ -175,7 +175,7 @@ class Platform:
                 "registry_webhook.port",
                 f"http://{s.registry_webhook.host}:{s.registry_webhook.port}/health",
                 60.0,
-                s.registry_webhook.endpoint,
+                f"http://{s.registry_webhook.host}:{s.registry_webhook.port}",
                 child,
             ),
             "prometheus": Service(
@@ -374,6 +374,8 @@ class Platform:
             info, remote = self.running(name), self.remote(name) is not None
             if name == "prometheus" and info is None:
                 continue  # optional (`tidal up --with-prometheus`): listed while it runs
+            if name == "webhook" and not self.settings.registry_webhook.enabled:
+                continue
             healthy = False
             if info is not None or remote:
                 try:

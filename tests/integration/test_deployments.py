@@ -100,9 +100,9 @@ def test_with_a_work_pool_the_deployments_are_registered_there_with_image_and_ac
         client.create_work_pool(WorkPoolCreate(name=pool, type="kubernetes", base_job_template=template), overwrite=True)
         try:
             ids = register_on_pool(s, deployments(s))
-            assert len(ids) == 4
+            assert len(ids) == 5
             got = {d.name: d for d in (client.read_deployment(i) for i in ids)}
-            assert set(got) == {f"{stage}-pooltest" for stage in ("collect", "train", "promote", "flywheel")}
+            assert set(got) == {f"{stage}-pooltest" for stage in ("collect", "train", "promote", "flywheel", "rollout")}
             for name, d in got.items():
                 assert d.work_pool_name == pool and d.job_variables["image"] == image, name
                 train = name.startswith("train-")

@@ -32,11 +32,11 @@ def isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
 def idle_platform(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, int]:
     """Settings whose data_dir is empty and whose service ports nothing listens on."""
     socks = []
-    for _ in range(5):  # held open together so the ports differ
+    for _ in range(6):  # held open together so the ports differ
         s = socket.socket()
         s.bind(("127.0.0.1", 0))
         socks.append(s)
-    ports = dict(zip(("prefect", "mlflow", "fleet", "gateway", "flows"), (s.getsockname()[1] for s in socks)))
+    ports = dict(zip(("prefect", "mlflow", "fleet", "gateway", "flows", "webhook"), (s.getsockname()[1] for s in socks)))
     for s in socks:
         s.close()
     monkeypatch.setenv("TIDAL_DATA_DIR", str(tmp_path / "data"))
@@ -45,6 +45,7 @@ def idle_platform(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, 
     monkeypatch.setenv("TIDAL_FLEET__ADMIN_PORT", str(ports["fleet"]))
     monkeypatch.setenv("TIDAL_GATEWAY__PORT", str(ports["gateway"]))
     monkeypatch.setenv("TIDAL_PREFECT__RUNNER_PORT", str(ports["flows"]))
+    monkeypatch.setenv("TIDAL_REGISTRY_WEBHOOK__PORT", str(ports["webhook"]))
     return ports
 
 
@@ -115,7 +116,7 @@ def test_status_with_nothing_running_reports_every_service_down(
     assert main(["status"]) == 0
     out = capsys.readouterr().out
     lines = {line.split()[0]: line for line in out.splitlines() if line.strip()}
-    assert set(lines) == {"prefect", "mlflow", "fleet", "gateway", "flows"}
+    assert set(lines) == {"prefect", "mlflow", "fleet", "gateway", "flows", "webhook"}
     for name, port in idle_platform.items():
         fields = lines[name].split()
         assert fields[1] == "down"
@@ -126,7 +127,7 @@ def test_status_with_nothing_running_reports_every_service_down(
 def test_status_json_with_nothing_running(idle_platform: dict[str, int], capsys: pytest.CaptureFixture) -> None:
     assert main(["status", "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
-    assert set(status["services"]) == {"prefect", "mlflow", "fleet", "gateway", "flows"} and status["fleet"] is None
+    assert set(status["services"]) == {"prefect", "mlflow", "fleet", "gateway", "flows", "webhook"} and status["fleet"] is None
     for name, svc in status["services"].items():
         assert svc["running"] is False and svc["healthy"] is False and svc["pid"] is None
         assert svc["url"].endswith(f":{idle_platform[name]}")
