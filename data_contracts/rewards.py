@@ -74,8 +74,12 @@ class RewardRule(Section):
 
     def reward(self, event: str, accepted_chars: int | None, completion_text: str) -> float:
         """One sample's reward (the scalar form of `rewards`, for readers and tests)."""
+        return self.reward_of(event, accepted_chars, len(completion_text))
+
+    def reward_of(self, event: str, accepted_chars: int | None, completion_chars: int) -> float:
+        """One sample's reward from the completion's length alone (what the gateway holds at feedback time)."""
         chars = np.array([np.nan if accepted_chars is None else accepted_chars], dtype=np.float64)
-        return float(self.rewards(np.array([event], dtype=object), chars, np.array([len(completion_text)]))[0])
+        return float(self.rewards(np.array([event], dtype=object), chars, np.array([completion_chars]))[0])
 
     def rewards(self, event: np.ndarray, accepted_chars: np.ndarray, completion_chars: np.ndarray) -> np.ndarray:
         """Vectorised rewards. event: (N,) of EVENTS ('none' = no feedback); accepted_chars: (N,) float, NaN when

@@ -420,8 +420,7 @@ class Gateway:
             raise
         self.metrics.feedback.labels(req.event).inc()
         length = self.lengths.pop(req.request_id)
-        kept = {"rejected": 0, "partial": req.accepted_chars, "accepted": length}[req.event]
-        self.metrics.verdict(claims.model, claims.version, claims.arm, req.event, kept)
+        self.metrics.verdict(claims.model, claims.version, claims.arm, req.event, req.accepted_chars, length)
         return event
 
 

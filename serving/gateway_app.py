@@ -249,7 +249,7 @@ def build_app(gw: Gateway, clients: dict[str, str], admin: str, limiter: RateLim
 def build_gateway(settings: ServingSettings) -> tuple[FastAPI, ServingSettings]:
     g = settings.gateway
     sink = LogSink(settings.data_path / "wal", open_store(settings), g.logsink)
-    metrics = GatewayMetrics(sink.metrics)
+    metrics = GatewayMetrics(sink.metrics, settings.collect.rule_for)
     key = secret(settings.data_path, "request_id", g.secret).encode()  # signs request ids and keys user hashes
     gw = Gateway(
         routes=RouteTable(settings.data_path / "gateway" / "routes.json", g.route_limits),

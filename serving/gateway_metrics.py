@@ -1,8 +1,11 @@
 """Gateway metrics (Prometheus, one registry per gateway instance) and the per-client rate limiter.
 
-Completions, latency, errors, verdicts and characters are labelled by model, version and arm, so accept rate and
-accepted characters per served version are a division in PromQL (infra/monitoring/rules.yml records them). A
-verdict's version and arm come from its signed request id; `unknown` for ids issued before they were carried.
+Completions, latency, errors, verdicts, characters and rewards are labelled by model, version and arm, so accept
+rate, accepted characters and mean reward per served version are a division in PromQL (infra/monitoring/rules.yml
+records them). A verdict's version and arm come from its signed request id; `unknown` for ids issued before they were
+carried. Rewards are the model's reward rule (`collect.reward_rules`, the one its next dataset uses) applied to each
+verdict whose suggestion length this gateway still holds; a counter only grows, so positive and negative rewards are
+summed apart (gain and loss) and the mean is (gain - loss) / rewarded.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ import time
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from data_contracts.rewards import RewardRule
 
 LATENCY_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000)
 
@@ -21,7 +26,9 @@ RouteWeights = Callable[[], list[tuple[str, str, int, float]]]
 
 
 class GatewayMetrics:
-    def __init__(self, sink_metrics):
+    def __init__(self, sink_metrics, rule_for: Callable[[str], RewardRule] = lambda _model: RewardRule()):
+        """rule_for: model → its reward rule (the app passes the settings' `collect.rule_for`)."""
+        self.rule_for = rule_for
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("gateway_requests", "Requests answered", ["endpoint", "code"], registry=r)
@@ -38,6 +45,13 @@ class GatewayMetrics:
         )
         self.accepted_chars = Counter(
             "gateway_accepted_chars", "Characters users kept (whole suggestions and partial accepts)", SERVED, registry=r
+        )
+        self.rewarded = Counter(
+            "gateway_rewarded", "Verdicts given a reward here (their suggestion's length known)", SERVED, registry=r
+        )
+        self.reward_gain = Counter("gateway_reward_gain", "Sum of the verdicts' positive rewards", SERVED, registry=r)
+        self.reward_loss = Counter(
+            "gateway_reward_loss", "Sum of the verdicts' negative rewards, as a magnitude", SERVED, registry=r
         )
         self.accepted_chars_unknown = Counter(
             "gateway_accepted_chars_unknown",
@@ -84,10 +98,22 @@ class GatewayMetrics:
     def route_changed(self, model: str, action: str, by: str) -> None:
         self.route_changes.labels(model, action, by).inc()
 
-    def verdict(self, model: str, version: int | None, arm: str | None, event: str, chars: int | None) -> None:
-        """One recorded verdict; chars: characters kept (0 for a reject), None when not known here."""
+    def verdict(
+        self, model: str, version: int | None, arm: str | None, event: str, accepted_chars: int | None, shown: int | None
+    ) -> None:
+        """One recorded verdict. accepted_chars: as the feedback gave it (None for a whole accept or a reject); shown:
+        the suggestion's length, None when this gateway no longer holds it (then neither the characters kept nor the
+        reward are known here)."""
         served = (model, version or "unknown", arm or "unknown")
         self.verdicts.labels(*served, event).inc()
+        if shown is None:
+            chars = accepted_chars if event == "partial" else 0 if event == "rejected" else None
+        else:
+            chars = {"rejected": 0, "partial": accepted_chars, "accepted": shown}[event]
+            reward = self.rule_for(model).reward_of(event, accepted_chars, shown)
+            self.rewarded.labels(*served).inc()
+            self.reward_gain.labels(*served).inc(max(reward, 0.0))  # both series exist: their difference is defined
+            self.reward_loss.labels(*served).inc(max(-reward, 0.0))
         if chars is None:
             self.accepted_chars_unknown.labels(model).inc()
         else:

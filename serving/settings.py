@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from data_contracts.collect_settings import CollectSettings
 from serving.kube_settings import KubernetesFleetSettings
 from serving.logsink import LogSinkSettings
 from serving.routes import RouteLimits
@@ -218,6 +219,10 @@ class ServingSettings(SettingsRoot):
     engine: EngineSettings = Field(default_factory=EngineSettings)
     fleet: FleetSettings = Field(default_factory=FleetSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    collect: CollectSettings = Field(
+        default_factory=CollectSettings,
+        description="Collection flow: contracts, reward rules, watermark timing (the gateway reports reward by its rules).",
+    )
 
     @model_validator(mode="after")
     def _check_serving(self) -> ServingSettings:

@@ -12,7 +12,6 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from data_contracts.collect_settings import CollectSettings
 from release.policy import CanaryConfig
 from release.registry_webhook import RegistryWebhookSettings
 from serving.settings import ServingSettings
@@ -28,9 +27,6 @@ class TidalSettings(ServingSettings):
     model_config = SettingsConfigDict(extra="forbid")
 
     bootstrap: BootstrapSettings = Field(default_factory=BootstrapSettings)
-    collect: CollectSettings = Field(
-        default_factory=CollectSettings, description="Collection flow: contracts, reward rules, watermark timing."
-    )
     train: TrainSettings = Field(default_factory=TrainSettings, description="Training plane: PPO, checkpoints, offline gate.")
     trainer: LaunchSettings = Field(
         default_factory=LaunchSettings, description="Where the trainer process runs: a local subprocess or a Kubernetes Job."

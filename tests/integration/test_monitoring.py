@@ -54,6 +54,9 @@ def test_every_dashboard_query_returns_series_from_the_platform(settings, platfo
     assert set(rules) == expected and set(rules.values()) == {"ok"}, rules
     accept = [float(s["value"][1]) for s in query(prom, 'tidal:accept_rate:ratio_rate5m{model="tab"}')]
     assert accept and all(0 <= a <= 1 for a in accept if a == a), accept  # NaN: no completions in the window
+    low, high = settings.collect.rule_for("tab").bounds()  # the reward the gateway reports is the model's rule's
+    reward = [float(s["value"][1]) for s in query(prom, 'tidal:reward_per_verdict:rate5m{model="tab"}')]
+    assert reward and all(low <= r <= high for r in reward if r == r), (reward, low, high)
 
     # the README's picture of the dashboard is drawn by this script, from the same queries
     spec = importlib.util.spec_from_file_location("render_dashboard", DASHBOARD.parent / "render_dashboard.py")
