@@ -75,7 +75,13 @@ def test_the_platform_image_holds_every_package_and_the_modules_the_pods_run():
     assert "requirements/platform.txt" in copied and project["project"]["requires-python"] == ">=3.11,<3.12"
     assert instructions(DOCKER / "platform.Dockerfile")[0][1].startswith("python:3.11.")
     # what the chart and the supervisor's pods run from this image
-    for module in ["serving.supervisor", "serving.gateway_app", "serving.runtime.weights", "flows.deployments"]:
+    for module in [
+        "serving.supervisor",
+        "serving.gateway_app",
+        "serving.runtime.weights",
+        "flows.deployments",
+        "release.webhook_app",
+    ]:
         assert (ROOT / (module.replace(".", "/") + ".py")).exists() and module.split(".")[0] in copied, module
 
 

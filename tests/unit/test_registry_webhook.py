@@ -87,3 +87,21 @@ def test_settings_default_to_a_local_endpoint_and_a_delivery_id_cannot_escape_it
     assert cfg.endpoint == "http://127.0.0.1:5123/mlflow-webhook"
     assert RegistryWebhookSettings(url="https://hooks.example/tidal").endpoint == "https://hooks.example/tidal"
     assert decision_key("tab", "../../etc/passwd") == "state/registry-webhook/model=tab/etcpasswd.json"
+
+
+def test_the_chart_runs_the_receiver_behind_the_service_its_settings_name():
+    """Structural (no `helm` here): the template runs the module, and the chart's settings point MLflow at its Service."""
+    from pathlib import Path
+    from urllib.parse import urlparse
+
+    import yaml
+
+    chart = Path(__file__).resolve().parents[2] / "infra" / "helm" / "tidal"
+    template = (chart / "templates" / "registry-webhook.yaml").read_text()
+    values = yaml.safe_load((chart / "values.yaml").read_text())
+    cfg = RegistryWebhookSettings.model_validate(values["settings"]["registry_webhook"])
+    assert '["python", "-m", "release.webhook_app"]' in template and "name: tidal-registry-webhook" in template
+    assert "key: registry-webhook-secret" in template and "TIDAL_REGISTRY_WEBHOOK__SECRET" in template
+    url = urlparse(cfg.endpoint)
+    assert (url.hostname, url.port, url.path) == ("tidal-registry-webhook", cfg.port, "/mlflow-webhook")
+    assert values["registryWebhook"]["enabled"] is False  # opt-in: it needs the MLflow server's webhook settings
