@@ -35,7 +35,7 @@ from serving.settings import ServingSettings
 from tidal.client_env import mlflow_env, prefect_env
 from tidal.core_settings import load_root
 from tidal.registry import Registry
-from tidal.store import ObjectStore, open_store
+from tidal.store import open_store
 from tidal.tokens import secret
 
 log = logging.getLogger("tidal.registry_webhook")
@@ -70,7 +70,7 @@ def register_webhook(registry: Registry, url: str, signing_secret: str) -> str:
     return found.webhook_id
 
 
-def act(decision: WebhookDecision, registry: Registry, routes, fleet, store: ObjectStore) -> WebhookDecision:
+def act(decision: WebhookDecision, registry: Registry, routes, fleet) -> WebhookDecision:
     """Start what the decision says (a Prefect run of the model's promote or rollout deployment) and record it on the
     version; a refused champion alias goes back to the version the routes serve, so aliases and routes agree."""
     from prefect.deployments import run_deployment
@@ -79,18 +79,15 @@ def act(decision: WebhookDecision, registry: Registry, routes, fleet, store: Obj
     details = dict(delivery=decision.delivery_id, alias=decision.alias, reason=decision.reason)
     if decision.gate_override:
         audit(registry, registry.get(model, version), "gate_override", by=decision.gate_override, **details)
-    if decision.action == "release":
-        run = run_deployment(
-            name=f"promote/promote-{model}",
-            parameters={"model": model, "candidate": str(version), "require_gate": decision.gate_override is None},
-            idempotency_key=f"mlflow-webhook-{decision.delivery_id}",
-            timeout=0,
+    if decision.action in ("release", "rollout"):  # the model's promote or rollout deployment, once per delivery
+        flow, parameters = (
+            ("promote", {"model": model, "candidate": str(version), "require_gate": decision.gate_override is None})
+            if decision.action == "release"
+            else ("rollout", {"model": model, "version": version, "immediate": decision.immediate})
         )
-        decision.flow_run = str(run.id)
-    elif decision.action == "rollout":
         run = run_deployment(
-            name=f"rollout/rollout-{model}",
-            parameters={"model": model, "version": version, "immediate": decision.immediate},
+            name=f"{flow}/{flow}-{model}",
+            parameters=parameters,
             idempotency_key=f"mlflow-webhook-{decision.delivery_id}",
             timeout=0,
         )
@@ -102,7 +99,6 @@ def act(decision: WebhookDecision, registry: Registry, routes, fleet, store: Obj
             registry.set_alias(model, "champion", served)
     if decision.flow_run:
         audit(registry, registry.get(model, version), f"registry_{decision.action}", flow_run=decision.flow_run, **details)
-    store_decision(store, decision)
     return decision
 
 
@@ -137,14 +133,13 @@ def create_app(settings: ReceiverSettings) -> FastAPI:
                 return JSONResponse(done.model_dump(mode="json"))
             try:
                 decision = decide(delivery_id, delivery, at_ms, models, registry, routes, fleet, store)
-                decision = act(decision, registry, routes, fleet, store) if decision.action != "ignored" else decision
+                decision = act(decision, registry, routes, fleet) if decision.action != "ignored" else decision
+                store_decision(store, decision)  # a retry of this delivery gets this answer
             except ValidationError as e:
                 return JSONResponse({"error": f"not an alias event: {e.errors()[0]['msg']}"}, status_code=400)
             except Exception as e:  # noqa: BLE001  MLflow retries a 5xx: a transient registry or Prefect error heals
                 log.exception("delivery %s failed", delivery_id)
                 return JSONResponse({"error": f"{type(e).__name__}: {str(e)[:300]}"}, status_code=503)
-            if decision.action == "ignored":
-                store_decision(store, decision)
             log.info("%s %s v%s → %s: %s", decision.model, decision.alias, decision.version, decision.action, decision.reason)
             return JSONResponse(decision.model_dump(mode="json"))
 
