@@ -48,7 +48,7 @@ class RegistryWebhookSettings(Section):
     url: str | None = Field(
         None,
         description=(
-            "The URL MLflow calls (e.g. http://tidal-webhook.tidal.svc:5010/mlflow-webhook in a cluster); default "
+            "The URL MLflow calls (e.g. http://tidal-registry-webhook:5010/mlflow-webhook, the chart's Service); default "
             "http://host:port/mlflow-webhook. MLflow refuses http:// and private addresses unless its server runs with "
             "MLFLOW_WEBHOOK_ALLOWED_SCHEMES=http,https and MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS=true (the local one does)."
         ),
@@ -134,7 +134,7 @@ class WebhookDecision(BaseModel):
     action: Action
     reason: str
     flow_run: str | None = Field(None, description="The Prefect run started (release or rollout).")
-    gate_override: str | None = Field(None, description="The tidal.release.gate_override tag that let it through.")
+    gate_override: str | None = Field(None, description="The version's tidal.gate_override tag that let it through (who, why).")
     immediate: bool = Field(False, description="A champion rollout without the probe on every replica.")
 
 
