@@ -40,17 +40,20 @@ make_env() {
   echo "$dir"
 }
 
-# Prometheus and promtool (Debian's `prometheus` package): `tidal up --with-prometheus` and the monitoring tests
-# use them. Installed with apt-get where this runs as root; elsewhere the missing tool is named and setup goes on.
+# Prometheus, promtool and the Pushgateway (Debian's `prometheus` and `prometheus-pushgateway` packages): `tidal up
+# --with-prometheus` and the platform tests use them. Installed with apt-get where this runs as root; elsewhere the
+# missing tool is named and setup goes on.
 ensure_prometheus() {
-  if command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; then return; fi
+  if command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 \
+    && command -v prometheus-pushgateway >/dev/null 2>&1; then return; fi
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    log "installing Debian's prometheus package (Prometheus and promtool; first run only)"
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus) >&2 \
+    log "installing Debian's prometheus and prometheus-pushgateway packages (first run only)"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      prometheus prometheus-pushgateway) >&2 \
       || log "installing prometheus failed (see above): the monitoring tests will say what is missing"
   else
-    log "prometheus/promtool not found: install Debian's prometheus package (or put both on PATH);" \
-      "the monitoring tests and \`tidal up --with-prometheus\` need them"
+    log "prometheus, promtool or prometheus-pushgateway not found: install Debian's prometheus and" \
+      "prometheus-pushgateway packages (or put them on PATH); the platform tests and \`tidal up --with-prometheus\` need them"
   fi
 }
 

@@ -1,7 +1,9 @@
 """Prefect tasks of the collection flow (composed by flows/collect.py): one per step.
 
 The steps themselves are plain functions in data_contracts/ (unit-tested without Prefect); the tasks
-here add what only a platform run does: the tokenizer for scrubbing, Data Docs, MLflow, artifacts.
+here add what only a platform run does: the tokenizer for scrubbing, Data Docs, MLflow, artifacts, and a line
+per step with its figures (what `tidal collect` shows while it runs: `<model>: read 1,204 completion and 980
+feedback rows from 14 log files`).
 """
 
 from __future__ import annotations
@@ -32,12 +34,24 @@ from tidal.store import ObjectStore, upload_dir
 
 @task(cache_policy=NO_CACHE)
 def find_new_partitions(store: ObjectStore, model: str, cfg: CollectSettings, as_of_ms: int, include_open_hour: bool) -> Plan:
-    return pipeline.find_partitions(store, model, cfg, as_of_ms, include_open_hour)
+    plan = pipeline.find_partitions(store, model, cfg, as_of_ms, include_open_hour)
+    new = sum(f.new for f in plan.files)
+    get_run_logger().info("%s: %d log files to read (%d new since the last listing)", model, len(plan.files), new)
+    return plan
 
 
 @task(cache_policy=NO_CACHE)
 def load_logs(store: ObjectStore, plan: Plan) -> Batch:
-    return pipeline.load_logs(store, plan)
+    batch = pipeline.load_logs(store, plan)
+    get_run_logger().info(
+        "%s: read %s completion and %s feedback rows from %d log files (%d unreadable, quarantined whole)",
+        plan.model,
+        f"{batch.completions.table.num_rows:,}",
+        f"{batch.feedback.table.num_rows:,}",
+        len(batch.files),
+        len(batch.bad_files),
+    )
+    return batch
 
 
 @task(cache_policy=NO_CACHE)
@@ -72,12 +86,24 @@ def load_encoder(
 
 @task(cache_policy=NO_CACHE)
 def validate_logs(batch: Batch, params: ContractParams, policy: PiiPolicy, encoder: Encoder | None, docs_dir: Path) -> Work:
-    return pipeline.validate_logs(batch, params, policy, encoder, docs_dir)
+    work = pipeline.validate_logs(batch, params, policy, encoder, docs_dir)
+    get_run_logger().info(
+        "%s: contracts checked: %d completion and %d feedback rows fail a check; %d secrets or PII redacted",
+        batch.model,
+        len(work.completions.quarantined),
+        len(work.feedback.quarantined),
+        sum(work.scrubbed.values()),
+    )
+    return work
 
 
 @task(cache_policy=NO_CACHE)
 def quarantine_failures(store: ObjectStore, work: Work, ds_id: str) -> dict:
-    return dataset.write_quarantine(store, work.batch, {"completions": work.completions, "feedback": work.feedback}, ds_id)
+    written = dataset.write_quarantine(store, work.batch, {"completions": work.completions, "feedback": work.feedback}, ds_id)
+    get_run_logger().info(
+        "%s: quarantine of %s written: %s", work.batch.model, ds_id, ", ".join(sorted(written)) or "nothing to keep"
+    )
+    return written
 
 
 @task(cache_policy=NO_CACHE)
@@ -92,7 +118,9 @@ def publish_data_docs(store: ObjectStore, docs_dir: Path, model: str, ds_id: str
 def assemble_samples(
     work: Work, rule: RewardRule, versions: Versions, max_stale: int, params: ContractParams
 ) -> tuple[Work, pa.Table]:
-    return pipeline.assemble_samples(work, rule, versions, max_stale, params)
+    work, samples = pipeline.assemble_samples(work, rule, versions, max_stale, params)
+    get_run_logger().info("%s: %s reward samples under rule %s", work.batch.model, f"{samples.num_rows:,}", rule.id)
+    return work, samples
 
 
 @task(cache_policy=NO_CACHE)

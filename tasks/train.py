@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from tidal.section import PROJECT_ROOT, SettingsError
 from tidal.settings import TidalSettings
 from tidal.store import ObjectStore, download_dir, get_json
 from tidal.strategy import model_mismatch
+from training import run_metrics
 from training.job_spec import (
     EXIT_BAD_INPUT,
     EXIT_DIVERGED,
@@ -129,6 +131,7 @@ def plan_run(
         corpus_heldout_fraction=settings.bootstrap.heldout_fraction,
         corpus=corpus,
         torch_threads=trainer_threads(settings),
+        pushgateway_url=settings.prometheus.pushgateway_url,
     )
     spec_path = settings.run_dir / f"train-{model}-{key}.json"
     spec_path.parent.mkdir(parents=True, exist_ok=True)
@@ -164,7 +167,13 @@ def find_registered(registry: Registry, model: str, key: str) -> VersionInfo | N
 def _job(plan: TrainPlan, command: str, store: ObjectStore) -> None:
     """Run `python -m training.job <command>` to completion with the configured launcher; its output goes to the
     model's train log, its exit code decides between success, TrainerRejected and TrainerCrashed."""
+    started = time.monotonic()
     code = launcher_for(plan.launch, store).run(command, plan.spec, plan.spec_path, plan.log_path)
+    if command == "train" and plan.spec.pushgateway_url:
+        outcome = run_metrics.outcome_of(code, EXIT_BAD_INPUT, EXIT_DIVERGED)
+        spec = plan.spec
+        if error := run_metrics.push_outcome(spec.pushgateway_url, spec.model, spec.run_key, outcome, time.monotonic() - started):
+            get_run_logger().warning("%s: the attempt's outcome (%s) is not in Prometheus: %s", spec.run_key, outcome, error)
     if code == 0:
         return
     last = tail(str(plan.log_path), 8)

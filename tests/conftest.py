@@ -40,8 +40,8 @@ def pytest_addoption(parser):
 def pytest_collection_modifyitems(config, items):
     # Fast tests first, so a broken unit fails in the first minutes instead of after the platform's hour; the
     # sort is stable, so the tests that start real servers keep their file order (some build on what an earlier
-    # one left).
-    items.sort(key=lambda item: "slow" in item.keywords)
+    # one left), and those marked after_platform_tests come last.
+    items.sort(key=lambda item: ("slow" in item.keywords, "after_platform_tests" in item.keywords))
     skips = []
     if not _cuda_visible():
         skips.append(("gpu", pytest.mark.skip(reason="needs a CUDA device (none visible)")))

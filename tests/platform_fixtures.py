@@ -71,6 +71,7 @@ def settings(tmp_path_factory) -> TidalSettings:
         canary=canary,
         flywheel={"loop": "manual"},
         gateway={"first_byte_timeout_s": 15.0, "secret": "tidal-test-session-secret-0010"},
+        pushgateway=True,  # every training run of the session pushes (tests/integration/test_monitoring.py reads them)
     )
     with pytest.MonkeyPatch.context() as mp:
         for key in [k for k in os.environ if k.startswith("TIDAL_")]:
@@ -88,6 +89,7 @@ def platform(settings):
     p = Platform(settings)
     try:
         p.up_servers()
+        p.up_pushgateway()
         yield p
     finally:
         p.down()

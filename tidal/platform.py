@@ -195,6 +195,7 @@ class Platform:
                 s.prometheus.url,
                 dirs=[data / "prometheus"],
             ),
+            **self._pushgateway(),
             "gateway": Service(
                 "gateway",
                 [py, "-m", "serving.gateway_app"],
@@ -206,6 +207,25 @@ class Platform:
                 f"http://{s.gateway.host}:{s.gateway.port}",
                 child,
             ),
+        }
+
+    def _pushgateway(self) -> dict[str, Service]:
+        """The local Pushgateway trainers push to, when prometheus.pushgateway_url is a loopback address."""
+        s, local = self.settings.prometheus, prometheus.local_pushgateway(self.settings.prometheus)
+        if local is None:
+            return {}
+        host, port = local
+        data, url = self.settings.data_path / "pushgateway", f"http://{host}:{port}"
+        cmd = [
+            s.pushgateway_binary,
+            f"--web.listen-address={host}:{port}",
+            f"--persistence.file={data / 'pushed.metrics'}",  # the last pushes outlive a restart
+            "--persistence.interval=30s",
+        ]
+        return {
+            "pushgateway": Service(
+                "pushgateway", cmd, host, port, "prometheus.pushgateway_url", f"{url}/-/ready", 30.0, url, dirs=[data]
+            )
         }
 
     @property
@@ -310,11 +330,21 @@ class Platform:
     def up_gateway(self) -> ProcInfo:
         return self.ensure(self.services()["gateway"])
 
+    def up_pushgateway(self) -> ProcInfo | None:
+        """The local Pushgateway (a loopback prometheus.pushgateway_url), else None: none configured, or the cluster's."""
+        svc = self.services().get("pushgateway")
+        if svc is None:
+            return None
+        prometheus.executable(self.settings.prometheus, "pushgateway_binary")
+        return self.ensure(svc)
+
     def up_prometheus(self) -> ProcInfo:
-        """Prometheus scraping the gateway and the supervisor, with Tidal's alert rules (tidal/prometheus.py)."""
+        """Prometheus scraping the gateway, the supervisor and the trainers' Pushgateway (started here when local),
+        with Tidal's alert rules (tidal/prometheus.py)."""
         s = self.settings
         cfg = prometheus.config(s.prometheus, f"{s.gateway.host}:{s.gateway.port}", f"{s.fleet.host}:{s.fleet.admin_port}")
         prometheus.executable(s.prometheus)  # a clear error before a spawn that could only fail
+        self.up_pushgateway()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "prometheus.yml").write_text(yaml.safe_dump(cfg))
         return self.ensure(self.services()["prometheus"])
@@ -345,7 +375,7 @@ class Platform:
     def down(self) -> list[str]:
         """Stop the gateway (it flushes its log), the fleet (it stops its replicas), then MLflow and
         Prefect; kill any replica left behind."""
-        order = ("prometheus", "gateway", "webhook", "flows", "fleet", "mlflow", "prefect")
+        order = ("prometheus", "pushgateway", "gateway", "webhook", "flows", "fleet", "mlflow", "prefect")
         stopped = [n for n in order if self.running(n)]
         for name in order:
             self.stop(name)
@@ -372,7 +402,7 @@ class Platform:
         services = {}
         for name, svc in self.services().items():
             info, remote = self.running(name), self.remote(name) is not None
-            if name == "prometheus" and info is None:
+            if name in ("prometheus", "pushgateway") and info is None:
                 continue  # optional (`tidal up --with-prometheus`): listed while it runs
             if name == "webhook" and not self.settings.registry_webhook.enabled:
                 continue

@@ -17,7 +17,7 @@ from tidal.procs import port_free
 from tidal.section import deep_merge
 
 BLOCK = 80  # ports per sandbox: services at +0..+4, spare for tests at +5..+7, the registry webhook at +8,
-# Prometheus at +9, replicas from +10 to +70
+# Prometheus at +9, replicas from +10 to +69, a Pushgateway at +70
 SPARE = 5  # offset of the spare ports (from prefect.port)
 
 
@@ -28,13 +28,21 @@ def port_block() -> int:
     rng = random.Random()
     for _ in range(50):
         base = 20000 + BLOCK * rng.randrange(12000 // BLOCK)
-        if all(port_free("127.0.0.1", base + i) for i in (0, 1, 2, 3, 4, 10, 11, 12, 13)):
+        if all(port_free("127.0.0.1", base + i) for i in (0, 1, 2, 3, 4, 10, 11, 12, 13, 70)):
             return base
     raise RuntimeError("no free port block found in [20000, 32000)")
 
 
-def write_config(root: Path, models: list[dict], base_port: int | None = None, pretrain_seconds: float = 25.0, **extra) -> Path:
-    """tidal.yaml under root, every port from one block (random if base_port is None).
+def write_config(
+    root: Path,
+    models: list[dict],
+    base_port: int | None = None,
+    pretrain_seconds: float = 25.0,
+    pushgateway: bool = False,
+    **extra,
+) -> Path:
+    """tidal.yaml under root, every port from one block (random if base_port is None); with `pushgateway`, trainers
+    push to a local Pushgateway on the block's port (Platform.up_pushgateway starts it).
 
     Secrets are fixed and public (clients alice and bob): a sandbox is for tests and benchmarks only.
     """
@@ -43,7 +51,8 @@ def write_config(root: Path, models: list[dict], base_port: int | None = None, p
         "data_dir": str(root / "data"),
         "prefect": {"port": b, "runner_port": b + 1},
         "mlflow": {"port": b + 2},
-        "prometheus": {"port": b + 9, "scrape_interval_s": 1.0},
+        "prometheus": {"port": b + 9, "scrape_interval_s": 1.0}
+        | ({"pushgateway_url": f"http://127.0.0.1:{b + 70}"} if pushgateway else {}),
         "registry_webhook": {"port": b + 8},
         "fleet": {
             "admin_port": b + 3,

@@ -43,7 +43,7 @@ from tidal.clock import now_ms
 from tidal.core_settings import SettingsRoot, load_root
 from tidal.registry import Registry
 from tidal.store import ObjectStore, get_json, open_store, put_json, upload_dir
-from training import distributed
+from training import distributed, run_metrics
 from training.distributed import LaunchEnvError
 from training.job_spec import EXIT_BAD_INPUT, EXIT_DIVERGED, TrainJob, TrainResult
 from training.launch.base import STORE_REF
@@ -275,6 +275,8 @@ class Progress:
         self.mlflow = MlflowClient(spec.tracking_uri) if distributed.is_main() else None
         self.mlflow_s = 0.0  # wall seconds in MLflow calls, reported with the result
         self.started: tuple[int, float] | None = None  # (first iteration this process ran, its start): the ETA's base
+        url = spec.pushgateway_url if self.mlflow is not None else None  # rank 0 alone pushes
+        self.pushed = run_metrics.RunProgress(url, spec.model, spec.run_key, iterations) if url else None
 
     def after_iteration(self, it: int, metrics: dict[str, float]) -> None:
         from mlflow.entities import Metric
@@ -290,19 +292,26 @@ class Progress:
         self.mlflow_s += time.perf_counter() - t
         if saved is not None:
             save_state(self.store, self.spec.prefix, it, {**saved, "final": metrics})
+        elapsed, left = timing(self.started, it, self.iterations)
+        if self.pushed is not None and (line := self.pushed.after_iteration(it, metrics, left)):
+            print(line, flush=True)
         print(
-            f"iteration {it + 1}/{self.iterations} ({eta(self.started, it, self.iterations)}): "
+            f"iteration {it + 1}/{self.iterations} ({eta(elapsed, left)}): "
             + ", ".join(f"{k.split('/')[1]}={v:.4g}" for k, v in metrics.items() if k in SHOWN),
             flush=True,
         )
 
 
-def eta(started: tuple[int, float], it: int, iterations: int, now: float | None = None) -> str:
-    """'<elapsed> s, ~<left> left' after iteration `it`, from the mean time of the iterations this process ran."""
+def timing(started: tuple[int, float], it: int, iterations: int, now: float | None = None) -> tuple[float, float]:
+    """(elapsed s, s left) after iteration `it`, from the mean time of the iterations this process ran."""
     first, t0 = started
     elapsed = (time.monotonic() if now is None else now) - t0
-    left = elapsed / (it + 1 - first) * (iterations - it - 1)
-    return f"{elapsed:.0f} s, done" if it + 1 >= iterations else f"{elapsed:.0f} s, ~{left:.0f} s left"
+    return elapsed, elapsed / (it + 1 - first) * max(0, iterations - it - 1)
+
+
+def eta(elapsed: float, left: float) -> str:
+    """'<elapsed> s, ~<left> s left', or '<elapsed> s, done' after the last iteration."""
+    return f"{elapsed:.0f} s, done" if left <= 0 else f"{elapsed:.0f} s, ~{left:.0f} s left"
 
 
 def publish(

@@ -49,6 +49,9 @@ class TrainJob(BaseModel):
         default_factory=CorpusSource, description="The model's corpus (models[].corpus): the code loss's and the gate's text."
     )
     torch_threads: int = Field(ge=1, description="torch.set_num_threads of the trainer (train.torch_threads, or derived).")
+    pushgateway_url: str | None = Field(
+        None, description="prometheus.pushgateway_url: where the trainer pushes its progress (None: it pushes nothing)."
+    )
 
     @property
     def prefix(self) -> str:

@@ -70,6 +70,18 @@ def assert_mu_is_the_sampled_distribution(rows: list[dict], registry, checkpoint
     assert cut_gap > 0.01
 
 
+def wait_logged(settings, parts: tuple[str, ...], timeout_s: float = 20.0) -> str:
+    """The newest INFO lines of the Prefect server's run logs, once one line holds each of `parts` (logs reach the
+    server in batches)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        body = {"logs": {"level": {"ge_": 20}}, "sort": "TIMESTAMP_DESC", "limit": 200}
+        lines = [r["message"] for r in httpx.post(f"{settings.prefect.api_url}/logs/filter", json=body, timeout=10).json()]
+        if all(any(p in line for line in lines) for p in parts) or time.monotonic() > deadline:
+            return "\n".join(lines)
+        time.sleep(1.0)
+
+
 def test_collect_turns_gateway_traffic_into_a_reconciled_dataset(settings, gateway, keys, checkpoints, registry, platform):
     from flows.collect import collect  # after the platform is up: Prefect reads its API URL on import
 
@@ -146,6 +158,16 @@ def test_collect_turns_gateway_traffic_into_a_reconciled_dataset(settings, gatew
         f"{settings.prefect.api_url}/artifacts/filter", json={"artifacts": {"key": {"any_": ["tab-collect"]}}}
     ).json()
     assert any(ds_id in (a.get("data") or "") for a in arts)
+
+    # each step said what it did, with its figures (the lines `tidal collect` shows while it runs)
+    said = (
+        "tab: read ",
+        "log files to read",
+        "contracts checked",
+        f"tab: {manifest['rows']:,} reward samples under rule {rule.id}",
+    )
+    steps = wait_logged(settings, said)
+    assert all(part in steps for part in said), steps
 
     # the watermark moved: a second run finds nothing new and writes nothing
     assert read_watermark(store, "tab").dataset_id == ds_id

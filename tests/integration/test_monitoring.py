@@ -1,5 +1,7 @@
-"""A real Prometheus (Debian's package) scraping the session's gateway and supervisor, with Tidal's rules: every
-query of the Grafana dashboard returns series, every rule loads and evaluates, both targets are up."""
+"""A real Prometheus (Debian's package) scraping the session's gateway, supervisor and Pushgateway, with Tidal's
+rules: every query of the Grafana dashboard returns series, every rule loads and evaluates, every target is up.
+It runs after the other platform tests: the training panels show the runs they trained (tests/integration/
+test_ppo_train.py), which every trainer of the session pushed to the session's Pushgateway."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import yaml
 
 from tidal.prometheus import RULES
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.after_platform_tests]
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "infra" / "monitoring" / "dashboard.json"
 
@@ -26,6 +28,11 @@ def query(prom: str, expr: str) -> list:
 
 
 def test_every_dashboard_query_returns_series_from_the_platform(settings, platform, gateway, keys, tmp_path):
+    pushed = httpx.get(f"{settings.prometheus.pushgateway_url}/metrics", timeout=10).text
+    assert "tidal_train_iteration{" in pushed, (
+        "no training run of this session pushed to its Pushgateway: this test reads what the platform tests trained; "
+        "run it with tests/integration/test_ppo_train.py"
+    )
     platform.up_prometheus()
     prom = settings.prometheus.url
     with httpx.Client(base_url=gateway, headers={"Authorization": f"Bearer {keys['alice']}"}, timeout=120) as client:
@@ -47,7 +54,11 @@ def test_every_dashboard_query_returns_series_from_the_platform(settings, platfo
     assert not missing, f"dashboard queries without series: {missing}"
 
     targets = httpx.get(f"{prom}/api/v1/targets", timeout=10).json()["data"]["activeTargets"]
-    assert {(t["labels"]["job"], t["health"]) for t in targets} == {("tidal-gateway", "up"), ("tidal-fleet", "up")}
+    assert {(t["labels"]["job"], t["health"]) for t in targets} == {
+        ("tidal-gateway", "up"),
+        ("tidal-fleet", "up"),
+        ("tidal-training", "up"),
+    }
     loaded = httpx.get(f"{prom}/api/v1/rules", timeout=10).json()["data"]["groups"]
     rules = {r["name"]: r["health"] for g in loaded for r in g["rules"]}
     expected = {r.get("alert") or r["record"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]}

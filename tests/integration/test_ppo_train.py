@@ -17,6 +17,7 @@ import httpx
 import psutil
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 from data_contracts import corpus
 from tests.manifest_helpers import collect_record
@@ -105,6 +106,23 @@ class Traffic(threading.Thread):
             time.sleep(0.25)
 
 
+def pushed_training(pushgateway: str, model: str) -> dict[tuple[str, str, str], float]:
+    """The model's training figures on the Pushgateway: (metric, run, outcome or '') → value."""
+    text = httpx.get(f"{pushgateway}/metrics", timeout=10).text
+    return {
+        (s.name, s.labels["run"], s.labels.get("outcome", "")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith("tidal_train_") and s.labels.get("model") == model
+    }
+
+
+def run_iterations(log: str) -> int:
+    """The iterations the run planned, from the trainer's last `iteration i/N (...)` line."""
+    last = [line for line in log.splitlines() if line.startswith("iteration ")][-1]
+    return int(last.split()[1].split("/")[1])
+
+
 def trainer_processes() -> list[psutil.Process]:
     out = []
     for p in psutil.process_iter(["cmdline"]):
@@ -187,6 +205,17 @@ def test_train_survives_a_killed_trainer_and_registers_one_gated_candidate(
         "gate/kl_per_token",
     } <= set(run.data.metrics)
     assert run.inputs.dataset_inputs[0].dataset.name == dataset_id
+
+    # Prometheus (the session's Pushgateway): the trainer pushed the run to its last iteration, the train task each
+    # attempt's outcome, the killed one's included
+    pushed = pushed_training(settings.prometheus.pushgateway_url, "tab")
+    key = info.tags["tidal.train_run"]
+    assert pushed[("tidal_train_iteration", key, "")] == pushed[("tidal_train_iterations", key, "")] == run_iterations(log)
+    assert pushed[("tidal_train_seconds_left", key, "")] == 0 and ("tidal_train_reward_mean", key, "") in pushed
+    ends = {
+        o: v for (name, run_key, o), v in pushed.items() if name == "tidal_train_run_end_timestamp_seconds" and run_key == key
+    }
+    assert set(ends) == {"crashed", "finished"} and ends["crashed"] < ends["finished"], ends
 
     # what it learned: on held-out rows, accepted completions gained log-probability relative to rejected ones
     gain_accepted, gain_rejected = heldout_gain(settings, registry, checkpoints, champion, info, dataset_id)

@@ -92,8 +92,9 @@ def test_a_log_status_shows_the_last_matching_line_written_since_it_began(tmp_pa
 
 
 def test_the_trainers_eta_is_the_mean_of_the_iterations_this_process_ran() -> None:
-    from training.job import eta
+    from training.job import eta, timing
 
-    assert eta((0, 100.0), 1, 10, now=120.0) == "20 s, ~80 s left"  # 2 iterations in 20 s, 8 to go
-    assert eta((5, 100.0), 6, 10, now=120.0) == "20 s, ~30 s left"  # resumed after 5: 2 ran here, 3 to go
-    assert eta((0, 100.0), 9, 10, now=190.0) == "90 s, done"
+    assert timing((0, 100.0), 1, 10, now=120.0) == (20.0, 80.0)  # 2 iterations in 20 s, 8 to go
+    assert eta(*timing((0, 100.0), 1, 10, now=120.0)) == "20 s, ~80 s left"
+    assert eta(*timing((5, 100.0), 6, 10, now=120.0)) == "20 s, ~30 s left"  # resumed after 5: 2 ran here, 3 to go
+    assert eta(*timing((0, 100.0), 9, 10, now=190.0)) == "90 s, done"

@@ -335,6 +335,13 @@ def ingress_sources(policy: dict, local_values: dict) -> set[str]:
         if not rule.get("from"):
             out.add("ANY")
         for peer in rule.get("from", []):
+            if "namespace_selector" in peer and "pod_selector" not in peer:
+                labels = peer["namespace_selector"][0].get("match_labels")
+                monitoring = labels == "${local.monitoring_peer}" and "var.monitoring_namespace" in str(
+                    local_values["monitoring_peer"]
+                )
+                out.add("monitoring" if monitoring else "ANY")  # Prometheus's namespace, or every pod of some
+                continue
             if "ip_block" in peer or "namespace_selector" in peer or "pod_selector" not in peer:
                 out.add("ANY")
                 continue
@@ -379,12 +386,16 @@ def test_only_the_gateway_and_the_supervisor_reach_the_engines():
     assert '"vllm-${m.name}"' in local_values["engine_components"]  # the chart's static ones, one per model
     assert engines["spec"][0]["policy_types"] == ["Ingress"]
     assert ingress_sources(engines, local_values) == {"gateway", "fleet-supervisor"}
-    assert ingress_sources(policies["fleet_supervisor"], local_values) == {"gateway", "flow-run"}
+    assert ingress_sources(policies["fleet_supervisor"], local_values) == {"gateway", "flow-run", "monitoring"}
+    assert ingress_sources(policies["pushgateway"], local_values) == {"trainer", "flow-run", "monitoring"}
+    assert _components(policies["pushgateway"]["spec"][0]["pod_selector"][0], local_values) == {"pushgateway"}
     # the selectors name the labels the pods carry
     assert selector("tidal", "tab", 1)["app.kubernetes.io/component"] == "engine"
     templates = CHART / "templates"
     assert '"component" "gateway"' in (templates / "gateway-statefulset.yaml").read_text()
     assert '"component" "fleet-supervisor"' in (templates / "fleet-supervisor.yaml").read_text()
+    assert '"component" "pushgateway"' in (templates / "pushgateway.yaml").read_text()
+    assert '"app.kubernetes.io/component": "trainer"' in (ROOT / "training" / "launch" / "k8s_manifest.py").read_text()
     assert 'printf "vllm-%s" .name' in (templates / "vllm-deployment.yaml").read_text()
     pool = (ROOT / "infra" / "prefect" / "kubernetes-work-pool.json").read_text()
     assert '"app.kubernetes.io/component": "flow-run"' in pool

@@ -45,6 +45,10 @@ seccompProfile:
 {{- if .Values.supervisor.enabled -}}
 {{- $_ := set $s "fleet" (merge (dict "runtime" "kubernetes" "kubernetes" (include "tidal.fleetKubernetes" . | fromYaml)) (default (dict) $s.fleet)) -}}
 {{- end -}}
+{{- if .Values.metrics.pushgateway.enabled -}}
+{{- $push := printf "http://tidal-pushgateway.%s.svc:9091" .Release.Namespace -}}
+{{- $_ := set $s "prometheus" (merge (dict "pushgateway_url" $push) (default (dict) $s.prometheus)) -}}
+{{- end -}}
 {{- toYaml $s -}}
 {{- end -}}
 

@@ -45,11 +45,12 @@ resource "helm_release" "tidal" {
     # the supervisor serves each model's registry version (serve_alias) on engine Deployments it creates; the
     # chart's static per-model engines are not rendered
     supervisor = { enabled = true }
-    # scrapes of the gateway and the supervisor, Tidal's alert rules and its Grafana dashboard
+    # scrapes of the gateway, the supervisor and the trainers' Pushgateway, Tidal's alert rules and its Grafana dashboard
     metrics = {
       serviceMonitor   = { enabled = true }
       prometheusRule   = { enabled = true }
       grafanaDashboard = { enabled = true }
+      pushgateway      = { enabled = true } # the trainers push their runs (settings.prometheus.pushgateway_url)
     }
     settings = {
       data_dir = "/var/lib/tidal"
