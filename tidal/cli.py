@@ -178,12 +178,13 @@ def cmd_eval(settings: TidalSettings, args) -> None:
 
 
 def print_status(status: PlatformStatus) -> None:
+    width = max(map(len, status.services), default=8)  # one column of names, the longest (pushgateway) included
     for name, svc in status.services.items():
         if svc.remote:
-            print(f"{name:8s} {'up' if svc.healthy else 'unreachable':18s} {svc.url:28s} (remote)")
+            print(f"{name:{width}s} {'up' if svc.healthy else 'unreachable':18s} {svc.url:28s} (remote)")
             continue
         state = "up" if svc.healthy else ("starting/unhealthy" if svc.running else "down")
-        print(f"{name:8s} {state:18s} {svc.url:28s} pid={svc.pid}  log={svc.log}")
+        print(f"{name:{width}s} {state:18s} {svc.url:28s} pid={svc.pid}  log={svc.log}")
     for rec in status.paused.values():
         print(f"flywheel {rec.describe()} (`tidal resume {rec.model}`)")
     for model, link in status.data_docs.items():
