@@ -59,7 +59,14 @@ def local_pushgateway(cfg: PrometheusSettings) -> tuple[str, int] | None:
     if cfg.pushgateway_url is None:
         return None
     url = urlsplit(cfg.pushgateway_url)
-    return (url.hostname, url.port or 9091) if url.hostname in LOOPBACK else None
+    if url.hostname not in LOOPBACK:
+        return None
+    if url.path.strip("/") or url.username is not None:
+        raise SettingsError(
+            f"prometheus.pushgateway_url names a local Pushgateway with a path or a user ({url.hostname}:{url.port}): "
+            "the one `tidal up` starts serves at the root, without auth; use http://HOST:PORT"
+        )
+    return url.hostname, url.port or 9091
 
 
 def executable(cfg: PrometheusSettings, field: str = "binary") -> str:

@@ -51,3 +51,8 @@ def test_the_aws_example_matches_the_terraform_stack(tmp_path, monkeypatch):
         assert re.search(rf'"?{re.escape(area)}"?\s*= "s3://', tidal_tf), area
     assert "port = 4200" in tidal_tf and "port = 80" in tidal_tf and "admin_port = 8090" in tidal_tf
     assert s.prefect.port == 4200 and s.mlflow.port == 80 and s.fleet.admin_port == 8090
+    # the trainers push to the chart's Pushgateway, which the stack enables, at the address the chart gives it
+    assert re.search(r"pushgateway\s*= \{ enabled = true \}", tidal_tf)
+    helpers = (EXAMPLES.parent / "helm" / "tidal" / "templates" / "_helpers.tpl").read_text()
+    assert '"http://tidal-pushgateway.%s.svc:9091" .Release.Namespace' in helpers
+    assert s.prometheus.pushgateway_url == "http://tidal-pushgateway.tidal.svc:9091"

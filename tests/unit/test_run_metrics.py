@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tidal.procs import free_port
 from tidal.prometheus import PrometheusSettings, config, local_pushgateway
+from tidal.section import SettingsError
 from training import run_metrics
 from training.job_spec import EXIT_BAD_INPUT, EXIT_DIVERGED
 from training.run_metrics import RunProgress, outcome_of, push_outcome
@@ -139,5 +140,7 @@ def test_prometheus_scrapes_the_pushgateway_with_the_pushed_labels() -> None:
         "push.example.com"
     ]
     assert "tidal-training" not in {j["job_name"] for j in config(PrometheusSettings(), "g:1", "f:2")["scrape_configs"]}
+    with pytest.raises(SettingsError, match="serves at the root"):
+        local_pushgateway(PrometheusSettings(pushgateway_url="http://127.0.0.1:9091/pg"))
     with pytest.raises(ValueError, match="pushgateway_url"):
         PrometheusSettings(pushgateway_url="127.0.0.1:9091")  # no scheme
