@@ -40,8 +40,9 @@ def pytest_addoption(parser):
 def pytest_collection_modifyitems(config, items):
     # Fast tests first, so a broken unit fails in the first minutes instead of after the platform's hour; the
     # sort is stable, so the tests that start real servers keep their file order (some build on what an earlier
-    # one left), and those marked after_platform_tests come last.
-    items.sort(key=lambda item: ("slow" in item.keywords, "after_platform_tests" in item.keywords))
+    # one left); then those marked after_platform_tests, and last those that stop the platform.
+    order = ("slow", "after_platform_tests", "stops_the_platform")  # each later than the one before
+    items.sort(key=lambda item: max((i + 1 for i, m in enumerate(order) if m in item.keywords), default=0))
     skips = []
     if not _cuda_visible():
         skips.append(("gpu", pytest.mark.skip(reason="needs a CUDA device (none visible)")))

@@ -1,5 +1,5 @@
-"""Last of the integration session (files run in name order): no credential in anything the session's platform
-wrote or answered, then `tidal down` leaves nothing running."""
+"""Last of the integration session (marked stops_the_platform, which the suite sorts last): no credential in anything
+the session's platform wrote or answered, then `tidal down` leaves nothing running."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from serving.upstream import ReplicaPool
 from tidal.procs import group_members, port_free
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.stops_the_platform]
 
 
 def _secrets(settings) -> dict[str, str]:
@@ -80,7 +80,8 @@ def test_no_credential_in_any_log_reply_metric_or_mlflow_record(platform, fleet,
     }
     assert any(name.endswith("gateway.log") for name in texts) and any(name.endswith("fleet.log") for name in texts)
     texts["the refused poll"] = refused
-    for url in (f"{gateway}/health", f"{gateway}/metrics", f"http://127.0.0.1:{settings.fleet.admin_port}/health"):
+    pushed = f"{settings.prometheus.pushgateway_url}/metrics"  # what the session's trainers pushed
+    for url in (f"{gateway}/health", f"{gateway}/metrics", f"http://127.0.0.1:{settings.fleet.admin_port}/health", pushed):
         texts[url] = httpx.get(url, timeout=10).text
     texts["prefect logs"] = _prefect_logs(settings)
     texts["mlflow params, tags, descriptions"] = _mlflow_records(settings)
