@@ -169,9 +169,9 @@ def _job(plan: TrainPlan, command: str, store: ObjectStore) -> None:
     model's train log, its exit code decides between success, TrainerRejected and TrainerCrashed."""
     started = time.monotonic()
     code = launcher_for(plan.launch, store).run(command, plan.spec, plan.spec_path, plan.log_path)
-    if command == "train" and plan.spec.pushgateway_url:
-        outcome = run_metrics.outcome_of(code, EXIT_BAD_INPUT, EXIT_DIVERGED)
-        spec = plan.spec
+    spec = plan.spec
+    if command == "train" and spec.pushgateway_url:
+        outcome = run_metrics.outcome_of(code)
         if error := run_metrics.push_outcome(spec.pushgateway_url, spec.model, spec.run_key, outcome, time.monotonic() - started):
             get_run_logger().warning("%s: the attempt's outcome (%s) is not in Prometheus: %s", spec.run_key, outcome, error)
     if code == 0:

@@ -19,6 +19,8 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from prometheus_client import CollectorRegistry, Gauge, push_to_gateway
 from prometheus_client.exposition import basic_auth_handler, default_handler
 
+from training.job_spec import EXIT_BAD_INPUT, EXIT_DIVERGED
+
 JOB = "tidal-training"
 PUSH_TIMEOUT_S = 2.0
 OUTCOMES = ("finished", "crashed", "bad_input", "diverged")
@@ -92,9 +94,9 @@ class RunProgress:
         return line
 
 
-def outcome_of(exit_code: int, bad_input: int, diverged: int) -> str:
-    """A trainer attempt's outcome from its exit code (training/job_spec.py EXIT_*)."""
-    return {0: "finished", bad_input: "bad_input", diverged: "diverged"}.get(exit_code, "crashed")
+def outcome_of(exit_code: int) -> str:
+    """A trainer attempt's outcome from its exit code (training/job.py's EXIT_* contract)."""
+    return {0: "finished", EXIT_BAD_INPUT: "bad_input", EXIT_DIVERGED: "diverged"}.get(exit_code, "crashed")
 
 
 def push_outcome(url: str, model: str, run: str, outcome: str, seconds: float, now: float | None = None) -> str | None:
