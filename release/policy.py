@@ -137,6 +137,11 @@ class CanaryConfig(Section):
         le=28 * 86400,
         description="How long a pause for a human ('ask', approve_before) waits before the flow fails.",
     )
+    approval_poll_s: int = Field(
+        2,
+        ge=1,
+        description="How often a paused release asks Prefect whether the human answered (Prefect's own default: 10 s).",
+    )
     feedback_wait_s: float = Field(30.0, ge=0, description="A completion without feedback counts (as 'ignored') once this old.")
     history_s: float = Field(
         3600.0, ge=0, description=("How far before the canary's start its users' outcomes are read for CUPED (0 = none).")

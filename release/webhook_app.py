@@ -22,7 +22,6 @@ from release.operations import audit, served_arms
 from release.registry_webhook import (
     ALIAS_CREATED,
     Delivery,
-    RegistryWebhookSettings,
     WebhookDecision,
     WebhookRefused,
     decide,
@@ -30,6 +29,7 @@ from release.registry_webhook import (
     stored_decision,
     verify,
 )
+from release.webhook_settings import RegistryWebhookSettings
 from serving.client import fleet_client, routes_client
 from serving.settings import ServingSettings
 from tidal.client_env import mlflow_env, prefect_env

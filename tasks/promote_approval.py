@@ -75,6 +75,7 @@ def ask_human(release, look, cfg, routes, registry, key: str) -> _Answer:
             description=approval_description(release, look, question(key, cfg)), decision="rollback"
         ),
         timeout=int(cfg.approval_timeout_s),
+        poll_interval=cfg.approval_poll_s,
         key=key,
     )
     registry.set_tags(model, version, answer.audit_tags(key))

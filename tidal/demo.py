@@ -29,18 +29,21 @@ from tidal.strategy import model_mismatch
 METRIC_NAMES = ("suggestion_rate", "accept_rate", "reward_per_request", "accepted_chars_per_request")
 
 
-def demo_profile(settings: TidalSettings) -> TidalSettings:
+def demo_profile(settings: TidalSettings, model: str) -> TidalSettings:
+    """The settings the demo runs under: its canary and training, no schedule, and `demo.update_strategy` for the model
+    it cycles (the other models are not trained by the demo: they keep theirs, and the fleet keeps serving them)."""
     demo, train = settings.demo, settings.demo.train
     if demo.quiet_while_training and train.torch_threads is None:
         train = train.model_copy(update={"torch_threads": os.cpu_count() or 1})  # the users are quiet: every core
-    models = (
-        settings.models
-        if demo.update_strategy is None
-        else [m.model_copy(update={"update_strategy": demo.update_strategy}) for m in settings.models]
-    )
-    for m in models:
-        if problem := model_mismatch(m.name, m.update_strategy, train.ppo.lora, "demo.train.ppo.lora"):
-            raise SettingsError(f"{problem}; or set demo.update_strategy")
+    models = [
+        m.model_copy(update={"update_strategy": demo.update_strategy})
+        if m.name == model and demo.update_strategy is not None
+        else m
+        for m in settings.models
+    ]
+    cycled = next(m for m in models if m.name == model)
+    if problem := model_mismatch(cycled.name, cycled.update_strategy, train.ppo.lora, "demo.train.ppo.lora"):
+        raise SettingsError(f"{problem}; or set demo.update_strategy")
     return settings.model_copy(
         update={
             "canary": demo.canary,
@@ -310,10 +313,10 @@ def cmd_demo(settings: TidalSettings, args) -> None:
     from tidal.store import open_store
 
     stop_on_signals()
-    settings = demo_profile(settings)
-    demo, model = settings.demo, args.model or settings.models[0].name
-    cycles = args.cycles or demo.cycles
-    settings.model(model)
+    model = args.model or settings.models[0].name
+    settings.model(model)  # an unknown name fails here, naming the models there are
+    settings = demo_profile(settings, model)
+    demo, cycles = settings.demo, args.cycles or settings.demo.cycles
     use_platform_env(settings)
     from tasks.flywheel import load_cycles  # Prefect reads its API URL on import: after the environment is set
 
@@ -324,8 +327,9 @@ def cmd_demo(settings: TidalSettings, args) -> None:
     ensure_champions(settings)
     platform.stop("flows")  # the runner executes the demo's cycles: it must read the demo's settings
     running = fleet_strategies(platform)
-    if running and any(running.get(m.name, m.update_strategy) != m.update_strategy for m in settings.models):
-        print(f"fleet: restarting the supervisor, which serves {running}, with the demo's update strategies")
+    strategy = settings.model(model).update_strategy
+    if running and running.get(model, strategy) != strategy:
+        print(f"fleet: restarting the supervisor, which serves {model} with {running[model]!r}, with the demo's {strategy!r}")
         platform.stop("fleet")
     platform.up_flows()
     platform.up_fleet()

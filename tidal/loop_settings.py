@@ -199,7 +199,8 @@ class DemoSettings(Section):
     update_strategy: UpdateStrategy | None = Field(
         "restart",
         description=(
-            "How the demo's models take new versions (replaces each model's update_strategy while the demo runs). Its "
+            "How the model the demo cycles takes new versions (replaces its update_strategy while the demo runs; the "
+            "other models keep theirs, so a fleet already serving it so is not restarted). Its "
             "training trains every weight (`demo.train.ppo.lora: false`), so it needs a full-checkpoint strategy: "
             "'restart' boots each candidate on a surge replica (CPU engines); 'reload' or 'nccl' on 2+ GPU replicas. "
             "None = each model's own (then the demo's lora setting must match it)."

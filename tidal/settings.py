@@ -13,7 +13,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from release.policy import CanaryConfig
-from release.registry_webhook import RegistryWebhookSettings
+from release.webhook_settings import RegistryWebhookSettings
 from serving.settings import ServingSettings
 from tidal.core_settings import load_root
 from tidal.loop_settings import DemoSettings, FlywheelSettings

@@ -4,12 +4,26 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.release_helpers import Users, cursor_prompts
+from tests.integration.release_helpers import Users, cursor_prompts, newline_adapter, zero_adapter
 
 
-@pytest.fixture(scope="module")
-def base_dir(registry, checkpoints):
-    return checkpoints.local_dir(registry.get("tab", 1))
+@pytest.fixture(scope="session")
+def base_dir(champion, checkpoints):
+    """tab v1's checkpoint, local."""
+    return checkpoints.local_dir(champion)
+
+
+@pytest.fixture(scope="session")
+def neutral_adapter(base_dir, tmp_path_factory):
+    """An A/A adapter of tab v1 (B = 0), built once: each test publishes it as a version of its own (a build, with
+    its probe, takes ~20 s of a loaded machine)."""
+    return zero_adapter(base_dir, tmp_path_factory.mktemp("neutral"))
+
+
+@pytest.fixture(scope="session")
+def single_line_adapter(base_dir, tmp_path_factory):
+    """The newline adapter reversed (the model breaks lines less often, so Tab users accept more), built once."""
+    return newline_adapter(base_dir, tmp_path_factory.mktemp("single-line"), strength=-40.0)
 
 
 @pytest.fixture()

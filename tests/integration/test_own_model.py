@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from tests.integration.release_helpers import Promote, Users, cursor_prompts, start_when_verified
+from tests.integration.release_helpers import Promote, Users, cursor_prompts, start_at_first_step
 from tidal import lineage
 from training.reward_data import load_dataset
 
@@ -94,7 +94,7 @@ def test_an_imported_llama_is_served_trained_and_released_through_the_canary(
         users = Users(gateway, keys["alice"], prompts, model="byo", stop=["\n"])
         promote = Promote(version, tmp_path / "promote.log", env=env, model="byo")
         try:
-            start_when_verified(users, registry, promote, version, model="byo")
+            start_at_first_step(users, registry, promote, version, model="byo")
             rc, out = promote.finish(timeout=900)
         finally:
             users.stop.set()

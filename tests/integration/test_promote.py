@@ -27,9 +27,8 @@ from tests.integration.release_helpers import (
     cursor_prompts,
     merged,
     newline_adapter,
-    start_when_verified,
+    start_at_first_step,
     tags,
-    zero_adapter,
 )
 from tidal import lineage
 from tidal.flywheel_pause import paused as paused_now
@@ -60,7 +59,7 @@ def test_degraded_candidate_is_rolled_back_at_the_first_step(
     }
     promote = Promote(info.version, tmp_path / "promote.log", env=env)
     try:
-        start_when_verified(users, registry, promote, info.version)
+        start_at_first_step(users, registry, promote, info.version)
         rc, out = promote.finish(timeout=840)
     finally:
         users.stop.set()
@@ -113,39 +112,30 @@ def tidal(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tidal.cli", *args], capture_output=True, text=True, env=dict(os.environ))
 
 
-def neutral_ramp_at_step_1(registry, checkpoints, base_dir, users, tmp_path, origin: str):
+def neutral_ramp_at_step_1(registry, checkpoints, neutral_adapter, users, tmp_path, origin: str):
     """A candidate with the champion's own outputs (no decision soon) released until its first step is routed;
     returns its version info and the running `tidal promote`."""
-    same = zero_adapter(base_dir, tmp_path / "neutral")
-    info = publish(registry, checkpoints.store, "tab", same, "lora", 1, {"tidal.origin": origin})
+    info = publish(registry, checkpoints.store, "tab", neutral_adapter, "lora", 1, {"tidal.origin": origin})
     promote = Promote(info.version, tmp_path / "promote.log")
-    start_when_verified(users, registry, promote, info.version)
-    deadline = time.monotonic() + 600
-    while "tidal.release.step_1" not in tags(registry, info.version):
-        assert promote.running() and time.monotonic() < deadline, promote.log.read_text()[-3000:]
-        time.sleep(1)
+    start_at_first_step(users, registry, promote, info.version)
     return info, promote
 
 
 def test_a_candidate_set_in_the_registry_ramps_until_an_operator_rolls_it_back(
-    settings, registry, checkpoints, base_dir, users, tmp_path, platform
+    settings, registry, checkpoints, neutral_adapter, users, platform
 ):
     """The operator sets `candidate` in the MLflow registry (its client, as the UI does): the webhook's receiver starts
     the promote deployment, which verifies and ramps it; `tidal rollback` ends the ramp at once."""
     platform.up_flows()  # the flows runner runs the release the receiver starts
-    same = zero_adapter(base_dir, tmp_path / "neutral")
-    info = publish(registry, checkpoints.store, "tab", same, "lora", 1, {"tidal.origin": "test: neutral"})
+    info = publish(registry, checkpoints.store, "tab", neutral_adapter, "lora", 1, {"tidal.origin": "test: neutral"})
     mlflow_ui = MlflowClient(settings.mlflow.tracking_uri)
     mlflow_ui.set_model_version_tag("tab", str(info.version), lineage.GATE_OVERRIDE, "oncall: an A/A adapter, no gate run")
     mlflow_ui.set_registered_model_alias("tab", "candidate", str(info.version))
     deadline = time.monotonic() + 600
-    while "tidal.release.verified" not in tags(registry, info.version):
-        assert time.monotonic() < deadline, tags(registry, info.version)
-        time.sleep(0.5)
-    users.start()  # once the candidate's weights are verified: its first step starts with users on both arms
     while "tidal.release.step_1" not in tags(registry, info.version):
         assert time.monotonic() < deadline, tags(registry, info.version)
-        time.sleep(1)
+        time.sleep(0.5)
+    users.start()  # once its first step is routed (as start_at_first_step): with users on both arms
     t = tags(registry, info.version)
     started, override = json.loads(t["tidal.release.registry_release"]), json.loads(t["tidal.release.gate_override"])
     assert override["by"] == "oncall: an A/A adapter, no gate run" and override["alias"] == "candidate"
@@ -168,10 +158,10 @@ def test_a_candidate_set_in_the_registry_ramps_until_an_operator_rolls_it_back(
 
 
 def test_pausing_the_flywheel_mid_canary_returns_traffic_to_control(
-    settings, registry, checkpoints, base_dir, users, tmp_path, platform
+    settings, registry, checkpoints, neutral_adapter, users, tmp_path, platform
 ):
     # only the pause ends this ramp
-    info, promote = neutral_ramp_at_step_1(registry, checkpoints, base_dir, users, tmp_path, "test: paused")
+    info, promote = neutral_ramp_at_step_1(registry, checkpoints, neutral_adapter, users, tmp_path, "test: paused")
     try:
         paused = tidal("pause", "tab", "--by", "oncall", "--reason", "labels broken upstream")
         assert paused.returncode == 0, paused.stdout + paused.stderr
@@ -230,10 +220,11 @@ def resume_run(api: str, run_id: str, run_input: dict, attempts: int = 3) -> dic
 
 
 @pytest.mark.timeout(1500)
-def test_better_candidate_is_promoted_through_every_step(settings, registry, checkpoints, base_dir, users, tmp_path, platform):
+def test_better_candidate_is_promoted_through_every_step(
+    settings, registry, checkpoints, single_line_adapter, users, tmp_path, platform
+):
     # The newline adapter reversed: the model breaks lines less often, so these users accept more.
-    better = newline_adapter(base_dir, tmp_path / "single-line", strength=-40.0)
-    info = publish(registry, checkpoints.store, "tab", better, "lora", 1, {"tidal.origin": "test: better"})
+    info = publish(registry, checkpoints.store, "tab", single_line_adapter, "lora", 1, {"tidal.origin": "test: better"})
     env = {
         **os.environ,
         "TIDAL_CANARY__STEPS": "[0.3, 0.5]",
@@ -244,7 +235,7 @@ def test_better_candidate_is_promoted_through_every_step(settings, registry, che
     }
     api = settings.prefect.api_url
     promote = Promote(info.version, tmp_path / "promote.log", env=env)
-    start_when_verified(users, registry, promote, info.version)
+    start_at_first_step(users, registry, promote, info.version)
     run = paused_promote_run(api, "step-2", promote, timeout=900)
     assert "tidal.release.step_2" not in tags(registry, info.version)  # held at step 1 while it waits
     bad = resume_run(api, run["id"], {"decision": "promote", "approver": "", "reason": "?"})  # not this form's answer
@@ -267,6 +258,7 @@ def test_better_candidate_is_promoted_through_every_step(settings, registry, che
     # A LoRA promotion left the fleet's serving version on the base: a gateway with no routes served the old model.
     assert platform.fleet_client().status().models["tab"].serving_version == info.version
     assert users.errors == []
+    users.stop.set()  # the rollback below needs no traffic: the cores are its
     # instant rollback after a promotion: back to the previous champion, which is still loaded
     rb = tidal("rollback", "tab", "--reason", "undo")
     assert rb.returncode == 0, rb.stdout + rb.stderr
@@ -279,10 +271,10 @@ def test_better_candidate_is_promoted_through_every_step(settings, registry, che
 
 @pytest.mark.timeout(1500)
 def test_restart_strategy_canary_runs_on_a_surge_replica_and_promotes(
-    settings, registry, checkpoints, base_dir, gateway, keys, platform, tmp_path, chaos_report
+    settings, registry, checkpoints, base_dir, single_line_adapter, gateway, keys, platform, tmp_path, chaos_report
 ):
     # tabfull serves full checkpoints with `restart`: the candidate boots on its own replica beside the champion's
-    better = merged(newline_adapter(base_dir, tmp_path / "adapter", strength=-40.0), base_dir, tmp_path / "single-line")
+    better = merged(single_line_adapter, base_dir, tmp_path / "single-line")
     info = publish(
         registry,
         checkpoints.store,
@@ -309,7 +301,7 @@ def test_restart_strategy_canary_runs_on_a_surge_replica_and_promotes(
             "TIDAL_CANARY__UNLOAD_GRACE_S": "30",
         }
         promote = Promote(info.version, tmp_path / "promote.log", env=env, model="tabfull")
-        start_when_verified(users, registry, promote, info.version, model="tabfull")
+        start_at_first_step(users, registry, promote, info.version, model="tabfull")
         routes, deadline = platform.routes_client(), time.monotonic() + 1200
         while [(a.version, a.weight) for a in getattr(routes.show().get("tabfull"), "arms", [])] != [
             (info.version, 1.0)

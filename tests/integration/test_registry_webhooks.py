@@ -15,7 +15,7 @@ import pytest
 from mlflow import MlflowClient
 
 from release.registry_webhook import DELIVERY_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
-from tests.integration.release_helpers import tags, zero_adapter
+from tests.integration.release_helpers import tags
 from tidal import lineage
 from tidal.registry import publish
 from tidal.tokens import secret
@@ -58,13 +58,13 @@ def signed_delivery(settings, version: int) -> tuple[bytes, dict]:
 
 @pytest.mark.timeout(900)
 def test_a_champion_alias_moved_by_hand_is_refused_rolled_out_and_rolled_back(
-    settings, platform, registry, checkpoints, base_dir, gateway, tmp_path
+    settings, platform, registry, checkpoints, neutral_adapter, gateway
 ):
     platform.up_flows()  # the flows runner and the receiver, which registers itself with MLflow
     mlflow_ui = MlflowClient(settings.mlflow.tracking_uri)  # what the MLflow UI does, as an operator would
     assert control(platform) in (None, 1) and registry.aliases("tab")["champion"] == 1
     failed = {"tidal.origin": "test: webhook", lineage.GATE_PASSED: "false", lineage.GATE_REASON: "test: held out"}
-    v = publish(registry, checkpoints.store, "tab", zero_adapter(base_dir, tmp_path / "neutral"), "lora", 1, failed).version
+    v = publish(registry, checkpoints.store, "tab", neutral_adapter, "lora", 1, failed).version
     try:
         # 1. a version that failed its gate: refused, and the champion alias goes back to what the routes serve
         mlflow_ui.set_registered_model_alias("tab", "champion", str(v))

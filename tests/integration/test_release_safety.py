@@ -12,24 +12,22 @@ import time
 
 import pytest
 
-from tests.integration.release_helpers import Promote, start_when_verified, tab_arms, tags, wait_for_tag, zero_adapter
+from tests.integration.release_helpers import Promote, start_at_first_step, tab_arms, tags
 from tidal.registry import publish
 
 pytestmark = pytest.mark.slow
 
 
 def test_a_promote_run_killed_mid_ramp_leaves_no_canary_behind(
-    settings, registry, checkpoints, base_dir, users, tmp_path, platform, chaos_report
+    settings, registry, checkpoints, neutral_adapter, users, tmp_path, platform, chaos_report
 ):
     """kill -9 of the process running a release (the CLI here; a runner or a worker pod likewise) left its canary
     routed at its weight with nothing watching it, for good. The gateway's watchdog now takes it off."""
-    same = zero_adapter(base_dir, tmp_path / "killed")
-    info = publish(registry, checkpoints.store, "tab", same, "lora", 1, {"tidal.origin": "test: killed release"})
+    info = publish(registry, checkpoints.store, "tab", neutral_adapter, "lora", 1, {"tidal.origin": "test: killed release"})
     watchdog_s = 8.0  # ≥ 3 × the session's 2 s looks
     env = {**os.environ, "TIDAL_CANARY__WATCHDOG_S": str(watchdog_s), "TIDAL_CANARY__MIN_SAMPLES": "1000000"}
     promote = Promote(info.version, tmp_path / "promote.log", env=env)
-    start_when_verified(users, registry, promote, info.version)
-    wait_for_tag(registry, promote, info.version, "step_1")
+    start_at_first_step(users, registry, promote, info.version)
     time.sleep(5)  # the ramp runs, checking in at every look
     assert tab_arms(platform)[1][:2] == ("canary", info.version)
     promote.proc.kill()
@@ -58,12 +56,11 @@ def test_a_promote_run_killed_mid_ramp_leaves_no_canary_behind(
 
 
 def test_a_release_that_fails_mid_ramp_takes_its_canary_off_at_once(
-    settings, registry, checkpoints, base_dir, tmp_path, platform, s3_endpoint
+    settings, registry, checkpoints, neutral_adapter, tmp_path, platform, s3_endpoint
 ):
     """An error raised out of the flow mid-ramp (here the object store holding the logs cannot be reached) left the
     canary at its weight. The flow now rolls it back before it fails, and says why on the version."""
-    same = zero_adapter(base_dir, tmp_path / "failing")
-    info = publish(registry, checkpoints.store, "tab", same, "lora", 1, {"tidal.origin": "test: failing release"})
+    info = publish(registry, checkpoints.store, "tab", neutral_adapter, "lora", 1, {"tidal.origin": "test: failing release"})
     # This process only: its log reads go to a bucket that does not exist; the fleet and gateway are untouched. No
     # users' history is read before the ramp (that read would fail before any canary is routed): the first look fails.
     env = {
@@ -84,12 +81,11 @@ def test_a_release_that_fails_mid_ramp_takes_its_canary_off_at_once(
 
 
 def test_a_release_after_a_crash_between_the_route_and_alias_writes_finds_the_routes_authoritative(
-    settings, registry, checkpoints, base_dir, tmp_path, platform
+    settings, registry, checkpoints, neutral_adapter, tmp_path, platform
 ):
     """A promotion that died after its route change but before the aliases left routes on vN, the champion alias
     on v1 and the fleet on v1; releasing vN again then built a canary whose two arms were both vN."""
-    same = zero_adapter(base_dir, tmp_path / "half-promoted")
-    info = publish(registry, checkpoints.store, "tab", same, "lora", 1, {"tidal.origin": "test: half promoted"})
+    info = publish(registry, checkpoints.store, "tab", neutral_adapter, "lora", 1, {"tidal.origin": "test: half promoted"})
     fleet, routes = platform.fleet_client(), platform.routes_client()
     fleet.deploy("tab", info.version)
     deadline = time.monotonic() + 60

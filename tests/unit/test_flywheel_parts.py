@@ -122,13 +122,13 @@ def test_demo_profile_replaces_canary_and_training_and_stops_schedules(monkeypat
     monkeypatch.chdir(tmp_path)
     for k in [k for k in __import__("os").environ if k.startswith("TIDAL_")]:
         monkeypatch.delenv(k)
-    s = demo_profile(load_settings())
+    s = demo_profile(load_settings(), "tab")
     assert s.canary == s.demo.canary and s.flywheel.loop == "manual"
     assert s.canary.steps == [0.25, 0.5]
     # The users are quiet while a cycle trains, so the trainer gets every core; otherwise the fleet's leftovers.
     assert s.train == s.demo.train.model_copy(update={"torch_threads": os.cpu_count()}) and s.demo.quiet_while_training
     monkeypatch.setenv("TIDAL_DEMO__QUIET_WHILE_TRAINING", "false")
-    assert demo_profile(load_settings()).train.torch_threads is None
+    assert demo_profile(load_settings(), "tab").train.torch_threads is None
 
 
 def test_the_demo_serves_its_full_weight_candidates_with_a_full_checkpoint_strategy(monkeypatch, tmp_path):
@@ -139,15 +139,37 @@ def test_the_demo_serves_its_full_weight_candidates_with_a_full_checkpoint_strat
         monkeypatch.delenv(k)
     plain = load_settings()
     assert plain.models[0].update_strategy == "lora" and not plain.demo.train.ppo.lora
-    assert [m.update_strategy for m in demo_profile(plain).models] == ["restart"]  # the demo's, for its run only
+    assert [m.update_strategy for m in demo_profile(plain, "tab").models] == ["restart"]  # the demo's, for its run only
     (tmp_path / "tidal.yaml").write_text("demo:\n  update_strategy: null\n")  # each model's own: lora, which
     with pytest.raises(SettingsError, match="model 'tab' \\(update_strategy 'lora'\\) with demo.train.ppo.lora=false.*'restart'"):
-        demo_profile(load_settings())  # cannot load full-weight candidates
+        demo_profile(load_settings(), "tab")  # cannot load full-weight candidates
     (tmp_path / "tidal.yaml").write_text(
         "demo:\n  update_strategy: null\n  train:\n    ppo:\n      lora: true\n"
         "      final_norm_learning_rate: null\n      sharpen_temperature: null\n"
     )
-    assert [m.update_strategy for m in demo_profile(load_settings()).models] == ["lora"]
+    assert [m.update_strategy for m in demo_profile(load_settings(), "tab").models] == ["lora"]
+
+
+def test_the_demo_replaces_the_strategy_of_the_model_it_cycles_alone(monkeypatch, tmp_path):
+    """The other models keep their strategies (the fleet serving them need not restart), and their strategy is no
+    reason to refuse the demo's training settings, which never train them."""
+    from tidal.section import SettingsError
+
+    monkeypatch.chdir(tmp_path)
+    for k in [k for k in os.environ if k.startswith("TIDAL_")]:
+        monkeypatch.delenv(k)
+    (tmp_path / "tidal.yaml").write_text(
+        "models:\n- {name: tab, update_strategy: lora}\n- {name: tabfull, update_strategy: restart}\n"
+        "demo:\n  update_strategy: lora\n  train:\n    ppo:\n      lora: true\n"
+        "      final_norm_learning_rate: null\n      sharpen_temperature: null\n"
+    )
+    settings = load_settings()
+    assert [m.update_strategy for m in demo_profile(settings, "tab").models] == ["lora", "restart"]
+    assert [m.update_strategy for m in demo_profile(settings, "tabfull").models] == ["lora", "lora"]
+    own = settings.model_copy(update={"demo": settings.demo.model_copy(update={"update_strategy": None})})
+    assert [m.update_strategy for m in demo_profile(own, "tab").models] == ["lora", "restart"]  # tabfull's is no matter
+    with pytest.raises(SettingsError, match="model 'tabfull' \\(update_strategy 'restart'\\) with demo.train.ppo.lora=true"):
+        demo_profile(own, "tabfull")
 
 
 def test_quiet_users_send_nothing_until_the_trough_ends():

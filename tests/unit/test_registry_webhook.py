@@ -11,12 +11,12 @@ from release.registry_webhook import (
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
     Delivery,
-    RegistryWebhookSettings,
     WebhookRefused,
     decision_key,
     sign,
     verify,
 )
+from release.webhook_settings import RegistryWebhookSettings
 
 SECRET = "webhook-secret-0123456789"
 NOW = 1_800_000_000.0
