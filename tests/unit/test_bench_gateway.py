@@ -40,3 +40,17 @@ def test_targets_read_the_runs_figures():
 def test_the_proxy_cpu_counts_the_process_and_none_for_the_engine_side():
     assert gateway.cpu_s(None) == 0.0
     assert gateway.cpu_s(os.getpid()) > 0
+
+
+def test_the_first_token_is_the_first_event_with_text():
+    import asyncio
+
+    read = []
+
+    async def stream():
+        for line in [b": keep-alive\n", b'data: {"choices": [{"text": ""}]}\n', b'data: {"choices": [{"text": "x"}]}\n', b"rest"]:
+            read.append(line)
+            yield line
+
+    asyncio.run(gateway.first_token(stream()))
+    assert read[-1] == b'data: {"choices": [{"text": "x"}]}\n'  # stopped there: an empty event is no answer
