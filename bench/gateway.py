@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
-import httpx
 import psutil
 
 from serving.logsink import LogSinkSettings
+from tidal.procs import wait_http
 from tidal.sandbox import SPARE, sandbox_platform
 
 ROUTER_VERSION = "0.1.17"
@@ -98,19 +98,9 @@ def running_router(exe: Path, worker_url: str, port: int, log_file: Path) -> Ite
     cmd = [str(exe), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", worker_url, "--policy", "round_robin"]
     with open(log_file, "w") as out:
         proc = subprocess.Popen(cmd + ["--log-level", "warning"], stdout=out, stderr=subprocess.STDOUT)
-    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
+    url = f"http://127.0.0.1:{port}"
     try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vllm-router exited with {proc.returncode}: {log_file.read_text()[-2000:]}")
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"vllm-router did not answer /health within 120 s: {log_file.read_text()[-2000:]}")
-            time.sleep(0.5)
+        wait_http(url + "/health", 120, "vllm-router", proc, str(log_file))
         yield url, proc.pid
     finally:
         proc.terminate()
