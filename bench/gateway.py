@@ -171,6 +171,34 @@ async def run_load(side: Side, concurrency: int, n: int, max_tokens: int, stream
     return load
 
 
+async def run_interleaved(sides: list[Side], n: int, max_tokens: int, stream: bool) -> dict[str, Load]:
+    """Concurrency 1, the sides taking turns request by request (the order rotating), so that the engine's drift on
+    a shared machine (±15% between runs of the same side, seen in vLLM's own request timings) hits every side alike:
+    a difference of one millisecond is then visible. A side's wall time is the sum of its own requests' times."""
+    loads = {s.name: Load(n=n) for s in sides}
+    sessions = {s.name: aiohttp.ClientSession(headers=s.headers) for s in sides}
+    cpu0 = {s.name: cpu_s(s.pid) for s in sides}
+    try:
+        for i in range(n):
+            for s in sides[i % len(sides) :] + sides[: i % len(sides)]:
+                load, t0 = loads[s.name], time.perf_counter()
+                async with sessions[s.name].post(s.url, json=s.body(i, max_tokens, stream)) as r:
+                    if r.status != 200:
+                        raise RuntimeError(f"{s.name} {s.url} -> {r.status}: {await r.text()}")
+                    if stream:
+                        await first_token(r.content)
+                        load.ttfb_ms.append((time.perf_counter() - t0) * 1000)
+                    await r.read()
+                load.latencies_ms.append((time.perf_counter() - t0) * 1000)
+                load.wall_s += load.latencies_ms[-1] / 1000
+    finally:
+        for session in sessions.values():
+            await session.close()
+    for s in sides:  # each proxy idles while the others serve: its CPU over the whole run is its requests'
+        loads[s.name].cpu_s = cpu_s(s.pid) - cpu0[s.name]
+    return loads
+
+
 async def first_token(content: aiohttp.StreamReader) -> None:
     """Read a completion stream up to its first event carrying text: the time to the first token (a proxy that
     sends its headers or an empty event early does not count as having answered)."""
@@ -187,7 +215,8 @@ def pct(xs: list[float], q: int) -> float:
 
 async def measure_level(sides: list[Side], c: int, n: int, rounds: int, max_tokens: int) -> dict:
     """One concurrency level: warm-up, `rounds` interleaved rounds (the order rotates, so drift on a shared machine
-    hits every side alike), then streamed rounds for the time to first byte."""
+    hits every side alike), then streamed rounds for the time to first byte. At concurrency 1 the sides take turns
+    request by request (run_interleaved)."""
     for side in sides:
         await run_load(side, c, min(n, 4 * c), max_tokens, stream=False)
     plain = {s.name: Load() for s in sides}
@@ -195,12 +224,19 @@ async def measure_level(sides: list[Side], c: int, n: int, rounds: int, max_toke
     round_ratios = []
     for r in range(rounds):
         order = sides[r % len(sides) :] + sides[: r % len(sides)]
-        this = {s.name: await run_load(s, c, n, max_tokens, stream=False) for s in order}
+        if c == 1:
+            this = await run_interleaved(order, n, max_tokens, stream=False)
+        else:
+            this = {s.name: await run_load(s, c, n, max_tokens, stream=False) for s in order}
         round_ratios.append(round(this["tidal"].rps / this["router"].rps, 3))
         for name, load in this.items():
             plain[name].add(load)
-        for s in order:
-            streamed[s.name].add(await run_load(s, c, max(c, n // 2), max_tokens, stream=True))
+        if c == 1:
+            for name, load in (await run_interleaved(order, max(c, n // 2), max_tokens, stream=True)).items():
+                streamed[name].add(load)
+        else:
+            for s in order:
+                streamed[s.name].add(await run_load(s, c, max(c, n // 2), max_tokens, stream=True))
     p50 = {k: round(pct(v.latencies_ms, 50), 2) for k, v in plain.items()}
     ttfb = {k: round(pct(v.ttfb_ms, 50), 2) for k, v in streamed.items()}
     return {
@@ -248,7 +284,7 @@ def pin(pid: int, cpus: set[int]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=200, help="requests per side, round and level (c=1: at most 60)")
+    ap.add_argument("--requests", type=int, default=1000, help="requests per side, round and level (c=1: at most 100)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--levels", default="1,16,64")
@@ -292,7 +328,7 @@ def main() -> None:
                 pin(replica.pid, {0})
             by_c = {}
             for c in levels:
-                n = min(args.requests, 60) if c == 1 else args.requests
+                n = min(args.requests, 100) if c == 1 else args.requests
                 out = args.profile / f"gateway-c{c}.txt" if args.profile else None
                 with profiled(bin_dir, platform.running("gateway").pid, out):
                     by_c[str(c)] = asyncio.run(measure_level(sides, c, n, args.rounds, args.max_tokens))

@@ -122,13 +122,18 @@ class LogSink:
         """Log one record (a model_dump() of the kind's record type); returns once it is fsynced.
         Validation happens at upload: a bad record is quarantined, never lost. If the caller is
         cancelled meanwhile the record is still written."""
+        await self.submit(kind, record)
+
+    def submit(self, kind: str, record: dict) -> asyncio.Future:
+        """append() without the coroutine: the future resolves once the record is fsynced (call from the event loop;
+        cancelling the future does not stop the write)."""
         if kind not in KINDS:
             raise ValueError(f"unknown log kind {kind!r}; expected one of {KINDS}")
         line = orjson.dumps(record) + b"\n"
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._writer.submit(kind, line, loop, future)
-        await future
+        return future
 
     def flush_now(self, timeout_s: float | None = None) -> bool:
         """Close the open segments and upload every pending one (blocking), retrying store failures with

@@ -120,6 +120,10 @@ class Uploader:
         return min(self.interval_s * 2 ** min(failures, 30), self.backoff_max_s) if failures else self.interval_s
 
     def _run(self) -> None:
+        # Arrow imports pandas at its first conversion of Python rows: ~1 s of CPU, holding the GIL from the
+        # gateway's event loop. Paid here, at start-up, rather than at the first upload, in the middle of traffic.
+        for kind in self.kinds:
+            to_table(kind, [])
         failures = 0
         while not self._stop.is_set():
             self._wake.wait(self.backoff(failures))

@@ -62,8 +62,9 @@ class ReplicaPool:
         call_limit_s: float = 120.0,
     ):
         self.fleet_url, self.poll_s, self.penalty_s = fleet_url, poll_s, penalty_s
-        # Engine calls in flight per replica: replica → {call token: monotonic start}. A call cannot outlive
-        # call_limit_s (the session's total timeout), so a token a lost stream never released is dropped then.
+        # Engine calls in flight per replica: replica → {call token: monotonic start}, in start order. A call cannot
+        # outlive call_limit_s (the session's total timeout), so a token a lost stream never released is dropped
+        # then: in_flight() drops expired tokens from the oldest end, O(1) per request (was a scan of them all).
         self.max_in_flight, self.call_limit_s = max_in_flight, call_limit_s
         self._in_flight: dict[str, dict[int, float]] = {}
         self._tokens = itertools.count()
@@ -124,7 +125,10 @@ class ReplicaPool:
         if not calls:
             return 0
         stale = time.monotonic() - self.call_limit_s
-        for token in [t for t, started in calls.items() if started < stale]:
+        while calls:
+            token, started = next(iter(calls.items()))  # the oldest call (dicts keep insertion order)
+            if started >= stale:
+                break
             del calls[token]
         return len(calls)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from bench import gateway
 
 
@@ -54,3 +56,41 @@ def test_the_first_token_is_the_first_event_with_text():
 
     asyncio.run(gateway.first_token(stream()))
     assert read[-1] == b'data: {"choices": [{"text": "x"}]}\n'  # stopped there: an empty event is no answer
+
+
+def test_at_concurrency_1_the_sides_take_turns_request_by_request():
+    import asyncio
+
+    from aiohttp import web
+
+    seen: list[str] = []
+
+    async def main() -> dict:
+        runners, sides = [], []
+        for name in ("direct", "router", "tidal"):
+
+            async def answer(request, name=name):
+                seen.append(name)
+                return web.json_response({"choices": [{"text": "x"}]})
+
+            app = web.Application()
+            app.router.add_post("/v1/completions", answer)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            runners.append(runner)
+            port = runner.addresses[0][1]
+            sides.append(gateway.Side(name, f"http://127.0.0.1:{port}/v1/completions", {}, "tab", None))
+        try:
+            return await gateway.run_interleaved(sides, 4, 16, stream=False)
+        finally:
+            for runner in runners:
+                await runner.cleanup()
+
+    loads = asyncio.run(main())
+    assert seen[:6] == ["direct", "router", "tidal", "router", "tidal", "direct"]  # the order rotates each turn
+    assert {name: (load.n, len(load.latencies_ms)) for name, load in loads.items()} == {
+        name: (4, 4) for name in ("direct", "router", "tidal")
+    }
+    assert all(load.wall_s == pytest.approx(sum(load.latencies_ms) / 1000) for load in loads.values())

@@ -424,16 +424,13 @@ class _Engine:
 
 def test_a_replica_dying_after_its_headers_is_retried_on_another_and_the_user_never_sees_it(tmp_path):
     """A kill -9 between an engine's headers and its body reached users as a 500 (ClientPayloadError on the read)."""
-    import aiohttp
-
     broken, good = _Engine(broken=True), _Engine(broken=False)
     pool = ReplicaPool("http://unused", "t" * 16, poll_s=1.0)
     pool.apply(fleet(replica("tab-0", broken.url, {"tab@v1": 1}), replica("tab-1", good.url, {"tab@v1": 1})))
     gw = _gateway(tmp_path, pool)
 
     async def three_answers() -> list[tuple[dict, str]]:
-        async with aiohttp.ClientSession() as gw.session:
-            return [await gw.engine_json("/v1/completions", "tab@v1", {"prompt": "x"}) for _ in range(3)]
+        return [await gw.engine_json("/v1/completions", "tab@v1", {"prompt": "x"}) for _ in range(3)]
 
     answers = asyncio.run(three_answers())  # the pool rotates, so the broken replica is tried first at least once
     assert [(data["choices"][0]["text"], ep.replica) for data, ep in answers] == [("ab", "tab-1")] * 3
@@ -470,14 +467,11 @@ def test_a_versions_suggestion_filter_withholds_an_unlikely_completion_and_logs_
     req = CompletionRequest(model="tab", prompt="x", max_tokens=4, stream=stream)
 
     async def one() -> tuple[str, object]:
-        import aiohttp
-
-        async with aiohttp.ClientSession() as gw.session:
-            out = await gw.complete(req, "alice")
-            if not stream:
-                return out["choices"][0]["text"], out["tidal"]["withheld"]
-            body, _ = out
-            return b"".join([c async for c in body]).decode(), None
+        out = await gw.complete(req, "alice")
+        if not stream:
+            return out["choices"][0]["text"], out["tidal"]["withheld"]
+        body, _ = out
+        return b"".join([c async for c in body]).decode(), None
 
     gw.sink.start()
     try:
@@ -511,10 +505,10 @@ def test_verdicts_and_characters_are_counted_per_version_and_arm_across_a_restar
     pool.apply(fleet(replica("tab-0", engine.url, {"tab@v1": 1})))
 
     async def complete(gw) -> str:
-        import aiohttp
-
-        async with aiohttp.ClientSession() as gw.session:
+        try:
             return (await gw.complete(CompletionRequest(model="tab", prompt="x", max_tokens=4), "alice"))["id"]
+        finally:
+            gw.engines.close()  # its connections belong to this event loop
 
     def samples(gw) -> dict[tuple, float]:
         text = gw.metrics.render().decode()
