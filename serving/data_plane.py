@@ -2,12 +2,12 @@
 
 Every request for POST /v1/completions or /v1/chat/completions is answered here; anything else goes on to the
 FastAPI app (feedback, models, health, metrics, admin). The FastAPI app still declares the two endpoints, for the
-OpenAPI schema and for a server that mounts it alone, with the same handler (`CompletionPlane.answer`).
+OpenAPI schema and for a server that mounts it alone; both call Gateway.complete.
 
 Why: FastAPI and Starlette's per-request chain (seven middleware and routing layers, a Request object, a response
 class, a task group for each stream) was about a third of the gateway's CPU per completion under load (py-spy,
-bench/gateway.py --profile), CPU taken from the engines on shared cores. The promises stay the same and are
-tested on both paths: the body limit (413 before parsing), authentication and the rate limit before the body is
+bench/gateway.py --profile), CPU taken from the engines on shared cores. The promises stay the same (tests:
+tests/unit/test_data_plane.py, test_gateway_parts.py, the gateway's integration and chaos tests): the body limit (413 before parsing), authentication and the rate limit before the body is
 parsed, 422 naming the field (FastAPI's `detail` shape, never the input), the gateway's error replies and their
 metric labels, a streamed completion cancelled when its client goes away.
 """
