@@ -351,33 +351,42 @@ class Gateway:
     async def _relay(self, resp: EngineResponse, req, routed: Routed, record: dict, fmt) -> AsyncIterator[bytes]:
         text, ids, lps, prompt_ids, finish = [], [], [], [], "stop"
         withheld: bool | None = None  # decided at the first chunk with a token: nothing of a withheld one is relayed
+        tidal = {"request_id": record["request_id"], "version": routed.arm.version, "arm": routed.arm.name}
+        done = False  # [DONE] seen: the rest (the chunked body's end) is read, so the connection is kept alive
         async with resp:
-            async for raw in resp.lines():
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    break
-                chunk = orjson.loads(payload)
-                if not chunk.get("choices"):
-                    continue
-                choice = chunk["choices"][0]
-                t, i, lp = fmt.extract(choice)
-                text.append(t)
-                ids.extend(i)
-                lps.extend(lp)
-                prompt_ids = prompt_ids or choice.get("prompt_token_ids") or chunk.get("prompt_token_ids") or []
-                finish = choice.get("finish_reason") or finish
-                if withheld is None and lp:
-                    withheld = routed.withholds(lps)
-                if withheld:
-                    continue
-                chunk["id"], chunk["model"] = record["request_id"], req.model
-                chunk["choices"] = [fmt.for_client(choice, req)]
-                chunk.pop("prompt_token_ids", None)
-                chunk["tidal"] = {"request_id": record["request_id"], "version": routed.arm.version, "arm": routed.arm.name}
-                yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+            async for lines in resp.line_batches():  # every event that has arrived: relayed in one write
+                out = []
+                for raw in lines:
+                    if done:
+                        break
+                    line = raw.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        done = True
+                        continue
+                    chunk = orjson.loads(payload)
+                    if not chunk.get("choices"):
+                        continue
+                    choice = chunk["choices"][0]
+                    t, i, lp = fmt.extract(choice)
+                    text.append(t)
+                    ids.extend(i)
+                    lps.extend(lp)
+                    prompt_ids = prompt_ids or choice.get("prompt_token_ids") or chunk.get("prompt_token_ids") or []
+                    finish = choice.get("finish_reason") or finish
+                    if withheld is None and lp:
+                        withheld = routed.withholds(lps)
+                    if withheld:
+                        continue
+                    chunk["id"], chunk["model"] = record["request_id"], req.model
+                    chunk["choices"] = [fmt.for_client(choice, req)]
+                    chunk.pop("prompt_token_ids", None)
+                    chunk["tidal"] = tidal
+                    out.append(b"data: " + orjson.dumps(chunk) + b"\n\n")
+                if out:
+                    yield b"".join(out)
         record.update(
             completion_text="" if withheld else "".join(text),
             completion_token_ids=ids,

@@ -88,12 +88,21 @@ class GatewayMetrics:
         )
         self._sink_metrics = sink_metrics
         self.route_weights: RouteWeights = list  # the gateway binds its route table's
+        # (model, version, arm) → its completions, latency and characters series: looked up once per arm, not three
+        # labels() calls (a lock and a tuple each) per completion.
+        self._served: dict[tuple[str, int, str], tuple] = {}
 
     def observe(self, model: str, version: int, arm: str, latency_ms: float, chars: int) -> None:
-        self.completions.labels(model, version, arm).inc()
-        self.latency.labels(model, version, arm).observe(latency_ms)
-        self.suggested_chars.labels(model, version, arm).inc(chars)
-        self.errors.labels(model, version, arm)  # a served arm's error count exists at 0: its rate reads 0, not no data
+        series = self._served.get((model, version, arm))
+        if series is None:
+            served = (model, version, arm)
+            series = tuple(m.labels(*served) for m in (self.completions, self.latency, self.suggested_chars))
+            self.errors.labels(*served)  # a served arm's error count exists at 0: its rate reads 0, not no data
+            self._served[served] = series
+        completions, latency, chars_total = series
+        completions.inc()
+        latency.observe(latency_ms)
+        chars_total.inc(chars)
 
     def route_changed(self, model: str, action: str, by: str) -> None:
         self.route_changes.labels(model, action, by).inc()

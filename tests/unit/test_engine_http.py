@@ -80,7 +80,7 @@ def test_calls_share_one_kept_alive_connection_and_send_one_prebuilt_request():
     assert body == b'{"prompt": "x"}'
 
 
-def test_a_chunked_stream_comes_line_by_line_across_chunk_boundaries():
+def test_a_chunked_stream_comes_in_whole_lines_across_chunk_boundaries_and_in_batches():
     events = [b'data: {"a": 1}\n\n', b'data: {"b"', b": 2}\n\ndata: [DONE]\n\n"]
 
     async def answer(writer, n):
@@ -90,11 +90,28 @@ def test_a_chunked_stream_comes_line_by_line_across_chunk_boundaries():
         async with Script(answer) as url:
             client = EngineClient(2, 10)
             async with await client.post(url, "/v1/completions", b"{}", 5) as r:
-                lines = [line async for line in r.lines()]
+                batches = [batch async for batch in r.line_batches()]
+            client.close()
+        return batches
+
+    batches = run(main())
+    assert [line for batch in batches for line in batch] == [b'data: {"a": 1}', b"", b'data: {"b": 2}', b"", b"data: [DONE]", b""]
+    assert len(batches) < 6  # what arrived together comes together
+
+
+def test_a_last_line_without_a_newline_still_comes():
+    async def answer(writer, n):
+        writer.write(chunked(b"data: x\n", b"tail"))
+
+    async def main():
+        async with Script(answer) as url:
+            client = EngineClient(2, 10)
+            async with await client.post(url, "/", b"{}", 5) as r:
+                lines = [line async for batch in r.line_batches() for line in batch]
             client.close()
         return lines
 
-    assert run(main()) == [b'data: {"a": 1}\n', b"\n", b'data: {"b": 2}\n', b"\n", b"data: [DONE]\n", b"\n"]
+    assert run(main()) == [b"data: x", b"tail"]
 
 
 def test_a_refused_connection_is_connect_failed():
@@ -199,7 +216,7 @@ def test_a_response_abandoned_mid_stream_closes_its_connection():
         async with script as url:
             client = EngineClient(2, 10)
             async with await client.post(url, "/", b"{}", 5) as r:
-                async for _ in r.lines():
+                async for _ in r.line_batches():
                     break
             await asyncio.wait_for(script.eof.wait(), 5)
             assert not client._idle.get(url)
