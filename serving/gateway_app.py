@@ -30,6 +30,7 @@ from serving.api_models import (
 from serving.data_plane import CompletionPlane, error_body, invalid_values, too_large_body
 from serving.gateway import Gateway, GatewayError, Limits
 from serving.gateway_metrics import GatewayMetrics, RateLimiter
+from serving.http_protocol import GatewayHttpProtocol
 from serving.logsink import LogSink
 from serving.request_ids import RequestIdSigner
 from serving.routes import CanaryGone, ModelRoutes, RouteError, RouteTable, RouteTableReply
@@ -266,7 +267,7 @@ def main() -> None:
         host=settings.gateway.host,
         port=settings.gateway.port,
         log_level="warning",
-        http="httptools",
+        http=GatewayHttpProtocol,  # uvicorn's httptools protocol, a response's writes sent as one
         loop="uvloop",
         access_log=False,
         proxy_headers=False,
