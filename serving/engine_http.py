@@ -254,8 +254,13 @@ class EngineClient:
         return conn
 
     def _give_back(self, base_url: str, conn: _Connection) -> None:
-        conn.idle_since = time.monotonic()
-        self._idle.setdefault(base_url, []).append(conn)
+        now = time.monotonic()
+        conn.idle_since = now
+        idle = self._idle.setdefault(base_url, [])
+        # the oldest come first: those the engine closed or that idled too long go (a replica gone keeps none)
+        while idle and (idle[0].closed or now - idle[0].idle_since >= IDLE_S):
+            idle.pop(0).close()
+        idle.append(conn)
 
     def close(self) -> None:
         for conns in self._idle.values():

@@ -237,3 +237,26 @@ def test_a_response_that_is_not_http_is_broken_off():
             client.close()
 
     run(main())
+
+
+def test_idle_connections_past_their_time_are_dropped_not_kept():
+    async def answer(writer, n):
+        writer.write(sized())
+
+    async def main():
+        async with Script(answer) as url:
+            client = EngineClient(2, 10)
+            responses = [await client.post(url, "/", b"{}", 5) for _ in range(3)]  # three connections at once
+            for r in responses:
+                await r.read()
+                r.release()
+            assert len(client._idle[url]) == 3
+            for conn in client._idle[url][:2]:
+                conn.idle_since -= 60  # idle for a minute
+            r = await client.post(url, "/", b"{}", 5)  # reuses the freshest
+            await r.read()
+            r.release()
+            assert len(client._idle[url]) == 1 and not client._idle[url][0].closed
+            client.close()
+
+    run(main())
