@@ -289,3 +289,28 @@ def test_wal_near_cap_warns_before_the_cap_is_reached(tmp_path: Path, sinks, cap
     flaky.failures = 0
     assert asyncio.run(sink.flush())
     assert (sink.metrics()["wal_near_cap"], sink.metrics()["wal_over_cap"]) == (0, 0)
+
+
+def test_the_uploader_lists_the_wal_only_when_segments_wait_and_sweeps_stop_at_the_first_young_one(
+    tmp_path: Path, sinks, monkeypatch
+) -> None:
+    """With a day of segments retained, listing the WAL and stat-ing every uploaded segment each second cost a core's
+    third; an idle uploader now lists nothing between full passes, and a sweep stats one young segment per kind."""
+    import serving.uploader as uploader
+
+    wal = tmp_path / "wal" / "completions"
+    wal.mkdir(parents=True)
+    for i in range(50):  # uploaded segments retained from earlier: young, kept
+        (wal / f"{1796605670623 + i * 5000}-05ef53073ee8-{i:06d}.uploaded.jsonl").write_bytes(b"{}\n")
+    listed, stats = [], []
+    real_list = uploader.list_segments
+    monkeypatch.setattr(uploader, "list_segments", lambda *a, **k: listed.append(a[1]) or real_list(*a, **k))
+    with monkeypatch.context() as m:  # the sink's start counts the retained bytes once; the passes are what is watched
+        m.setattr(uploader.Uploader, "start", lambda self: None)
+        sink = start(sinks, tmp_path / "wal", LocalStore(tmp_path / "store"), upload_interval_s=0.02)
+    monkeypatch.setattr(Path, "stat", lambda self, *a, real=Path.stat, **k: stats.append(self.name) or real(self, *a, **k))
+    listed.clear()
+    sink._uploader.start()
+    time.sleep(1.0)  # ~50 passes
+    assert len(listed) == 4, listed  # the first pass: its listing and its sweep's, of each kind; nothing since
+    assert sum(name.endswith(".uploaded.jsonl") for name in stats) == 1  # the oldest, found young: the sweep stopped
