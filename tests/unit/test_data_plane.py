@@ -123,3 +123,33 @@ def test_a_client_gone_mid_stream_cancels_it_down_to_the_engine(tmp_path):
     assert (b"content-type", b"text/event-stream") in sent[0]["headers"]
     assert not any(m.get("body", b"").startswith(b"data: [DONE]") for m in sent)
     assert in_flight == 0 and logged == []
+
+
+def test_an_engine_answer_that_outlasts_the_upstream_timeout_is_a_504_naming_the_setting(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from serving.gateway import Limits
+
+    async def stall(reader, writer):
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(next(h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")))
+        await reader.readexactly(length)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{")  # headers, then the body never comes
+        await asyncio.sleep(30)
+
+    import threading
+
+    loop = asyncio.new_event_loop()
+    server = loop.run_until_complete(asyncio.start_server(stall, "127.0.0.1", 0))
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        pool = ReplicaPool("http://unused", "t" * 16, poll_s=1.0)
+        pool.apply(fleet(replica("tab-0", url, {"tab@v1": 1})))
+        gw = _gateway(tmp_path, pool, Limits(1000, 64, 60_000, upstream_timeout_s=0.5, first_byte_timeout_s=0.5))
+        r = TestClient(app_for(gw)).post("/v1/completions", json={"model": "tab", "prompt": "x"}, headers=AUTH)
+        assert r.status_code == 504, r.text
+        assert "gateway.upstream_timeout_s" in r.json()["error"]["message"]
+        assert pool.in_flight("tab-0") == 0
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
