@@ -173,7 +173,7 @@ async def run_load(side: Side, concurrency: int, n: int, max_tokens: int, stream
 
 async def run_interleaved(sides: list[Side], n: int, max_tokens: int, stream: bool) -> dict[str, Load]:
     """Concurrency 1, the sides taking turns request by request (the order rotating), so that the engine's drift on
-    a shared machine (±15% between runs of the same side, seen in vLLM's own request timings) hits every side alike:
+    a shared machine (up to 30% between consecutive runs of the same side in vLLM's own request timings) hits every side alike:
     a difference of one millisecond is then visible. A side's wall time is the sum of its own requests' times."""
     loads = {s.name: Load(n=n) for s in sides}
     sessions = {s.name: aiohttp.ClientSession(headers=s.headers) for s in sides}

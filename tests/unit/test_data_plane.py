@@ -141,7 +141,8 @@ def test_an_engine_answer_that_outlasts_the_upstream_timeout_is_a_504_naming_the
 
     loop = asyncio.new_event_loop()
     server = loop.run_until_complete(asyncio.start_server(stall, "127.0.0.1", 0))
-    threading.Thread(target=loop.run_forever, daemon=True).start()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
     try:
         url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
         pool = ReplicaPool("http://unused", "t" * 16, poll_s=1.0)
@@ -152,4 +153,14 @@ def test_an_engine_answer_that_outlasts_the_upstream_timeout_is_a_504_naming_the
         assert "gateway.upstream_timeout_s" in r.json()["error"]["message"]
         assert pool.in_flight("tab-0") == 0
     finally:
+
+        async def shutdown():
+            server.close()
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task():
+                    task.cancel()
+
+        asyncio.run_coroutine_threadsafe(shutdown(), loop).result(5)
         loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
