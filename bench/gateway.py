@@ -148,6 +148,19 @@ def cpu_s(pid: int | None) -> float:
     return sum(t.user + t.system for t in (p.cpu_times() for p in procs))
 
 
+async def timed_request(session: aiohttp.ClientSession, side: Side, i: int, max_tokens: int, stream: bool, load: Load) -> None:
+    """Request i on one side; its latency to the last byte into `load`, and to the first token when streamed."""
+    t0 = time.perf_counter()
+    async with session.post(side.url, json=side.body(i, max_tokens, stream)) as r:
+        if r.status != 200:
+            raise RuntimeError(f"{side.name} {side.url} -> {r.status}: {await r.text()}")
+        if stream:
+            await first_token(r.content)
+            load.ttfb_ms.append((time.perf_counter() - t0) * 1000)
+        await r.read()
+    load.latencies_ms.append((time.perf_counter() - t0) * 1000)
+
+
 async def run_load(side: Side, concurrency: int, n: int, max_tokens: int, stream: bool) -> Load:
     """n requests from `concurrency` workers on one side; latencies to the last byte, and to the first when streamed."""
     load, counter = Load(n=n), iter(range(n))
@@ -155,15 +168,7 @@ async def run_load(side: Side, concurrency: int, n: int, max_tokens: int, stream
 
         async def worker() -> None:
             for i in counter:
-                t0 = time.perf_counter()
-                async with session.post(side.url, json=side.body(i, max_tokens, stream)) as r:
-                    if r.status != 200:
-                        raise RuntimeError(f"{side.name} {side.url} -> {r.status}: {await r.text()}")
-                    if stream:
-                        await first_token(r.content)
-                        load.ttfb_ms.append((time.perf_counter() - t0) * 1000)
-                    await r.read()
-                load.latencies_ms.append((time.perf_counter() - t0) * 1000)
+                await timed_request(session, side, i, max_tokens, stream, load)
 
         cpu0, t0 = cpu_s(side.pid), time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -173,24 +178,17 @@ async def run_load(side: Side, concurrency: int, n: int, max_tokens: int, stream
 
 async def run_interleaved(sides: list[Side], n: int, max_tokens: int, stream: bool) -> dict[str, Load]:
     """Concurrency 1, the sides taking turns request by request (the order rotating), so that the engine's drift on
-    a shared machine (up to 30% between consecutive runs of the same side in vLLM's own request timings) hits every side alike:
-    a difference of one millisecond is then visible. A side's wall time is the sum of its own requests' times."""
+    a shared machine (up to 30% between consecutive runs of the same side, in vLLM's own request timings) hits
+    every side alike: a difference of one millisecond is then visible. A side's wall time is the sum of its own
+    requests' times."""
     loads = {s.name: Load(n=n) for s in sides}
     sessions = {s.name: aiohttp.ClientSession(headers=s.headers) for s in sides}
     cpu0 = {s.name: cpu_s(s.pid) for s in sides}
     try:
         for i in range(n):
             for s in sides[i % len(sides) :] + sides[: i % len(sides)]:
-                load, t0 = loads[s.name], time.perf_counter()
-                async with sessions[s.name].post(s.url, json=s.body(i, max_tokens, stream)) as r:
-                    if r.status != 200:
-                        raise RuntimeError(f"{s.name} {s.url} -> {r.status}: {await r.text()}")
-                    if stream:
-                        await first_token(r.content)
-                        load.ttfb_ms.append((time.perf_counter() - t0) * 1000)
-                    await r.read()
-                load.latencies_ms.append((time.perf_counter() - t0) * 1000)
-                load.wall_s += load.latencies_ms[-1] / 1000
+                await timed_request(sessions[s.name], s, i, max_tokens, stream, loads[s.name])
+                loads[s.name].wall_s += loads[s.name].latencies_ms[-1] / 1000
     finally:
         for session in sessions.values():
             await session.close()
