@@ -39,6 +39,10 @@ class BodyTooLarge(Exception):
     """A request body over the gateway's limit, declared or streamed."""
 
 
+class ClientGone(Exception):
+    """The client disconnected before its request body arrived: there is nobody to answer."""
+
+
 def error_body(status: int, message: str) -> bytes:
     """The gateway's error reply (OpenAI's shape)."""
     return orjson.dumps({"error": {"message": message, "type": "invalid_request_error", "code": status}})
@@ -79,7 +83,7 @@ async def read_body(receive: Callable, max_bytes: int) -> bytes:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise asyncio.CancelledError  # the client left before its body arrived: nobody to answer
+            raise ClientGone
         body = message.get("body", b"")
         seen += len(body)
         if seen > max_bytes:
@@ -134,6 +138,8 @@ class CompletionPlane:
             result = await self.gw.complete(req, client_id, chat=chat)
         except BodyTooLarge:
             return await send_bytes(send, 413, too_large_body(self.max_body_bytes))
+        except ClientGone:
+            return None
         except GatewayError as e:
             self.gw.metrics.requests.labels(path, str(e.status)).inc()
             return await send_bytes(send, e.status, error_body(e.status, e.message), meta_headers(e.headers))

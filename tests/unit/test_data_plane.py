@@ -164,3 +164,24 @@ def test_an_engine_answer_that_outlasts_the_upstream_timeout_is_a_504_naming_the
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
         loop.close()
+
+
+def test_a_client_gone_before_its_body_arrives_gets_nothing_and_logs_no_error(tmp_path, caplog):
+    gw = _gateway(tmp_path)
+    sent = []
+    messages = [{"type": "http.request", "body": b'{"model": "ta', "more_body": True}, {"type": "http.disconnect"}]
+
+    async def receive():
+        return messages.pop(0)
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/completions",
+        "headers": [(b"authorization", AUTH["Authorization"].encode())],
+    }
+    asyncio.run(app_for(gw)(scope, receive, send))
+    assert sent == [] and not [r for r in caplog.records if r.levelname == "ERROR"]
