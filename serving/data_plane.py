@@ -7,9 +7,10 @@ OpenAPI schema and for a server that mounts it alone; both call Gateway.complete
 Why: FastAPI and Starlette's per-request chain (seven middleware and routing layers, a Request object, a response
 class, a task group for each stream) was about a third of the gateway's CPU per completion under load (py-spy,
 bench/gateway.py --profile), CPU taken from the engines on shared cores. The promises stay the same (tests:
-tests/unit/test_data_plane.py, test_gateway_parts.py, the gateway's integration and chaos tests): the body limit (413 before parsing), authentication and the rate limit before the body is
-parsed, 422 naming the field (FastAPI's `detail` shape, never the input), the gateway's error replies and their
-metric labels, a streamed completion cancelled when its client goes away.
+tests/unit/test_data_plane.py, test_gateway_parts.py, the gateway's integration and chaos tests): the body limit
+(413 before parsing), authentication and the rate limit before the body is parsed, 422 naming the field (FastAPI's
+`detail` shape, never the input), the gateway's error replies and their metric labels, a streamed completion
+cancelled when its client goes away.
 """
 
 from __future__ import annotations

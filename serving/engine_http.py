@@ -141,7 +141,7 @@ class _Connection(asyncio.Protocol):
 
 
 class EngineResponse:
-    """An engine's answer: status, then the body read whole (`read`) or as it comes (`lines`). Use it as an async
+    """An engine's answer: status, then the body read whole (`read`) or as it comes (`line_batches`). Use it as an async
     context manager, or call `release()`: a response read to its end gives its connection back to the pool."""
 
     def __init__(self, pool: EngineClient, key: str, conn: _Connection, timer: asyncio.TimerHandle):
@@ -157,9 +157,9 @@ class EngineResponse:
         return b"".join(parts)
 
     async def line_batches(self) -> AsyncIterator[list[bytes]]:
-        """The body as lines (server-sent events), without their b"\n", in batches: every complete line that has
+        """The body as lines (server-sent events) without their newline, in batches: every complete line that has
         arrived, at once, so a relay under load handles several events per wake-up and writes them together.
-        A last line without b"\n" comes too."""
+        A last line without a newline comes too."""
         conn, rest = self._conn, b""
         while True:
             data = rest + conn.take()
