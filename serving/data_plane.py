@@ -16,16 +16,13 @@ cancelled when its client goes away.
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
 import orjson
 from pydantic import ValidationError
 
 from serving.api_models import ChatRequest, CompletionRequest
 from serving.gateway import Gateway, GatewayError
-
-log = logging.getLogger("tidal.gateway")
 
 ASGIApp = Callable[[dict, Callable, Callable], Awaitable[None]]
 Authenticate = Callable[[str], Awaitable[str]]  # the Authorization header's value → client id, or GatewayError
@@ -58,17 +55,11 @@ def invalid_values(e: ValidationError) -> str:
     return "; ".join(f"{'.'.join(map(str, err['loc'])) or 'value'}: {err['msg']}" for err in e.errors())
 
 
-def unprocessable(e: ValidationError) -> bytes:
-    """422 naming each field, as FastAPI words it (`detail`: type, loc from `body`, msg), without the offending
-    input: it may be bytes, NaN or a secret, none of which belongs in a reply."""
-    return orjson.dumps(
-        {
-            "detail": [
-                {"type": err["type"], "loc": ["body", *err["loc"]], "msg": err["msg"]}
-                for err in e.errors(include_url=False, include_context=False)
-            ]
-        }
-    )
+def detail_body(errors: Iterable[dict], prefix: tuple = ()) -> bytes:
+    """422 naming each field, as FastAPI words it (`detail`: type, loc, msg), without the offending input: it may be
+    bytes, NaN or a secret, none of which belongs in a reply. prefix: put before each loc (("body",) for a body
+    that pydantic parsed itself)."""
+    return orjson.dumps({"detail": [{"type": e["type"], "loc": [*prefix, *e["loc"]], "msg": e["msg"]} for e in errors]})
 
 
 def declared_ok(scope: dict, max_bytes: int) -> None:
@@ -135,7 +126,7 @@ class CompletionPlane:
             try:
                 req = model.model_validate_json(body)
             except ValidationError as e:
-                return await send_bytes(send, 422, unprocessable(e))
+                return await send_bytes(send, 422, detail_body(e.errors(include_url=False, include_context=False), ("body",)))
             result = await self.gw.complete(req, client_id, chat=chat)
         except BodyTooLarge:
             return await send_bytes(send, 413, too_large_body(self.max_body_bytes))

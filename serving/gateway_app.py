@@ -27,7 +27,15 @@ from serving.api_models import (
     RollbackRequest,
     RoutesUpdate,
 )
-from serving.data_plane import CompletionPlane, error_body, invalid_values, too_large_body
+from serving.data_plane import (
+    BodyTooLarge,
+    CompletionPlane,
+    declared_ok,
+    detail_body,
+    error_body,
+    invalid_values,
+    too_large_body,
+)
 from serving.gateway import Gateway, GatewayError, Limits
 from serving.gateway_metrics import GatewayMetrics, RateLimiter
 from serving.http_protocol import GatewayHttpProtocol
@@ -56,8 +64,9 @@ class BodyLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+        try:
+            declared_ok(scope, self.max_bytes)
+        except BodyTooLarge:
             return await self._refuse(send)
         seen = 0
 
@@ -98,11 +107,7 @@ def build_app(gw: Gateway, clients: dict[str, str], admin: str, limiter: RateLim
         # Labelled by route template, never the raw path: one series per random path would grow without bound.
         route = request.scope.get("route")
         gw.metrics.requests.labels(getattr(route, "path", "unmatched"), str(exc.status)).inc()
-        return JSONResponse(
-            {"error": {"message": exc.message, "type": "invalid_request_error", "code": exc.status}},
-            status_code=exc.status,
-            headers=exc.headers,
-        )
+        return Response(error_body(exc.status, exc.message), exc.status, exc.headers, "application/json")
 
     @app.exception_handler(ValidationError)
     async def invalid_value(request: Request, exc: ValidationError):
@@ -112,13 +117,12 @@ def build_app(gw: Gateway, clients: dict[str, str], admin: str, limiter: RateLim
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, exc: RequestValidationError):
         # FastAPI's shape, without the offending input: it may be bytes, NaN or a secret (serving/data_plane.py)
-        errors = [{"type": e["type"], "loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()]
-        return Response(orjson.dumps({"detail": errors}), status_code=422, media_type="application/json")
+        return Response(detail_body(exc.errors()), status_code=422, media_type="application/json")
 
     @app.exception_handler(RouteError)
     async def route_error(request: Request, exc: RouteError):
         code = 409 if isinstance(exc, CanaryGone) else 400
-        return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error", "code": code}}, status_code=code)
+        return Response(error_body(code, str(exc)), status_code=code, media_type="application/json")
 
     # async dependencies: FastAPI runs plain `def` ones in a thread pool, a hand-off per request.
     async def authenticate(authorization: str) -> str:
