@@ -33,18 +33,24 @@ from training import run_metrics
 from training.job_spec import (
     EXIT_BAD_INPUT,
     EXIT_DIVERGED,
+    EXIT_PREEMPTED,
     GateReport,
     TrainJob,
     TrainResult,
     run_key,
 )
-from training.launch import launcher_for
+from training.launch import StopSignal, TrainerLauncher, launcher_for
 from training.reward_data import DatasetError, latest_dataset_id
 from training.train_settings import LaunchSettings
 
 
 class TrainerCrashed(RuntimeError):
     """The trainer process died (killed, out of memory, ...): worth a retry, which resumes from its checkpoint."""
+
+
+class TrainerPreempted(RuntimeError):
+    """The trainer gave its capacity back on request (exit EXIT_PREEMPTED, or any end after a stop request): no
+    failure; running it again resumes from the iteration it checkpointed and reaches the same weights."""
 
 
 class TrainerRejected(RuntimeError):
@@ -164,19 +170,28 @@ def find_registered(registry: Registry, model: str, key: str) -> VersionInfo | N
     return registry.find_by_tag(model, lineage.TRAIN_RUN, key)
 
 
-def _job(plan: TrainPlan, command: str, store: ObjectStore) -> None:
-    """Run `python -m training.job <command>` to completion with the configured launcher; its output goes to the
-    model's train log, its exit code decides between success, TrainerRejected and TrainerCrashed."""
+def _job(
+    plan: TrainPlan, command: str, store: ObjectStore, stop: StopSignal | None = None, launcher: TrainerLauncher | None = None
+) -> None:
+    """Run `python -m training.job <command>` to completion (or until `stop` ends it) with the configured launcher;
+    its output goes to the model's train log, its exit code decides between success, TrainerPreempted,
+    TrainerRejected and TrainerCrashed. Any end after a stop request is a preemption (torchrun exits 1 whatever
+    its workers' codes; a trainer killed past the grace period resumes from its last periodic checkpoint).
+    `launcher`: the configured one (trainer.launcher) unless given."""
     started = time.monotonic()
-    code = launcher_for(plan.launch, store).run(command, plan.spec, plan.spec_path, plan.log_path)
+    launcher = launcher or launcher_for(plan.launch, store)
+    code = launcher.run(command, plan.spec, plan.spec_path, plan.log_path, stop)
     spec = plan.spec
+    preempted = code != 0 and (code == EXIT_PREEMPTED or (stop is not None and stop.event.is_set()))
     if command == "train" and spec.pushgateway_url:
-        outcome = run_metrics.outcome_of(code)
+        outcome = "preempted" if preempted else run_metrics.outcome_of(code)
         if error := run_metrics.push_outcome(spec.pushgateway_url, spec.model, spec.run_key, outcome, time.monotonic() - started):
             get_run_logger().warning("%s: the attempt's outcome (%s) is not in Prometheus: %s", spec.run_key, outcome, error)
     if code == 0:
         return
     last = tail(str(plan.log_path), 8)
+    if preempted:
+        raise TrainerPreempted(f"{command} of {plan.spec.model} stopped on request (exit {code}); it resumes from its checkpoint")
     if code in (EXIT_BAD_INPUT, EXIT_DIVERGED):
         raise TrainerRejected(f"{command} of {plan.spec.model} refused to run (exit {code}):\n{last}")
     raise TrainerCrashed(f"{command} process of {plan.spec.model} died (exit {code}); log {plan.log_path}:\n{last}")
@@ -185,7 +200,7 @@ def _job(plan: TrainPlan, command: str, store: ObjectStore) -> None:
 def _retry_only_crashes(task, task_run, state) -> bool:
     try:
         state.result()
-    except TrainerCrashed:
+    except (TrainerCrashed, TrainerPreempted):  # both resume from the run's last checkpoint
         return True
     except Exception:  # noqa: BLE001  any other failure is final
         return False

@@ -9,7 +9,8 @@ SPEC is the TrainJob JSON the flow wrote: a local path, or `store:<key>` for an 
 It never runs inside a serving process, and a crash (kill -9 included) loses at most checkpoint_every
 iterations: the next attempt resumes from the last saved state and ends with the same weights.
 Exit codes: 0 done, EXIT_BAD_INPUT (unusable dataset, settings or spec), EXIT_DIVERGED (non-finite
-training); anything else is a crash worth retrying.
+training), EXIT_PREEMPTED (SIGTERM: stopped after a checkpointed iteration, training/preemption.py); anything
+else is a crash worth retrying.
 
 Several processes: `torchrun --nproc-per-node N -m training.job train SPEC` (what the Kubernetes launcher runs
 for trainer.kubernetes.gpus_per_node = N > 1) trains data parallel, one process per GPU (training/distributed.py,
@@ -43,12 +44,14 @@ from tidal.clock import now_ms
 from tidal.core_settings import SettingsRoot, load_root
 from tidal.registry import Registry
 from tidal.store import ObjectStore, get_json, open_store, put_json, upload_dir
-from training import distributed, run_metrics
+from training import distributed
 from training.distributed import LaunchEnvError
 from training.job_spec import EXIT_BAD_INPUT, EXIT_DIVERGED, TrainJob, TrainResult
 from training.launch.base import STORE_REF
+from training.preemption import EXIT_PREEMPTED, Preempted, StopRequest
+from training.progress import Progress
 from training.reward_data import DatasetError, RewardDataset, at_most, load_dataset, split
-from training.run_files import Checkouts, latest_state_key, load_state, save_state
+from training.run_files import Checkouts, latest_state_key, load_state
 
 if TYPE_CHECKING:  # the trainer's modules load torch models; imported where the run needs them
     from training.hindsight import HindsightRows
@@ -109,8 +112,9 @@ def train(spec: TrainJob) -> None:
         )
     built = build_trainer(spec, dirs, tokenizer, data)
     start, state = resume(built, store, spec, rows.samples, plan, say)
-    progress = Progress(spec, store, built, len(plan))
-    history = built.trainer.train(rows.samples, plan, start, progress.after_iteration)  # every rank, in step
+    with StopRequest() as stop:  # SIGTERM from here on: stop after the iteration in progress, checkpointed
+        progress = Progress(spec, store, built, len(plan), stop)
+        history = built.trainer.train(rows.samples, plan, start, progress.after_iteration)  # every rank, in step
     publish(
         spec,
         store,
@@ -265,55 +269,6 @@ def resume(
     return state["iteration"] + 1, state
 
 
-class Progress:
-    """After each iteration: its metrics to MLflow, a checkpoint when due, a line on stdout (rank 0 alone)."""
-
-    def __init__(self, spec: TrainJob, store: ObjectStore, built: Built, iterations: int):
-        from mlflow.tracking import MlflowClient
-
-        self.spec, self.store, self.built, self.iterations = spec, store, built, iterations
-        self.mlflow = MlflowClient(spec.tracking_uri) if distributed.is_main() else None
-        self.mlflow_s = 0.0  # wall seconds in MLflow calls, reported with the result
-        self.started: tuple[int, float] | None = None  # (first iteration this process ran, its start): the ETA's base
-        url = spec.pushgateway_url if self.mlflow is not None else None  # rank 0 alone pushes
-        self.pushed = run_metrics.RunProgress(url, spec.model, spec.run_key, iterations) if url else None
-
-    def after_iteration(self, it: int, metrics: dict[str, float]) -> None:
-        from mlflow.entities import Metric
-
-        if self.started is None:  # a resumed run times only what it ran itself
-            self.started = (it, time.monotonic() - metrics.get("charts/iteration_s", 0.0))
-        due = (it + 1) % self.spec.train.checkpoint_every == 0 or it + 1 == self.iterations
-        saved = self.built.state() if due else None  # every rank joins (Megatron gathers), rank 0 alone writes
-        if self.mlflow is None:
-            return
-        now, t = now_ms(), time.perf_counter()
-        self.mlflow.log_batch(self.spec.mlflow_run_id, metrics=[Metric(k, v, now, it) for k, v in metrics.items()])
-        self.mlflow_s += time.perf_counter() - t
-        if saved is not None:
-            save_state(self.store, self.spec.prefix, it, {**saved, "final": metrics})
-        elapsed, left = timing(self.started, it, self.iterations)
-        if self.pushed is not None and (line := self.pushed.after_iteration(it, metrics, left)):
-            print(line, flush=True)
-        print(
-            f"iteration {it + 1}/{self.iterations} ({eta(elapsed, left)}): "
-            + ", ".join(f"{k.split('/')[1]}={v:.4g}" for k, v in metrics.items() if k in SHOWN),
-            flush=True,
-        )
-
-
-def timing(started: tuple[int, float], it: int, iterations: int, now: float | None = None) -> tuple[float, float]:
-    """(elapsed s, s left) after iteration `it`, from the mean time of the iterations this process ran."""
-    first, t0 = started
-    elapsed = (time.monotonic() if now is None else now) - t0
-    return elapsed, elapsed / (it + 1 - first) * max(0, iterations - it - 1)
-
-
-def eta(elapsed: float, left: float) -> str:
-    """'<elapsed> s, ~<left> s left', or '<elapsed> s, done' after the last iteration."""
-    return f"{elapsed:.0f} s, done" if left <= 0 else f"{elapsed:.0f} s, ~{left:.0f} s left"
-
-
 def publish(
     spec: TrainJob,
     store: ObjectStore,
@@ -360,19 +315,6 @@ def publish(
 
 def _silent(*args, **kwargs) -> None:
     """print() of ranks other than 0."""
-
-
-SHOWN = {
-    "ppo/policy_loss",
-    "ppo/value_loss",
-    "ppo/approx_kl",
-    "ppo/clipfrac",
-    "ppo/is_weight_mean",
-    "ppo/reward_mean",
-    "ppo/ptx_loss",
-    "ppo/stop_credit_loss",
-    "charts/tokens_per_s",
-}
 
 
 def gate(spec: TrainJob) -> None:
@@ -487,6 +429,8 @@ def _run(command: str, spec_ref: str, launch: distributed.Launch) -> int:
         return error(e, EXIT_BAD_INPUT)
     except TrainingDiverged as e:
         return error(e, EXIT_DIVERGED)
+    except Preempted:
+        return EXIT_PREEMPTED  # its line is printed (rank 0); the next attempt resumes from the checkpoint
     return 0
 
 

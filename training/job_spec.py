@@ -26,6 +26,7 @@ from training.train_settings import TrainSettings
 
 EXIT_BAD_INPUT = 2  # dataset or configuration unusable: retrying cannot help
 EXIT_DIVERGED = 3  # non-finite loss or weights: retrying replays the same divergence
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped on request after a checkpoint (training/preemption.py); run again to resume
 
 
 class TrainJob(BaseModel):

@@ -19,11 +19,11 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from prometheus_client import CollectorRegistry, Gauge, push_to_gateway
 from prometheus_client.exposition import basic_auth_handler, default_handler
 
-from training.job_spec import EXIT_BAD_INPUT, EXIT_DIVERGED
+from training.job_spec import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_PREEMPTED
 
 JOB = "tidal-training"
 PUSH_TIMEOUT_S = 2.0
-OUTCOMES = ("finished", "crashed", "bad_input", "diverged")
+OUTCOMES = ("finished", "crashed", "bad_input", "diverged", "preempted")
 
 # the trainer's per-iteration figures (training/ppo_trainer.py keys) → the gauge each is pushed as
 FIGURES = {
@@ -96,7 +96,9 @@ class RunProgress:
 
 def outcome_of(exit_code: int) -> str:
     """A trainer attempt's outcome from its exit code (training/job.py's EXIT_* contract)."""
-    return {0: "finished", EXIT_BAD_INPUT: "bad_input", EXIT_DIVERGED: "diverged"}.get(exit_code, "crashed")
+    return {0: "finished", EXIT_BAD_INPUT: "bad_input", EXIT_DIVERGED: "diverged", EXIT_PREEMPTED: "preempted"}.get(
+        exit_code, "crashed"
+    )
 
 
 def push_outcome(url: str, model: str, run: str, outcome: str, seconds: float, now: float | None = None) -> str | None:

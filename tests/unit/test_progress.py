@@ -92,7 +92,7 @@ def test_a_log_status_shows_the_last_matching_line_written_since_it_began(tmp_pa
 
 
 def test_the_trainers_eta_is_the_mean_of_the_iterations_this_process_ran() -> None:
-    from training.job import eta, timing
+    from training.progress import eta, timing
 
     assert timing((0, 100.0), 1, 10, now=120.0) == (20.0, 80.0)  # 2 iterations in 20 s, 8 to go
     assert eta(*timing((0, 100.0), 1, 10, now=120.0)) == "20 s, ~80 s left"

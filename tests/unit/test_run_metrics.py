@@ -17,7 +17,7 @@ from tidal.procs import free_port
 from tidal.prometheus import PrometheusSettings, config, local_pushgateway
 from tidal.section import SettingsError
 from training import run_metrics
-from training.job_spec import EXIT_BAD_INPUT, EXIT_DIVERGED
+from training.job_spec import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_PREEMPTED
 from training.run_metrics import RunProgress, outcome_of, push_outcome
 
 
@@ -106,10 +106,11 @@ def test_an_unreachable_pushgateway_is_reported_once_and_training_goes_on() -> N
 
 
 def test_exit_codes_name_the_attempts_outcome() -> None:
-    assert [outcome_of(c) for c in (0, EXIT_BAD_INPUT, EXIT_DIVERGED, 1, -9)] == [
+    assert [outcome_of(c) for c in (0, EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_PREEMPTED, 1, -9)] == [
         "finished",
         "bad_input",
         "diverged",
+        "preempted",
         "crashed",
         "crashed",
     ]

@@ -5,6 +5,7 @@ minimal API double; its RBAC role against the calls it makes."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,9 @@ from tests.unit.k8s_fixtures import as_model, round_trips
 from tests.unit.terraform_hcl import CHART, ROOT, TF, load_dir
 from tests.unit.trainer_fixtures import IMAGE, clean_env, spec  # noqa: F401  (clean_env: autouse fixture)
 from tidal.store import LocalStore
-from training.job_spec import EXIT_BAD_INPUT, TrainJob
+from training.job_spec import EXIT_BAD_INPUT, EXIT_PREEMPTED, TrainJob
 from training.launch import EXIT_NOT_RUN, STORE_REF, spec_key
+from training.launch.base import StopSignal
 from training.launch.k8s_manifest import CONTAINER, job_labels, job_name, outcome, render_job, trainer_command
 from training.launch.kubernetes import KubernetesLauncher
 from training.train_settings import KubernetesJobSettings
@@ -195,6 +197,12 @@ class FakeApi:
         self.calls.append("read_namespaced_pod_log")
         return self.log
 
+    def patch_namespaced_job(self, name, namespace, body):
+        self.calls.append("patch_namespaced_job")
+        assert body == {"spec": {"suspend": True}} and name in self.jobs
+        if self.code is None:  # its pod gets SIGTERM: the trainer checkpoints and exits
+            self.code, self.log = EXIT_PREEMPTED, self.log + "stop requested; checkpointed iteration 3, exiting 75\n"
+
     def delete_namespaced_job(self, name, namespace, propagation_policy):
         self.calls.append("delete_namespaced_job")
         assert propagation_policy in ("Background", "Foreground")  # the API's default orphans the pod
@@ -225,13 +233,13 @@ class Clock:
         self.t += s
 
 
-def launch(tmp_path: Path, api: FakeApi, **cfg) -> tuple[int, str]:
+def launch(tmp_path: Path, api: FakeApi, stop: StopSignal | None = None, **cfg) -> tuple[int, str]:
     s, clock = spec(), Clock()
     (tmp_path / "spec.json").write_text(s.model_dump_json())
     launcher = KubernetesLauncher(
         KubernetesJobSettings(image=IMAGE, **cfg), LocalStore(tmp_path / "store"), apis=(api, api), clock=clock, sleep=clock.sleep
     )
-    code = launcher.run("train", s, tmp_path / "spec.json", tmp_path / "train.log")
+    code = launcher.run("train", s, tmp_path / "spec.json", tmp_path / "train.log", stop)
     return code, (tmp_path / "train.log").read_text()
 
 
@@ -240,6 +248,16 @@ def test_a_job_kubernetes_never_ends_is_stopped_and_counts_as_a_crash(tmp_path):
     code, log = launch(tmp_path, api, active_deadline_s=600, poll_s=30)
     assert code == EXIT_NOT_RUN and "not finished after" in log and "iteration 1/40" in log
     assert api.jobs == {} and api.calls.count("read_namespaced_job_status") > 600 // 30
+
+
+def test_a_stop_request_suspends_the_job_and_returns_the_trainers_preempted_code(tmp_path):
+    api = FakeApi(None, "iteration 3/40\n")  # runs until stopped
+    stop = StopSignal(threading.Event(), grace_s=30)
+    stop.event.set()
+    code, log = launch(tmp_path, api, stop, poll_s=5)
+    assert code == EXIT_PREEMPTED and "job tidal-train-tab-" in log and "suspended" in log
+    assert "exiting 75" in log  # the pod's own log, copied
+    assert api.calls.index("patch_namespaced_job") < api.calls.index("list_namespaced_pod") and api.jobs == {}
 
 
 def test_losing_the_api_while_waiting_fails_without_retry_and_names_the_job(tmp_path):
@@ -259,7 +277,12 @@ def test_the_rbac_role_allows_exactly_what_the_launcher_calls(tmp_path):
     KubernetesLauncher(KubernetesJobSettings(image=IMAGE), LocalStore(tmp_path), apis=(api, api)).run(
         "gate", s, tmp_path / "spec.json", tmp_path / "log"
     )
+    stopped, stop = FakeApi(None, ""), StopSignal(threading.Event(), 30)  # and a trainer stopped on request
+    stop.event.set()
+    assert launch(tmp_path, stopped, stop)[0] == EXIT_PREEMPTED
+    api.calls += stopped.calls
     needs = {
+        "patch_namespaced_job": ("batch", "jobs", "patch"),
         "create_namespaced_job": ("batch", "jobs", "create"),
         "read_namespaced_job_status": ("batch", "jobs/status", "get"),
         "list_namespaced_pod": ("", "pods", "list"),

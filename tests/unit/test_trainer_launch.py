@@ -7,6 +7,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -16,8 +18,9 @@ from tests.unit.trainer_fixtures import IMAGE, clean_env, spec  # noqa: F401  (c
 from tidal.section import SettingsError
 from tidal.settings import load_settings
 from tidal.store import LocalStore
-from training.job_spec import EXIT_BAD_INPUT, TrainJob
-from training.launch import STORE_REF, spec_key
+from training.job_spec import EXIT_BAD_INPUT, EXIT_PREEMPTED, TrainJob
+from training.launch import STORE_REF, StopSignal, spec_key
+from training.launch.local import LocalLauncher
 from training.train_settings import LaunchSettings
 
 # ---- the local launcher: a real trainer process, through the flow's code path ---------------------
@@ -33,6 +36,61 @@ def test_local_launcher_runs_the_trainer_and_maps_its_exit_code(tmp_path):
         _job(plan, "train", LocalStore(tmp_path / "store"))
     log = log_path.read_text()
     assert log.startswith(f"--- train {plan.spec.run_key}\n") and "is not a valid TrainJob" in log
+
+
+class StandIn(LocalLauncher):
+    """The local launcher running a stand-in for `python -m training.job` (a script): what is tested is how the
+    launcher stops a process, the stop itself being training/preemption.py's (tests/unit/test_preemption.py)."""
+
+    def __init__(self, script: str):
+        super().__init__()
+        self.script = script
+
+    def command(self, command: str, spec_path: Path) -> list[str]:
+        return [sys.executable, "-c", self.script, str(spec_path.parent / "ready")]
+
+
+# a trainer between iterations: it stops at SIGTERM, as training.job does, with the real StopRequest
+STOPS = """import sys, time, pathlib
+from training.preemption import EXIT_PREEMPTED, StopRequest
+with StopRequest() as stop:
+    pathlib.Path(sys.argv[1]).touch()
+    while not stop.requested:
+        time.sleep(0.02)
+print("stop requested; checkpointed, exiting", EXIT_PREEMPTED, flush=True)
+sys.exit(EXIT_PREEMPTED)
+"""
+# a trainer stuck in an iteration that outlasts the grace period
+STUCK = """import signal, sys, time, pathlib
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+pathlib.Path(sys.argv[1]).touch()
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize(("script", "code", "line"), [(STOPS, EXIT_PREEMPTED, "exiting 75"), (STUCK, -9, "killed")])
+def test_a_stop_request_sigterms_the_local_trainer_and_kills_it_after_the_grace_period(tmp_path, script, code, line):
+    from tasks.train import TrainerPreempted, TrainPlan, _job
+
+    plan = TrainPlan(spec(), None, {}, tmp_path / "spec.json", tmp_path / "train.log", LaunchSettings())
+
+    def revoked_once_running() -> StopSignal:  # the run's lease, revoked once the trainer runs
+        stop, ready = StopSignal(threading.Event(), grace_s=1.0), tmp_path / "ready"
+        ready.unlink(missing_ok=True)
+
+        def revoke() -> None:
+            while not ready.exists():
+                time.sleep(0.02)
+            stop.event.set()
+
+        threading.Thread(target=revoke, daemon=True).start()
+        return stop
+
+    assert StandIn(script).run("train", plan.spec, plan.spec_path, plan.log_path, revoked_once_running()) == code
+    log = plan.log_path.read_text()
+    assert "stop requested: SIGTERM to the trainer" in log and line in log
+    with pytest.raises(TrainerPreempted, match=f"exit {code}"):  # through the flow's code path: not a crash
+        _job(plan, "train", LocalStore(tmp_path / "store"), revoked_once_running(), launcher=StandIn(script))
 
 
 def test_the_trainer_reads_its_spec_from_a_path_or_the_store(tmp_path):

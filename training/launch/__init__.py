@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from training.launch.base import EXIT_NOT_RUN, STORE_REF, LaunchError, TrainerLauncher, spec_key
+from training.launch.base import EXIT_NOT_RUN, STORE_REF, LaunchError, StopSignal, TrainerLauncher, spec_key
 
 if TYPE_CHECKING:
     from tidal.store import ObjectStore
@@ -30,4 +30,4 @@ def launcher_for(cfg: LaunchSettings, store: ObjectStore) -> TrainerLauncher:
     raise LaunchError(f"unknown trainer.launcher {cfg.launcher!r}; expected 'local' or 'kubernetes'")
 
 
-__all__ = ["EXIT_NOT_RUN", "STORE_REF", "LaunchError", "TrainerLauncher", "launcher_for", "spec_key"]
+__all__ = ["EXIT_NOT_RUN", "STORE_REF", "LaunchError", "StopSignal", "TrainerLauncher", "launcher_for", "spec_key"]

@@ -5,6 +5,10 @@ it, copies its pod's log into the train log, maps the pod's exit code back, and 
 The flow needs Kubernetes credentials: its pod's service account (in-cluster, bound to
 infra/prefect/trainer-launcher-rbac.yaml) or, outside the cluster, a kubeconfig (trainer.kubernetes.kube_context).
 The pod's log is copied once the Job has finished; follow it live with `kubectl logs -f job/<name>`.
+
+A stop request (the run's lease revoked) suspends the Job, as Kueue preempts one: Kubernetes deletes its pod,
+whose trainer gets SIGTERM, checkpoints and exits EXIT_PREEMPTED (training/preemption.py); the pod's
+terminationGracePeriodSeconds bounds how long it may take before the kill.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from tidal.kube import api_client
-from training.launch.base import EXIT_NOT_RUN, STORE_REF, LaunchError, TrainerLauncher, note, spec_key
+from training.job_spec import EXIT_PREEMPTED
+from training.launch.base import EXIT_NOT_RUN, STORE_REF, LaunchError, StopSignal, TrainerLauncher, note, spec_key
 from training.launch.k8s_manifest import CONTAINER, job_finished, job_labels, job_name, outcome, render_job
 
 if TYPE_CHECKING:
@@ -25,6 +30,7 @@ if TYPE_CHECKING:
 
 WAIT_GRACE_S = 300  # past activeDeadlineSeconds, time for Kubernetes to stop the pod and mark the Job Failed
 MAX_API_ERRORS = 6  # consecutive failed status reads (an API server restart) before the wait gives up
+STOP_SLACK_S = 60  # past a stop's grace period, time for Kubernetes to report the pod's end
 
 
 class KubernetesLauncher(TrainerLauncher):
@@ -53,7 +59,7 @@ class KubernetesLauncher(TrainerLauncher):
         )
         return client.BatchV1Api(api), client.CoreV1Api(api)
 
-    def _run(self, command: str, spec: TrainJob, spec_path: Path, log: BinaryIO) -> int:
+    def _run(self, command: str, spec: TrainJob, spec_path: Path, log: BinaryIO, stop: StopSignal | None) -> int:
         from kubernetes.client import V1Job
         from kubernetes.client.exceptions import ApiException
 
@@ -74,7 +80,9 @@ class KubernetesLauncher(TrainerLauncher):
             ) from e
         note(log, f"job {ns}/{name}: {' '.join(manifest['spec']['template']['spec']['containers'][0]['command'])}")
         try:
-            job, waited = self._wait(batch, name)
+            job, waited = self._wait(batch, name, stop)
+            if stop is not None and stop.event.is_set() and not (job is not None and job_finished(job)):
+                return self._stop(batch, core, name, stop, log)
             pod = self._pod(core, name)
             self._copy_log(core, pod, log)
             code, why = outcome(job, pod)
@@ -92,8 +100,8 @@ class KubernetesLauncher(TrainerLauncher):
         finally:
             self._delete(batch, name, log)
 
-    def _wait(self, batch: Any, name: str) -> tuple[Any, float]:
-        """The Job once finished (or when the wait gives up), and the seconds waited."""
+    def _wait(self, batch: Any, name: str, stop: StopSignal | None = None) -> tuple[Any, float]:
+        """The Job once finished (or when the wait gives up, or a stop is requested), and the seconds waited."""
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
@@ -111,9 +119,29 @@ class KubernetesLauncher(TrainerLauncher):
                     ) from e
             if job is not None and job_finished(job):
                 return job, self.clock() - start
+            if stop is not None and stop.event.is_set():
+                return job, self.clock() - start
             if self.clock() - start > self.cfg.active_deadline_s + WAIT_GRACE_S:
                 return job, self.clock() - start
             self.sleep(self.cfg.poll_s)
+
+    def _stop(self, batch: Any, core: Any, name: str, stop: StopSignal, log: BinaryIO) -> int:
+        """Suspend the Job and wait for its pod to end: the trainer's exit code, or EXIT_PREEMPTED for a pod gone
+        (or still ending past the grace period, when the Job's deletion finishes it) before its code was read."""
+        note(log, f"stop requested: job {name} suspended (SIGTERM to its pod; its grace period bounds the checkpoint)")
+        batch.patch_namespaced_job(name, self.cfg.namespace, {"spec": {"suspend": True}})
+        deadline = self.clock() + stop.grace_s + STOP_SLACK_S
+        while self.clock() < deadline:
+            pod = self._pod(core, name)
+            if pod is None:
+                return EXIT_PREEMPTED
+            code, _ = outcome(None, pod)
+            if code != EXIT_NOT_RUN:  # its container terminated
+                self._copy_log(core, pod, log)
+                return code
+            self.sleep(self.cfg.poll_s)
+        note(log, f"the pod of job {name} still ran {stop.grace_s + STOP_SLACK_S:g} s after the stop; deleted with the Job")
+        return EXIT_PREEMPTED
 
     def _pod(self, core: Any, name: str) -> Any:
         """The Job's pod (the newest, should Kubernetes have replaced one), or None."""
