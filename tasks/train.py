@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlflow
@@ -29,6 +31,7 @@ from tidal.section import PROJECT_ROOT, SettingsError
 from tidal.settings import TidalSettings
 from tidal.store import ObjectStore, download_dir, get_json
 from tidal.strategy import model_mismatch
+from tidal.tokens import admin_token
 from training import run_metrics
 from training.job_spec import (
     EXIT_BAD_INPUT,
@@ -61,6 +64,17 @@ class GateFailed(RuntimeError):
     """The candidate failed the offline gate; it is registered with the reason but gets no traffic."""
 
 
+@dataclass(frozen=True)
+class LeaseTerms:
+    """Under `capacity.mode: tidal`: where the capacity scheduler answers and what the run asks of it."""
+
+    url: str
+    token: str = field(repr=False)  # the admin token: never in a log line
+    units: int  # the same every attempt: a resumed run must compute with the threads it started with
+    grace_s: float
+    heartbeat_s: float
+
+
 @dataclass
 class TrainPlan:
     spec: TrainJob
@@ -69,6 +83,7 @@ class TrainPlan:
     spec_path: Path
     log_path: Path
     launch: LaunchSettings  # where the trainer runs (not part of the spec: it changes nothing the trainer computes)
+    leases: LeaseTerms | None = None  # None: the trainer runs when the flow starts it (capacity.mode static)
 
 
 @task(cache_policy=NO_CACHE)
@@ -142,14 +157,35 @@ def plan_run(
     spec_path = settings.run_dir / f"train-{model}-{key}.json"
     spec_path.parent.mkdir(parents=True, exist_ok=True)
     spec_path.write_text(spec.model_dump_json(indent=2))
-    return TrainPlan(spec, champion, manifest, spec_path, settings.train_log(model), settings.trainer)
+    return TrainPlan(
+        spec, champion, manifest, spec_path, settings.train_log(model), settings.trainer, lease_terms(settings, spec)
+    )
+
+
+def lease_terms(settings: TidalSettings, spec: TrainJob) -> LeaseTerms | None:
+    """A lease of the trainer's cores (its torch threads), or of its GPUs or its node on Kubernetes."""
+    cap = settings.capacity
+    if cap.mode != "tidal":
+        return None
+    if cap.unit == "core":
+        units = spec.torch_threads
+    elif cap.unit == "gpu":
+        units = max(1, settings.trainer.kubernetes.gpus_per_node if settings.trainer.launcher == "kubernetes" else 1)
+    else:
+        units = 1
+    return LeaseTerms(f"http://{cap.host}:{cap.port}", admin_token(settings), units, cap.lease.grace_s, cap.lease.heartbeat_s)
 
 
 def trainer_threads(settings: TidalSettings) -> int:
-    """train.torch_threads, else the trainer pod's CPU limit, else the cores a local CPU fleet leaves free (CPU
-    replicas each hold engine.cpu_threads)."""
+    """train.torch_threads; under capacity.mode tidal (cores) the units a lease can get beside serving's minimum;
+    else the trainer pod's CPU limit, else the cores a local CPU fleet leaves free (CPU replicas each hold
+    engine.cpu_threads)."""
     if settings.train.torch_threads:
         return settings.train.torch_threads
+    cap = settings.capacity
+    if cap.mode == "tidal" and cap.unit == "core":  # the cores serving's minimum leaves (the run's lease size)
+        lendable = cap.usable_units - sum(m.capacity.min_replicas for m in settings.models) * cap.units_per_replica
+        return max(1, min(lendable, cap.lease.max_units or lendable))
     if settings.trainer.launcher == "kubernetes":
         return max(1, int(settings.trainer.kubernetes.cpu_limit))
     engine = 0 if settings.engine.flavor == "cuda" else sum(m.replicas for m in settings.models) * settings.engine.cpu_threads
@@ -209,8 +245,12 @@ def _retry_only_crashes(task, task_run, state) -> bool:
 
 @task(cache_policy=NO_CACHE, retry_condition_fn=_retry_only_crashes)
 def run_trainer(plan: TrainPlan, store: ObjectStore) -> TrainResult:
-    """The PPO job, in its own process; each retry resumes from the run's last checkpoint."""
-    _job(plan, "train", store)
+    """The PPO job, in its own process (on leases under capacity.mode tidal); each retry resumes from the run's
+    last checkpoint."""
+    if plan.leases is None:
+        _job(plan, "train", store)
+    else:
+        _train_on_leases(plan, store, plan.leases, get_run_logger().info)
     result = TrainResult.model_validate(get_json(store, f"{plan.spec.prefix}/result.json"))
     get_run_logger().info(
         "%s: %d iterations on %d rows (resumed after %s), %.0f tokens/s",
@@ -221,6 +261,31 @@ def run_trainer(plan: TrainPlan, store: ObjectStore) -> TrainResult:
         result.tokens_per_s,
     )
     return result
+
+
+def _train_on_leases(
+    plan: TrainPlan, store: ObjectStore, terms: LeaseTerms, say: Callable[[str], None], launcher: TrainerLauncher | None = None
+) -> int:
+    """Wait for a lease, train on it until the run ends or the lease is revoked; after a revocation the trainer has
+    checkpointed, and the run waits for the next lease and resumes (not a failure, no retry spent). Returns how many
+    times it was preempted."""
+    from capacity.api import LeaseRequest
+    from capacity.client import LeaseClient, LeaseWatch
+
+    client, preempted = LeaseClient(terms.url, terms.token), 0
+    ask = LeaseRequest(holder=plan.spec.run_key, min_units=terms.units, max_units=terms.units)
+    while True:
+        lease = client.acquire(ask, say=say)
+        stop = StopSignal(threading.Event(), terms.grace_s)
+        try:
+            with LeaseWatch(client, lease, stop.event, terms.heartbeat_s) as watch:
+                _job(plan, "train", store, stop, launcher)
+            return preempted
+        except TrainerPreempted:
+            preempted += 1
+            say(f"{plan.spec.run_key}: preempted ({watch.revoked or 'stopped'}); it resumes on the next lease")
+        finally:
+            client.release(lease.id)
 
 
 @task(cache_policy=NO_CACHE, retry_condition_fn=_retry_only_crashes)

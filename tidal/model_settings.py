@@ -61,6 +61,34 @@ class CorpusSource(Section):
     pattern: str = Field("*.py", min_length=1, description="Files of the directory that belong to the corpus (recursive glob).")
 
 
+class ServingCapacity(Section):
+    """How many replicas the capacity scheduler may give the model (`capacity.mode: tidal`, capacity/): enough for
+    its forecast demand plus headroom, and for its latency objective, between min_replicas and max_replicas."""
+
+    min_replicas: int = Field(1, ge=0, description="Never fewer, whatever the demand: training is never lent these.")
+    max_replicas: int | None = Field(None, ge=1, description="Never more; None = the model's `replicas` (sized for the peak).")
+    rps_per_replica: float = Field(
+        4.0,
+        gt=0,
+        description=(
+            "Requests per second one replica serves within the latency objective. The default is one CPU replica at "
+            "concurrency 1 (4.7 requests/s, 16 tokens, bench/gateway.py) less a margin; measure yours with "
+            "bench/gateway.py at the concurrency your users bring."
+        ),
+    )
+    headroom: float = Field(
+        0.25, ge=0, le=4, description="Replicas for forecast demand x (1 + headroom): room for a ramp the forecast misses."
+    )
+    latency_objective_ms: float = Field(
+        2000.0,
+        gt=0,
+        description=(
+            "The p99 latency the model's users are promised (the gateway's, per minute). A minute over it adds a replica "
+            "at once, whatever the forecast said (infra/monitoring/rules.yml alerts on the same objective)."
+        ),
+    )
+
+
 class ModelSettings(Section):
     name: str = Field(..., pattern=r"^[a-z][a-z0-9_-]{0,62}$", description="Registered model name; also the served name prefix.")
     replicas: int = Field(1, ge=0, description="Replicas the fleet keeps running.")
@@ -82,6 +110,10 @@ class ModelSettings(Section):
     )
     corpus: CorpusSource = Field(
         default_factory=CorpusSource, description="The text the code loss trains on and the gate's bits/byte scores."
+    )
+    capacity: ServingCapacity = Field(
+        default_factory=ServingCapacity,
+        description="Replicas the capacity scheduler may give the model under `capacity.mode: tidal` (capacity/).",
     )
     canary_margins: Margins | None = Field(
         None, description=("This model's guardrail non-inferiority margins for its canaries; None = canary.margins.")

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from capacity.settings import CapacitySettings, capacity_problems
 from release.policy import CanaryConfig
 from release.webhook_settings import RegistryWebhookSettings
 from serving.settings import ServingSettings
@@ -38,6 +39,10 @@ class TidalSettings(ServingSettings):
     registry_webhook: RegistryWebhookSettings = Field(
         default_factory=RegistryWebhookSettings,
         description="Releases started by alias moves in the MLflow registry (release/registry_webhook.py).",
+    )
+    capacity: CapacitySettings = Field(
+        default_factory=CapacitySettings,
+        description="Serving's off-peak capacity lent to training (`mode: tidal`), or a static split (capacity/).",
     )
     prometheus: PrometheusSettings = Field(
         default_factory=PrometheusSettings, description="The local Prometheus of `tidal up --with-prometheus`."
@@ -94,6 +99,7 @@ class TidalSettings(ServingSettings):
                         f"{ppo.ptx_coef} mixes a code loss on it into training; set {section}.ppo.ptx_coef to 0, or name "
                         "the model's text in corpus.source"
                     )
+        problems += capacity_problems(self.capacity, self.models)
         if problems:
             raise ValueError("settings disagree:" + "".join(f"\n    - {p}" for p in problems))
         return self

@@ -14,13 +14,12 @@ from pathlib import Path
 import pytest
 
 from tests.unit.terraform_hcl import ROOT
-from tests.unit.trainer_fixtures import IMAGE, clean_env, spec  # noqa: F401  (clean_env: autouse fixture)
+from tests.unit.trainer_fixtures import IMAGE, STOPS, STUCK, StandIn, clean_env, spec  # noqa: F401  (clean_env: autouse fixture)
 from tidal.section import SettingsError
 from tidal.settings import load_settings
 from tidal.store import LocalStore
 from training.job_spec import EXIT_BAD_INPUT, EXIT_PREEMPTED, TrainJob
 from training.launch import STORE_REF, StopSignal, spec_key
-from training.launch.local import LocalLauncher
 from training.train_settings import LaunchSettings
 
 # ---- the local launcher: a real trainer process, through the flow's code path ---------------------
@@ -36,36 +35,6 @@ def test_local_launcher_runs_the_trainer_and_maps_its_exit_code(tmp_path):
         _job(plan, "train", LocalStore(tmp_path / "store"))
     log = log_path.read_text()
     assert log.startswith(f"--- train {plan.spec.run_key}\n") and "is not a valid TrainJob" in log
-
-
-class StandIn(LocalLauncher):
-    """The local launcher running a stand-in for `python -m training.job` (a script): what is tested is how the
-    launcher stops a process, the stop itself being training/preemption.py's (tests/unit/test_preemption.py)."""
-
-    def __init__(self, script: str):
-        super().__init__()
-        self.script = script
-
-    def command(self, command: str, spec_path: Path) -> list[str]:
-        return [sys.executable, "-c", self.script, str(spec_path.parent / "ready")]
-
-
-# a trainer between iterations: it stops at SIGTERM, as training.job does, with the real StopRequest
-STOPS = """import sys, time, pathlib
-from training.preemption import EXIT_PREEMPTED, StopRequest
-with StopRequest() as stop:
-    pathlib.Path(sys.argv[1]).touch()
-    while not stop.requested:
-        time.sleep(0.02)
-print("stop requested; checkpointed, exiting", EXIT_PREEMPTED, flush=True)
-sys.exit(EXIT_PREEMPTED)
-"""
-# a trainer stuck in an iteration that outlasts the grace period
-STUCK = """import signal, sys, time, pathlib
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-pathlib.Path(sys.argv[1]).touch()
-time.sleep(60)
-"""
 
 
 @pytest.mark.parametrize(("script", "code", "line"), [(STOPS, EXIT_PREEMPTED, "exiting 75"), (STUCK, -9, "killed")])
