@@ -143,8 +143,14 @@ class Scheduler:
         retry = self.cfg.tick_s
         with self.lock:
             held = self.book.held_by(req.holder)
-            if held is not None:  # asked again (a retried flow): the same lease
+            if held is not None and held.state == "active":  # asked again (a retried flow): the same lease
                 return LeaseReply(granted=True, lease=held, reason="already held by this holder")
+            if held is not None:
+                return LeaseReply(
+                    granted=False,
+                    reason=f"this holder's lease {held.id} is being revoked: it must come back first",
+                    retry_after_s=retry,
+                )
             if self.decision is None:
                 return LeaseReply(
                     granted=False, reason="no decision yet: the scheduler has not observed demand", retry_after_s=retry

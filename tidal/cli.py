@@ -50,6 +50,7 @@ def cmd_up(settings: TidalSettings, args) -> None:
     if not args.no_fleet:
         platform.up_fleet()
         platform.up_gateway()
+        platform.up_capacity()
     if args.with_prometheus:
         platform.up_prometheus()
     print_status(platform.status())
@@ -204,6 +205,18 @@ def print_status(status: PlatformStatus) -> None:
                     f"    {r.name:10s} {r.state:9s} {r.url:24s} pid={r.pid} serves [{served}] restarts={r.restarts}"
                     + (f"  last error: {r.last_error}" if r.last_error else "")
                 )
+    cap = status.capacity
+    if cap:
+        print(
+            f"  capacity ({cap.mode}): {cap.usable_units} {cap.unit}(s): serving {cap.serving_units}, training "
+            f"{cap.lent_units}" + (f"  last error: {cap.last_error}" if cap.last_error else "")
+        )
+        for model, m in cap.models.items():
+            print(f"    {model}: {m.replicas} replica(s), needs {m.needed}: {m.reason}")
+        for lease in cap.leases:
+            print(f"    lease {lease.id} {lease.state:8s} {lease.units} unit(s) to {lease.holder}")
+        for e in cap.events[-5:]:
+            print(f"    {e.kind:7s} {e.units} unit(s) {e.holder or ''}: {e.reason}")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,6 +19,7 @@ import httpx
 import yaml
 from pydantic import BaseModel, Field
 
+from capacity.api import CapacityStatus
 from serving.fleet_replies import FleetState, FleetStatus
 from tidal import prometheus
 from tidal.client_env import TELEMETRY_OFF
@@ -41,7 +42,7 @@ from tidal.procs import (
 from tidal.section import SettingsError
 from tidal.settings import TidalSettings
 from tidal.store import download_dir, open_store
-from tidal.tokens import fernet_key, secret
+from tidal.tokens import admin_token, fernet_key, secret
 
 log = logging.getLogger("tidal.platform")
 
@@ -62,6 +63,7 @@ class PlatformStatus(BaseModel):
 
     services: dict[str, ServiceStatus]
     fleet: FleetStatus | None = None
+    capacity: CapacityStatus | None = None  # capacity.mode tidal, while the scheduler answers
     paused: dict[str, PauseRecord] = {}  # model → the `tidal pause` in force (models absent run)
     data_docs: dict[str, str] = {}  # model → a local link to its latest collection's Data Docs (file URI)
 
@@ -196,6 +198,18 @@ class Platform:
                 dirs=[data / "prometheus"],
             ),
             **self._pushgateway(),
+            "capacity": Service(
+                "capacity",
+                [py, "-m", "capacity.scheduler"],
+                s.capacity.host,
+                s.capacity.port,
+                "capacity.port",
+                f"http://{s.capacity.host}:{s.capacity.port}/health",
+                60.0,
+                f"http://{s.capacity.host}:{s.capacity.port}",
+                child,
+                [data / "capacity"],
+            ),
             "gateway": Service(
                 "gateway",
                 [py, "-m", "serving.gateway_app"],
@@ -330,6 +344,12 @@ class Platform:
     def up_gateway(self) -> ProcInfo:
         return self.ensure(self.services()["gateway"])
 
+    def up_capacity(self) -> ProcInfo | None:
+        """The capacity scheduler, under capacity.mode tidal (after the fleet and the gateway it observes); else None."""
+        if self.settings.capacity.mode != "tidal":
+            return None
+        return self.ensure(self.services()["capacity"])
+
     def up_pushgateway(self) -> ProcInfo | None:
         """The local Pushgateway (a loopback prometheus.pushgateway_url), else None: none configured, or the cluster's."""
         svc = self.services().get("pushgateway")
@@ -342,7 +362,10 @@ class Platform:
         """Prometheus scraping the gateway, the supervisor and the trainers' Pushgateway (started here when local),
         with Tidal's alert rules (tidal/prometheus.py)."""
         s = self.settings
-        cfg = prometheus.config(s.prometheus, f"{s.gateway.host}:{s.gateway.port}", f"{s.fleet.host}:{s.fleet.admin_port}")
+        capacity = f"{s.capacity.host}:{s.capacity.port}" if s.capacity.mode == "tidal" else None
+        cfg = prometheus.config(
+            s.prometheus, f"{s.gateway.host}:{s.gateway.port}", f"{s.fleet.host}:{s.fleet.admin_port}", capacity=capacity
+        )
         prometheus.executable(s.prometheus)  # a clear error before a spawn that could only fail
         self.up_pushgateway()
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -375,7 +398,7 @@ class Platform:
     def down(self) -> list[str]:
         """Stop the gateway (it flushes its log), the fleet (it stops its replicas), then MLflow and
         Prefect; kill any replica left behind."""
-        order = ("prometheus", "pushgateway", "gateway", "webhook", "flows", "fleet", "mlflow", "prefect")
+        order = ("capacity", "prometheus", "pushgateway", "gateway", "webhook", "flows", "fleet", "mlflow", "prefect")
         stopped = [n for n in order if self.running(n)]
         for name in order:
             self.stop(name)
@@ -406,6 +429,8 @@ class Platform:
                 continue  # optional (`tidal up --with-prometheus`): listed while it runs
             if name == "webhook" and not self.settings.registry_webhook.enabled:
                 continue
+            if name == "capacity" and self.settings.capacity.mode != "tidal" and info is None:
+                continue
             healthy = False
             if info is not None or remote:
                 try:
@@ -421,15 +446,31 @@ class Platform:
                 log=str(self.log_dir / f"{name}.log"),
             )
         fleet = self.fleet_client().status() if services["fleet"].healthy else None
+        capacity = self.capacity_status() if "capacity" in services and services["capacity"].healthy else None
         store = open_store(self.settings)
         held = {m.name: paused(store, m.name) for m in self.settings.models}
         docs = {m.name: self.data_docs_link(store, m.name) for m in self.settings.models}
         return PlatformStatus(
             services=services,
             fleet=fleet,
+            capacity=capacity,
             paused={m: p for m, p in held.items() if p is not None},
             data_docs={m: link for m, link in docs.items() if link},
         )
+
+    def capacity_status(self) -> CapacityStatus | None:
+        s = self.settings
+        try:
+            r = httpx.get(
+                f"http://{s.capacity.host}:{s.capacity.port}/capacity",
+                headers={"Authorization": f"Bearer {admin_token(s)}"},
+                timeout=5.0,
+            )
+            r.raise_for_status()
+        except httpx.HTTPError as e:
+            log.warning("capacity scheduler status unavailable: %s", e)
+            return None
+        return CapacityStatus.model_validate_json(r.content)
 
     def data_docs_link(self, store, model: str) -> str | None:
         """A link a browser opens: the store's own file for a local store, else a copy under data_dir/docs/."""

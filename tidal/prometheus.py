@@ -81,7 +81,7 @@ def executable(cfg: PrometheusSettings, field: str = "binary") -> str:
     return found
 
 
-def config(cfg: PrometheusSettings, gateway: str, fleet: str, rules: Path = RULES) -> dict:
+def config(cfg: PrometheusSettings, gateway: str, fleet: str, rules: Path = RULES, capacity: str | None = None) -> dict:
     """prometheus.yml: the scrape jobs (host:port targets) and Tidal's rules. The Pushgateway's job keeps the labels
     the trainers pushed (honor_labels), so a run's `model` is the run's, not the Pushgateway's instance."""
     if not rules.is_file():
@@ -91,6 +91,8 @@ def config(cfg: PrometheusSettings, gateway: str, fleet: str, rules: Path = RULE
         {"job_name": "tidal-gateway", "static_configs": [{"targets": [gateway]}]},
         {"job_name": "tidal-fleet", "static_configs": [{"targets": [fleet]}]},
     ]
+    if capacity is not None:  # the capacity scheduler (capacity.mode tidal)
+        jobs.append({"job_name": "tidal-capacity", "static_configs": [{"targets": [capacity]}]})
     if cfg.pushgateway_url is not None:
         url = urlsplit(cfg.pushgateway_url)
         job = {

@@ -29,6 +29,7 @@ COPY flows flows
 COPY tasks tasks
 COPY data_contracts data_contracts
 COPY release release
+COPY capacity capacity
 COPY sim sim
 COPY infra/monitoring infra/monitoring
 RUN python -m pip install --no-deps --no-build-isolation . \

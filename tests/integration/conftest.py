@@ -1,10 +1,12 @@
-"""Fixtures of the release tests (tests/integration/test_promote.py, test_release_safety.py)."""
+"""Fixtures of the release tests (tests/integration/test_promote.py, test_release_safety.py) and the training tests
+(test_ppo_train.py, test_tidal_scheduling.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.integration.release_helpers import Users, cursor_prompts, newline_adapter, zero_adapter
+from tests.integration.train_helpers import make_dataset
 
 
 @pytest.fixture(scope="session")
@@ -43,3 +45,10 @@ def users(settings, gateway, keys, no_canary):
     u.stop.set()
     if u.is_alive():
         u.join(timeout=120)
+
+
+@pytest.fixture(scope="session")
+def dataset_id(settings, gateway, keys, checkpoints, platform) -> str:
+    """~300 held-out-code completions at temperature 1, each accepted iff it stays on one line (collected once, the
+    training tests' shared dataset)."""
+    return make_dataset(settings, gateway, keys, n=300, seed=7)

@@ -141,6 +141,9 @@ def test_prometheus_scrapes_the_pushgateway_with_the_pushed_labels() -> None:
         "push.example.com"
     ]
     assert "tidal-training" not in {j["job_name"] for j in config(PrometheusSettings(), "g:1", "f:2")["scrape_configs"]}
+    plain = {j["job_name"] for j in config(PrometheusSettings(), "g:1", "f:2")["scrape_configs"]}
+    tidal = {j["job_name"]: j for j in config(PrometheusSettings(), "g:1", "f:2", capacity="c:3")["scrape_configs"]}
+    assert "tidal-capacity" not in plain and tidal["tidal-capacity"]["static_configs"] == [{"targets": ["c:3"]}]
     with pytest.raises(SettingsError, match="serves at the root"):
         local_pushgateway(PrometheusSettings(pushgateway_url="http://127.0.0.1:9091/pg"))
     with pytest.raises(ValueError, match="pushgateway_url"):
