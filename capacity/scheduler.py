@@ -86,7 +86,7 @@ class Scheduler:
             self.observer.scrape(now)
             fleet = self.observer.fleet()
         except (httpx.HTTPError, ValueError) as e:
-            self.last_error = f"cannot observe the platform: {e}"
+            self.last_error = f"cannot observe the platform{_where(e)}: {e}"
             log.warning(self.last_error)
             return None
         self.last_error = ""
@@ -226,6 +226,14 @@ class Scheduler:
             except Exception:  # noqa: BLE001  one bad tick is logged; the next one decides afresh
                 log.exception("capacity tick failed")
             stop.wait(self.cfg.tick_s)
+
+
+def _where(e: Exception) -> str:
+    """' (GET http://...)' of a failed HTTP call: which of the gateway and the supervisor did not answer."""
+    try:
+        return f" ({e.request.method} {e.request.url})" if isinstance(e, httpx.HTTPError) else ""
+    except RuntimeError:  # an error raised before its request existed
+        return ""
 
 
 def build_app(scheduler: Scheduler, admin_token: str) -> FastAPI:

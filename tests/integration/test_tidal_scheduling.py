@@ -24,7 +24,10 @@ import pytest
 from tests.integration.train_helpers import complete, pushed_training
 from tidal.tokens import admin_token
 
-pytestmark = pytest.mark.slow
+# A full-length scenario (behind --long): the ramp's third replica starts on two cores already serving the ramp,
+# ~3 minutes here, and the test runs 5–6 minutes. The mechanics are in the unit tests at seconds each:
+# tests/unit/test_capacity_scheduler.py (the scheduler and a holder over HTTP), test_preemption.py (the weights).
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1800)]
 
 
 def free_port() -> int:
@@ -75,7 +78,11 @@ class FleetWatch(threading.Thread):
 def wait_for(what: str, check, timeout_s: float, proc: subprocess.Popen | None = None):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if (value := check()) is not None and value is not False:
+        try:
+            value = check()
+        except httpx.HTTPError:  # a process still starting
+            value = None
+        if value is not None and value is not False:
             return value
         assert proc is None or proc.poll() is None, f"the train command ended while waiting for {what}"
         time.sleep(0.3)
@@ -132,11 +139,11 @@ def test_the_trough_is_lent_to_training_and_taken_back_at_a_ramp(settings, gatew
         ramp.stop.set()
         out, _ = train.communicate(timeout=600)
         assert train.returncode == 0, out[-4000:]
+        status = httpx.get(f"{url}/capacity", headers=auth).json()
     finally:
         ramp.stop.set()
         if train is not None and train.poll() is None:
             train.kill()
-        status = httpx.get(f"{url}/capacity", headers=auth).json() if scheduler.poll() is None else None
         scheduler.send_signal(signal.SIGKILL)  # a crash: serving must not notice
         scheduler.wait(10)
         log.close()

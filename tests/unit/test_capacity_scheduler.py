@@ -159,7 +159,8 @@ def test_an_unreachable_platform_changes_nothing(running):
         tick(scheduler, platform, now, 10)
     platform.server.shutdown()
     platform.server.server_close()
-    assert tick(scheduler, platform, now, 0) is None and "cannot observe the platform" in scheduler.last_error
+    assert tick(scheduler, platform, now, 0) is None
+    assert scheduler.last_error.startswith(f"cannot observe the platform (GET {platform.url}/metrics): ")
     assert platform.scaled == [] and scheduler.decision is not None  # the previous decision stands, nothing scaled
 
 
