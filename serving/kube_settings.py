@@ -55,6 +55,13 @@ class KubernetesFleetSettings(Section):
         "tidal-fleet",
         description=("Service account of the engine pods: its IAM role (IRSA) reads checkpoints. The pods mount no API token."),
     )
+    priority_class: str | None = Field(
+        "tidal-serving",
+        description=(
+            "priorityClassName of the engine pods: above training's (the chart's priorityClasses), so that a replica "
+            "the scheduler adds preempts a trainer pod on a full node. None: the cluster's default priority."
+        ),
+    )
     gpus: int = Field(
         1,
         ge=0,

@@ -142,6 +142,14 @@ class KubernetesJobSettings(Section):
             "Service account of the trainer pod: its IAM role (IRSA) reads datasets and reads/writes checkpoints and training/."
         ),
     )
+    priority_class: str | None = Field(
+        "tidal-training",
+        description=(
+            "priorityClassName of the trainer pod: below serving's (the chart's priorityClasses), so that serving pods "
+            "that need its node preempt it; it then checkpoints and its Job starts a new pod that resumes "
+            "(podFailurePolicy). None: the cluster's default priority."
+        ),
+    )
     gpus_per_node: int = Field(
         1,
         ge=0,

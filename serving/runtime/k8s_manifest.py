@@ -201,6 +201,8 @@ def render_deployment(
             {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": cfg.shm_size}},
         ],
     }
+    if cfg.priority_class:  # above training: a replica added on a full node preempts a trainer pod
+        pod["priorityClassName"] = cfg.priority_class
     if node_selector:
         pod["nodeSelector"] = node_selector
     if cfg.tolerations:

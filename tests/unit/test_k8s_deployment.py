@@ -57,6 +57,7 @@ def test_the_engine_deployment_is_a_valid_v1_deployment(tmp_path, gpus, lora):
     assert d.metadata.labels["app.kubernetes.io/managed-by"] == "tidal-fleet-supervisor" and d.metadata.annotations[DIGEST]
     assert d.spec.strategy.rolling_update.max_surge == 0  # a surge pod would belong to no replica: never verified
     pod = d.spec.template.spec
+    assert pod.priority_class_name == "tidal-serving"  # above training's: preempts a trainer pod on a full node
     vllm, sidecar = pod.containers
     assert (vllm.name, vllm.image, sidecar.name, sidecar.image, pod.init_containers[0].image) == (
         ENGINE,

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
+from serving.kube_settings import KubernetesFleetSettings
 from tests.unit.k8s_fixtures import as_model, round_trips
 from tests.unit.terraform_hcl import CHART, ROOT, TF, load_dir
 from tests.unit.trainer_fixtures import IMAGE, clean_env, spec  # noqa: F401  (clean_env: autouse fixture)
@@ -55,6 +56,12 @@ def test_the_trainer_job_is_a_valid_v1_job(gpus):
     name = job.metadata.name
     assert len(name) <= 63 and name.startswith("tidal-train-tab-01234567-")
     assert name != job_name("train", spec())  # each attempt its own Job
+    # preemptible: below serving, and a preempted pod (evicted, or exit 75 after its checkpoint) is no failure
+    assert job.spec.template.spec.priority_class_name == "tidal-training"
+    rules = job.spec.pod_failure_policy.rules
+    assert [(r.action, r.on_pod_conditions[0].type) for r in rules if r.on_pod_conditions] == [("Ignore", "DisruptionTarget")]
+    [codes] = [r.on_exit_codes for r in rules if r.on_exit_codes]
+    assert (codes.container_name, codes.operator, codes.values) == (CONTAINER, "In", [EXIT_PREEMPTED])
 
 
 def test_gpu_requests_and_limits_tolerations_and_node_selector():
@@ -84,6 +91,12 @@ def test_defaults_match_the_cluster_and_the_chart():
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert cfg.service_account == values["serviceAccounts"]["trainer"]["name"]
     assert cfg.data_dir == values["settings"]["data_dir"]
+    classes = values["priorityClasses"]
+    assert cfg.priority_class == classes["training"]["name"] and classes["training"]["preemptionPolicy"] == "Never"
+    assert KubernetesFleetSettings().priority_class == classes["serving"]["name"]
+    assert classes["serving"]["value"] > classes["training"]["value"]
+    template = (CHART / "templates" / "priorityclasses.yaml").read_text()
+    assert "kind: PriorityClass" in template and "{{ $pc.name }}" in template
     assert f"name: {cfg.settings_configmap}" in (CHART / "templates" / "configmap.yaml").read_text()
     assert f'"uid" {cfg.run_as_user}' in (CHART / "templates" / "gateway-statefulset.yaml").read_text()
 

@@ -14,6 +14,7 @@ import secrets
 from typing import TYPE_CHECKING, Any
 
 from tidal.kube import GPU_RESOURCE
+from training.job_spec import EXIT_PREEMPTED
 from training.launch.base import EXIT_NOT_RUN
 from training.train_settings import KubernetesJobSettings
 
@@ -116,12 +117,26 @@ def render_job(cfg: KubernetesJobSettings, *, name: str, command: str, spec_ref:
         pod["nodeSelector"] = dict(cfg.node_selector)
     if cfg.tolerations:
         pod["tolerations"] = [t.model_dump(exclude_none=True) for t in cfg.tolerations]
+    if cfg.priority_class:
+        pod["priorityClassName"] = cfg.priority_class
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": name, "namespace": cfg.namespace, "labels": dict(labels)},
         "spec": {
             "backoffLimit": 0,
+            # A trainer preempted (its pod evicted for serving's, or stopped with SIGTERM: exit EXIT_PREEMPTED after a
+            # checkpoint, training/preemption.py) is no failure: the Job starts a new pod, which waits for capacity
+            # and resumes. Any other failure ends the Job (backoffLimit 0: retries belong to the flow).
+            "podFailurePolicy": {
+                "rules": [
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                    {
+                        "action": "Ignore",
+                        "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [EXIT_PREEMPTED]},
+                    },
+                ]
+            },
             "activeDeadlineSeconds": cfg.active_deadline_s,
             "ttlSecondsAfterFinished": cfg.ttl_seconds_after_finished,
             "template": {"metadata": {"labels": dict(labels)}, "spec": pod},
