@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 from pydantic import Field, model_validator
 
+from sim.daily_curve import DailyCurve
 from sim.tab_sites import TabSite, cursor_sites, site_files
 from tidal.section import Section
 
@@ -68,6 +69,14 @@ class SimUsersConfig(Section):
     eval_fraction: float = Field(0.5, gt=0, lt=1, description="Share of held-out files kept for evaluation (never in traffic).")
     code_dir: Path | None = Field(
         None, description="A directory of Python code to draw sites from instead of the stdlib's held-out files."
+    )
+    daily: DailyCurve | None = Field(
+        None,
+        description=(
+            "A day of traffic, compressed (sim/daily_curve.py): requests are sent at the curve's rate, at most "
+            "`concurrency` in flight, and a user's latency counts from the moment its request was due. None: the users "
+            "send as fast as the engines answer (a closed loop, each after its think time)."
+        ),
     )
 
     @model_validator(mode="after")
@@ -181,12 +190,14 @@ class SimTraffic(threading.Thread):
         self._due: list[tuple[float, int, str, str, int]] = []  # heap of (due time, seq, request id, event, chars)
         self._due_lock = threading.Lock()
 
-    def one(self, i: int) -> None:
+    def one(self, i: int, due: float | None = None) -> None:
+        """Request i; `due` (perf_counter) is when a paced request was due: its latency counts from then, queueing
+        included, and the user does not pause first."""
         rng = random.Random(f"{self.cfg.seed}/{i}")
         user, site = self.users[rng.randrange(len(self.users))], self.sites[i % len(self.sites)]
-        if user.think_s:
+        if user.think_s and due is None:
             time.sleep(user.think_s)
-        t0 = time.perf_counter()
+        t0 = time.perf_counter() if due is None else due
         try:
             r = self.client.completions.create(
                 model=self.model,
@@ -221,6 +232,32 @@ class SimTraffic(threading.Thread):
                 self.tally.error(f"feedback: {e!r}"[:300])
 
     def run(self) -> None:
+        if self.cfg.daily is None:
+            self._closed_loop()
+        else:
+            self._paced(self.cfg.daily)
+        while self._due and not self.stop.is_set():  # let pending verdicts fall due
+            time.sleep(0.1)
+            self._send_due()
+        self._send_due(final=True)
+        self.http.close()
+
+    def _paced(self, curve: DailyCurve) -> None:
+        """Requests at the daily curve's rate (none sent while `quiet` is set)."""
+        start, i = time.perf_counter(), 0
+        with ThreadPoolExecutor(self.cfg.concurrency) as pool:
+            for at in curve.arrivals():
+                while (wait := start + at - time.perf_counter()) > 0 and not self.stop.is_set():
+                    self._send_due()
+                    self.stop.wait(min(wait, 0.05))
+                if self.stop.is_set() or (self.max_requests is not None and i >= self.max_requests):
+                    break
+                if not self.quiet.is_set():
+                    pool.submit(self.one, i, start + at)
+                    i += 1
+                    self.sent = i
+
+    def _closed_loop(self) -> None:
         i = 0
         with ThreadPoolExecutor(self.cfg.concurrency) as pool:
             while not self.stop.is_set() and (self.max_requests is None or i < self.max_requests):
@@ -237,8 +274,3 @@ class SimTraffic(threading.Thread):
                 i += n
                 self.sent = i
                 self._send_due()
-        while self._due and not self.stop.is_set():  # let pending verdicts fall due
-            time.sleep(0.1)
-            self._send_due()
-        self._send_due(final=True)
-        self.http.close()
