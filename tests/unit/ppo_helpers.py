@@ -42,3 +42,16 @@ def make_trainer(champion_dir: Path, c: PPOConfig) -> PPOTrainer:
 def trainable_weights(trainer: PPOTrainer) -> dict[str, torch.Tensor]:
     """name -> a CPU copy of every trained parameter (LoRA adapters or all weights, and the value head)."""
     return {n: p.detach().to("cpu", copy=True) for n, p in trainer.model.named_parameters() if p.requires_grad}
+
+
+def trained_uninterrupted(champion_dir: Path, c: PPOConfig, rows: list) -> tuple[PPOTrainer, list, set[int]]:
+    """(a trainer run over its whole plan without a stop, the plan, the rows the plan touches): what a resumed run
+    must match bit for bit."""
+    from training.ppo_trainer import iteration_plan
+
+    plan = iteration_plan(len(rows), c)
+    used = {r for batch in plan for r in batch}
+    straight = make_trainer(champion_dir, c)
+    straight.compute_reference(rows, rows=used)
+    straight.train(rows, plan)
+    return straight, plan, used

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from data_contracts.samples import RewardSample
-from tests.unit.ppo_helpers import cfg, make_trainer
+from tests.unit.ppo_helpers import cfg, make_trainer, trained_uninterrupted
 from training.candidate import CRITIC_FILE, build_trainable, save_candidate
 from training.policy import is_adapter_dir, load_policy, load_tokenizer
 from training.ppo_trainer import PPOTrainer, TrainingDiverged, iteration_plan
@@ -62,11 +62,7 @@ def test_ppo_raises_logprob_of_rewarded_tokens_on_heldout_rows(champion_dir, sam
 def test_resume_from_state_reaches_the_same_weights(champion_dir, samples, tmp_path) -> None:
     c = cfg(passes=2, max_iterations=3)
     rows = samples[:128]
-    plan = iteration_plan(len(rows), c)
-    used = {r for batch in plan for r in batch}
-    straight = make_trainer(champion_dir, c)
-    straight.compute_reference(rows, rows=used)
-    straight.train(rows, plan)
+    straight, plan, used = trained_uninterrupted(champion_dir, c, rows)
 
     first = make_trainer(champion_dir, c)
     first.compute_reference(rows, rows=(r for batch in plan for r in batch))  # only what the plan touches

@@ -10,12 +10,11 @@ import signal
 import pytest
 import torch
 
-from tests.unit.ppo_helpers import cfg, make_trainer
+from tests.unit.ppo_helpers import cfg, make_trainer, trained_uninterrupted
 from tests.unit.trainer_fixtures import spec
 from tidal.store import LocalStore
 from training.job import Built
 from training.job_spec import EXIT_PREEMPTED
-from training.ppo_trainer import iteration_plan
 from training.preemption import Preempted, StopRequest
 from training.progress import Progress
 from training.run_files import latest_state_key, load_state
@@ -33,11 +32,7 @@ def mlflow_run(tmp_path) -> tuple[str, str]:
 def test_a_stop_request_checkpoints_that_iteration_and_the_resumed_run_reaches_the_same_weights(champion_dir, samples, tmp_path):
     c = cfg(passes=2, max_iterations=4)
     rows = samples[:128]
-    plan = iteration_plan(len(rows), c)
-    used = {r for batch in plan for r in batch}
-    straight = make_trainer(champion_dir, c)
-    straight.compute_reference(rows, rows=used)
-    straight.train(rows, plan)
+    straight, plan, used = trained_uninterrupted(champion_dir, c, rows)
 
     uri, run_id = mlflow_run(tmp_path)
     # checkpoint_every 100: the only checkpoint before the end is the one the stop request writes
