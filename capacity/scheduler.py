@@ -123,7 +123,9 @@ class Scheduler:
         if running is not None and running.is_alive():
             return  # one scale call per model at a time; the next tick sees where it got to
         with self.lock:
-            self.book.note(now_ms, "scale", f"{model}: {have} -> {want} replica(s): {reason}", units=want)
+            self.book.note(
+                now_ms, "scale", f"{model}: {have} -> {want} replica(s): {reason}", units=want * self.cfg.units_per_replica
+            )
             self.counts["scale"] += 1
         log.info("%s: %d -> %d replica(s): %s", model, have, want, reason)
 
