@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 from collections import deque
 from pathlib import Path
 from typing import Literal
@@ -66,14 +67,21 @@ class BookFile(BaseModel):
 class LeaseBook:
     """The leases and their events; `path` None keeps them in memory only (tests, a dry run)."""
 
-    def __init__(self, path: Path | None, grace_s: float, heartbeat_s: float):
+    def __init__(self, path: Path | None, grace_s: float, heartbeat_s: float, now_ms: int | None = None):
+        """`now_ms`: when a stored book is read back (default: now). Its active leases count their heartbeats from
+        then: a holder could not reach a scheduler that was down, so a restart after more than four periods must not
+        reclaim every lease before its holder's next heartbeat. A revoked lease keeps its deadline (serving's)."""
         self.path, self.grace_ms, self.heartbeat_ms = path, int(grace_s * 1000), int(heartbeat_s * 1000)
         self.leases: dict[str, Lease] = {}
         self.ended: dict[str, Lease] = {}
         self.events: deque[LeaseEvent] = deque(maxlen=KEPT_EVENTS)
         if path is not None and path.exists():
             stored = BookFile.model_validate_json(path.read_text())
+            loaded_ms = int(time.time() * 1000) if now_ms is None else now_ms
             self.leases = {x.id: x for x in stored.leases if x.holds_units}
+            for x in self.leases.values():
+                if x.state == "active":
+                    x.heartbeat_ms = max(x.heartbeat_ms, loaded_ms)
             self.events.extend(stored.events)
 
     # ---- what is lent ----------------------------------------------------------------------------------

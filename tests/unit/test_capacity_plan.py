@@ -71,9 +71,13 @@ def test_a_revoked_lease_not_back_within_the_grace_period_is_reclaimed_and_a_sil
         (a.id, "not returned within the 30 s grace period after its revocation")
     ]
     assert [x.id for x, _ in book.overdue(51_000)] == [a.id, b.id]  # b silent for 39 s > 4 x 5 s
-    again = LeaseBook(tmp_path / "leases.json", grace_s=30, heartbeat_s=5)  # a restarted scheduler knows its leases
+    # a scheduler restarted at 100 s knows its leases; b's holder could not reach it while it was down, so b's
+    # heartbeats count from the restart, while a's deadline (serving's) stays
+    again = LeaseBook(tmp_path / "leases.json", grace_s=30, heartbeat_s=5, now_ms=100_000)
     assert [(x.id, x.state) for x in again.held()] == [(a.id, "revoking"), (b.id, "active")]
     assert [e.kind for e in again.events] == ["grant", "grant", "revoke"]
+    assert [x.id for x, _ in again.overdue(110_000)] == [a.id]
+    assert [x.id for x, _ in again.overdue(121_000)] == [a.id, b.id]
 
 
 def test_two_simulated_days_size_serving_before_the_peak_and_lend_the_trough():
