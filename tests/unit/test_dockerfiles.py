@@ -81,6 +81,7 @@ def test_the_platform_image_holds_every_package_and_the_modules_the_pods_run():
         "serving.runtime.weights",
         "flows.deployments",
         "release.webhook_app",
+        "capacity.scheduler",
     ]:
         assert (ROOT / (module.replace(".", "/") + ".py")).exists() and module.split(".")[0] in copied, module
 

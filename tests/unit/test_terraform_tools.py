@@ -332,3 +332,62 @@ def test_chart_renders_the_fleet_supervisor(tmp_path, monkeypatch):
     assert k8s.runtime == "kubernetes" and k8s.kubernetes.image.startswith("vllm/vllm-openai:")
     assert k8s.kubernetes.weights_image == "registry.example/tidal:0.1.0" and k8s.kubernetes.namespace == "tidal"
     assert k8s.kubernetes.gpus_for("tab") == 2 and k8s.kubernetes.models["tab"].instance_type == "g6e.12xlarge"
+
+
+def test_chart_renders_the_capacity_scheduler(tmp_path, monkeypatch):
+    """capacity.enabled: the scheduler's Deployment, Service and ServiceMonitor, a settings file in tidal mode that
+    points lease holders at its Service, and a refusal without the pool's unit and size."""
+    from tidal.settings import load_settings
+
+    helm = _helm()
+    values = {
+        "image": {"repository": "registry.example/tidal", "tag": "0.1.0"},
+        "gateway": {"existingSecret": "tidal-gateway"},
+        "supervisor": {"enabled": True},
+        "capacity": {"enabled": True},
+        "metrics": {"serviceMonitor": {"enabled": True}},
+        "settings": {"store": {"url": "s3://tidal-checkpoints"}, "capacity": {"unit": "gpu", "total_units": 16}},
+        "models": [{"name": "tab", "replicas": 2, "updateStrategy": "lora", "gpus": 1}],
+    }
+
+    def render(v: dict) -> subprocess.CompletedProcess:
+        path = tmp_path / "values.yaml"
+        path.write_text(yaml.safe_dump(v))
+        return subprocess.run(
+            [helm, "template", "tidal", str(CHART), "-f", str(path), "--namespace", "tidal"],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+
+    out = render(values)
+    assert out.returncode == 0, out.stderr
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out.stdout) if d}
+    dep = docs[("Deployment", "tidal-capacity")]["spec"]
+    assert dep["replicas"] == 1 and dep["strategy"]["type"] == "Recreate"
+    pod = dep["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False and pod["priorityClassName"] == "tidal-serving"
+    [c] = pod["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert c["command"] == ["python", "-m", "capacity.scheduler"] and c["securityContext"]["readOnlyRootFilesystem"]
+    assert (env["TIDAL_CAPACITY__HOST"], env["TIDAL_GATEWAY__HOST"], env["TIDAL_GATEWAY__PORT"]) == (
+        "0.0.0.0",
+        "tidal-gateway",
+        "80",
+    )
+    assert docs[("Service", "tidal-capacity")]["spec"]["ports"][0]["port"] == 8095
+    monitor = docs[("ServiceMonitor", "tidal-capacity")]["spec"]["endpoints"][0]
+    assert (monitor["port"], monitor["relabelings"][0]["replacement"]) == ("api", "tidal-capacity")
+    path = tmp_path / "tidal.yaml"
+    path.write_text(docs[("ConfigMap", "tidal-settings")]["data"]["tidal.yaml"])
+    for k in [k for k in os.environ if k.startswith("TIDAL_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("TIDAL_CONFIG", str(path))
+    cap = load_settings().capacity
+    assert (cap.mode, cap.host, cap.port, cap.unit, cap.total_units) == ("tidal", "tidal-capacity", 8095, "gpu", 16)
+
+    refused = render({**values, "settings": {"store": {"url": "s3://tidal-checkpoints"}}})
+    assert refused.returncode != 0 and "settings.capacity.unit" in refused.stderr
+    refused = render({**values, "supervisor": {"enabled": False}})
+    assert refused.returncode != 0 and "capacity.enabled needs supervisor.enabled" in refused.stderr

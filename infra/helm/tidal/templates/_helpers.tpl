@@ -45,6 +45,9 @@ seccompProfile:
 {{- if .Values.supervisor.enabled -}}
 {{- $_ := set $s "fleet" (merge (dict "runtime" "kubernetes" "kubernetes" (include "tidal.fleetKubernetes" . | fromYaml)) (default (dict) $s.fleet)) -}}
 {{- end -}}
+{{- if .Values.capacity.enabled -}}
+{{- $_ := set $s "capacity" (merge (dict "mode" "tidal" "host" "tidal-capacity" "port" (int .Values.capacity.port)) (default (dict) $s.capacity)) -}}
+{{- end -}}
 {{- if .Values.metrics.pushgateway.enabled -}}
 {{- $push := printf "http://tidal-pushgateway.%s.svc:9091" .Release.Namespace -}}
 {{- $_ := set $s "prometheus" (merge (dict "pushgateway_url" $push) (default (dict) $s.prometheus)) -}}
