@@ -266,6 +266,10 @@ def test_better_candidate_is_promoted_through_every_step(
     assert platform.fleet_client().status().models["tab"].serving_version == 1
 
 
+# Behind --long (~2 minutes here: a surge engine and a rolling replacement booted on two busy cores). The suite keeps
+# the restart strategy's surge canary and its rollback (tests/integration/test_fleet.py) and every ramp and decision
+# on the LoRA model (the tests above); this one adds the restart promotion and an operator rollback in its grace.
+@pytest.mark.long
 @pytest.mark.timeout(1500)
 def test_restart_strategy_canary_runs_on_a_surge_replica_and_promotes(
     settings, registry, checkpoints, base_dir, single_line_adapter, gateway, keys, platform, tmp_path, chaos_report
