@@ -1,6 +1,7 @@
 """Each model's demand, observed and forecast: a recent level blended with the same time of the previous day.
 
     recent(t)     = max(exponential average of requests/s with time constant recent_s, the latest observation)
+                    (an observation: the rate over the latest forecast.rate_window_s, capacity/observe.py)
     yesterday(t)  = the busiest bucket of the previous day in [t - day, t - day + lookahead]
     forecast(t)   = max(recent, w x yesterday + (1 - w) x recent)        w = forecast.yesterday_weight
 

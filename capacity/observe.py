@@ -1,7 +1,9 @@
 """What the capacity scheduler sees and does, all over HTTP: each model's demand in the gateway's /metrics, its
 replicas in the fleet supervisor's /fleet, and the supervisor's scale call.
 
-    demand(model)  completions answered + those that failed, per second between two scrapes
+    demand(model)  completions answered + those that failed, per second over the latest `rate_window_s` (at least
+                   the latest two scrapes): at a few requests per second the count between two ticks is mostly noise,
+                   and a noisy rate would reset every scale-down delay and revoke leases on a burst
     p99(model)     the gateway's latency histogram, differenced over the latest `window_s` (the bucket bound that
                    holds 99% of the window's requests: an upper bound, as Prometheus' histogram_quantile would give)
 """
@@ -68,8 +70,8 @@ def p99_ms(prev: Scrape, cur: Scrape, model: str) -> float | None:
 class Observer:
     """The gateway's and the supervisor's HTTP APIs, and a short history of gateway scrapes."""
 
-    def __init__(self, gateway_url: str, fleet_url: str, admin_token: str, window_s: float = 60.0):
-        self.gateway_url, self.fleet_url, self.window_s = gateway_url, fleet_url, window_s
+    def __init__(self, gateway_url: str, fleet_url: str, admin_token: str, window_s: float = 60.0, rate_window_s: float = 15.0):
+        self.gateway_url, self.fleet_url, self.window_s, self.rate_window_s = gateway_url, fleet_url, window_s, rate_window_s
         self._headers = {"Authorization": f"Bearer {admin_token}"}
         self.scrapes: deque[Scrape] = deque()
 
@@ -83,10 +85,16 @@ class Observer:
         return s
 
     def demand(self, model: str) -> tuple[float | None, float | None]:
-        """(requests/s since the previous scrape, p99 ms over the window); None before two scrapes."""
+        """(requests/s over the rate window, p99 ms over the p99 window); None before two scrapes."""
         if len(self.scrapes) < 2:
             return None, None
-        return rate(self.scrapes[-2], self.scrapes[-1], model), p99_ms(self.scrapes[0], self.scrapes[-1], model)
+        *older, latest = self.scrapes
+        since = older[0]  # the newest scrape at least rate_window_s old, else the oldest kept
+        for s in reversed(older):
+            if s.t <= latest.t - self.rate_window_s:
+                since = s
+                break
+        return rate(since, latest, model), p99_ms(self.scrapes[0], latest, model)
 
     def fleet(self) -> FleetStatus:
         r = httpx.get(f"{self.fleet_url}/fleet", headers=self._headers, timeout=10.0)

@@ -277,7 +277,12 @@ def main() -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     s = load_root(SchedulerSettings)
     token = admin_token(s)
-    observer = Observer(f"http://{s.gateway.host}:{s.gateway.port}", f"http://{s.fleet.host}:{s.fleet.admin_port}", token)
+    observer = Observer(
+        f"http://{s.gateway.host}:{s.gateway.port}",
+        f"http://{s.fleet.host}:{s.fleet.admin_port}",
+        token,
+        rate_window_s=s.capacity.forecast.rate_window_s,
+    )
     book = LeaseBook(s.data_path / "capacity" / "leases.json", s.capacity.lease.grace_s, s.capacity.lease.heartbeat_s)
     scheduler = Scheduler(s.capacity, s.models, observer, book)
     stop = threading.Event()

@@ -37,6 +37,14 @@ class ForecastSettings(Section):
         description="The length of a day of traffic: 86400 in production; the simulated users compress it (sim/users.py).",
     )
     recent_s: float = Field(300.0, gt=0, description="The recent average is an exponential one with this time constant.")
+    rate_window_s: float = Field(
+        15.0,
+        gt=0,
+        description=(
+            "Each observation is the request rate over this window (at least one tick): at a few requests per second "
+            "the count of one tick is mostly noise, which would revoke leases on a burst and never let a replica go."
+        ),
+    )
     yesterday_weight: float = Field(
         0.5,
         ge=0,

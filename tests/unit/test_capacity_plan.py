@@ -157,3 +157,19 @@ def test_tidal_settings_are_checked_at_start_up_and_size_the_trainers_lease():
     assert trainer_threads(s) == 3 and terms is not None and terms.units == 3  # the cores beside serving's minimum
     assert terms.url == "http://127.0.0.1:8095" and terms.token not in repr(terms)
     assert lease_terms(load_settings(), spec()) is None  # static: the trainer runs when the flow starts it
+
+
+def test_demand_is_the_rate_over_the_window_and_the_p99_over_the_minute():
+    from capacity.observe import Observer, Scrape
+
+    obs = Observer("http://gateway", "http://fleet", "token", window_s=60.0, rate_window_s=15.0)
+    counts = [0, 10, 12, 30, 31, 33]  # requests so far at t = 0, 5, ..., 25 s: a burst of 18 in one tick
+    for i, n in enumerate(counts):
+        obs.scrapes.append(Scrape(5.0 * i, {"tab": float(n)}, {"tab": {1000.0: n * 0.995, float("inf"): float(n)}}))
+    rps, p99 = obs.demand("tab")
+    assert rps == pytest.approx((33 - 12) / 15)  # since the newest scrape 15 s old, not the latest tick's 0.4 req/s
+    assert p99 == 1000.0  # 99.5% of the minute's 33 requests within 1 s
+    assert Observer("g", "f", "t", rate_window_s=100.0).demand("tab") == (None, None)  # fewer than two scrapes
+    young = Observer("g", "f", "t", rate_window_s=100.0)
+    young.scrapes.extend(obs.scrapes)
+    assert young.demand("tab")[0] == pytest.approx(33 / 25)  # no scrape that old yet: since the oldest kept

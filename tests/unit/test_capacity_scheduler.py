@@ -87,7 +87,7 @@ def running(tmp_path) -> Iterator[tuple[Scheduler, StandInPlatform, str, list[fl
         total_units=4, scale_down_after_s=0, lease={"grace_s": 30, "heartbeat_s": 5}, forecast={"recent_s": 1.0}
     )
     model = ModelSettings(name="tab", replicas=1, capacity=ServingCapacity(min_replicas=1, max_replicas=3, rps_per_replica=4))
-    observer = Observer(platform.url, platform.url, TOKEN)
+    observer = Observer(platform.url, platform.url, TOKEN, rate_window_s=10.0)  # one tick's rate (ticks are 10 s apart)
     book = LeaseBook(tmp_path / "leases.json", cfg.lease.grace_s, cfg.lease.heartbeat_s)
     scheduler = Scheduler(cfg, [model], observer, book, clock=lambda: now[0])
     port = free_port()
