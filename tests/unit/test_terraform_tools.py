@@ -187,6 +187,18 @@ def test_chart_service_accounts_match_irsa_trust():
         assert trusted[workload] == name
 
 
+def chart_settings(docs: dict, tmp_path, monkeypatch):
+    """The settings Tidal loads from the rendered ConfigMap's tidal.yaml (no other TIDAL_ variable in force)."""
+    from tidal.settings import load_settings
+
+    path = tmp_path / "tidal.yaml"
+    path.write_text(docs[("ConfigMap", "tidal-settings")]["data"]["tidal.yaml"])
+    for k in [k for k in os.environ if k.startswith("TIDAL_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("TIDAL_CONFIG", str(path))
+    return load_settings()
+
+
 def _helm() -> str:
     helm = shutil.which("helm")
     if not helm:
@@ -265,7 +277,6 @@ def test_chart_renders_gateway_and_fleet(tmp_path):
 def test_chart_renders_the_fleet_supervisor(tmp_path, monkeypatch):
     """supervisor.enabled: the supervisor's Deployment, Service and Role instead of the static engines, and a
     settings file that the supervisor accepts with fleet.runtime 'kubernetes'."""
-    from tidal.settings import load_settings
 
     helm = _helm()
     values = tmp_path / "values.yaml"
@@ -323,12 +334,7 @@ def test_chart_renders_the_fleet_supervisor(tmp_path, monkeypatch):
     [c] = pod["containers"]
     assert c["command"] == ["python", "-m", "serving.supervisor"] and c["securityContext"]["readOnlyRootFilesystem"]
     assert {e["name"]: e.get("value") for e in c["env"]}["TIDAL_FLEET__HOST"] == "0.0.0.0"
-    path = tmp_path / "tidal.yaml"
-    path.write_text(docs[("ConfigMap", "tidal-settings")]["data"]["tidal.yaml"])
-    for k in [k for k in os.environ if k.startswith("TIDAL_")]:
-        monkeypatch.delenv(k)
-    monkeypatch.setenv("TIDAL_CONFIG", str(path))
-    k8s = load_settings().fleet
+    k8s = chart_settings(docs, tmp_path, monkeypatch).fleet
     assert k8s.runtime == "kubernetes" and k8s.kubernetes.image.startswith("vllm/vllm-openai:")
     assert k8s.kubernetes.weights_image == "registry.example/tidal:0.1.0" and k8s.kubernetes.namespace == "tidal"
     assert k8s.kubernetes.gpus_for("tab") == 2 and k8s.kubernetes.models["tab"].instance_type == "g6e.12xlarge"
@@ -337,7 +343,6 @@ def test_chart_renders_the_fleet_supervisor(tmp_path, monkeypatch):
 def test_chart_renders_the_capacity_scheduler(tmp_path, monkeypatch):
     """capacity.enabled: the scheduler's Deployment, Service and ServiceMonitor, a settings file in tidal mode that
     points lease holders at its Service, and a refusal without the pool's unit and size."""
-    from tidal.settings import load_settings
 
     helm = _helm()
     values = {
@@ -379,12 +384,7 @@ def test_chart_renders_the_capacity_scheduler(tmp_path, monkeypatch):
     assert docs[("Service", "tidal-capacity")]["spec"]["ports"][0]["port"] == 8095
     monitor = docs[("ServiceMonitor", "tidal-capacity")]["spec"]["endpoints"][0]
     assert (monitor["port"], monitor["relabelings"][0]["replacement"]) == ("api", "tidal-capacity")
-    path = tmp_path / "tidal.yaml"
-    path.write_text(docs[("ConfigMap", "tidal-settings")]["data"]["tidal.yaml"])
-    for k in [k for k in os.environ if k.startswith("TIDAL_")]:
-        monkeypatch.delenv(k)
-    monkeypatch.setenv("TIDAL_CONFIG", str(path))
-    cap = load_settings().capacity
+    cap = chart_settings(docs, tmp_path, monkeypatch).capacity
     assert (cap.mode, cap.host, cap.port, cap.unit, cap.total_units) == ("tidal", "tidal-capacity", 8095, "gpu", 16)
 
     refused = render({**values, "settings": {"store": {"url": "s3://tidal-checkpoints"}}})
