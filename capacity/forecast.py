@@ -66,6 +66,8 @@ class DemandForecast:
         if s is None:
             return Forecast(0.0, 0.0, None)
         recent = max(s.level, s.last)
+        if self.cfg.yesterday_weight == 0:  # the previous day does not count: not looked up, not shown
+            return Forecast(recent, recent, None)
         lo = int((t - self.cfg.day_s) // self.bucket_s)
         hi = int((t - self.cfg.day_s + self.cfg.lookahead_s) // self.bucket_s)
         past = [s.buckets[k] for k in range(lo, hi + 1) if k in s.buckets]

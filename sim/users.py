@@ -134,6 +134,7 @@ class Tally:
     acked: list[str] = field(default_factory=list)  # request ids of completions the gateway answered with 200
     feedback_acked: list[str] = field(default_factory=list)  # request ids whose feedback the gateway acknowledged
     latencies_ms: list[float] = field(default_factory=list)  # client-side, per acknowledged completion
+    answered_at: list[float] = field(default_factory=list)  # time.monotonic() of each, in the same order
 
     def add(
         self, version: int, event: str | None, shown: bool, kept: int, request_id: str = "", latency_ms: float | None = None
@@ -143,6 +144,7 @@ class Tally:
                 self.acked.append(request_id)
             if latency_ms is not None:
                 self.latencies_ms.append(latency_ms)
+                self.answered_at.append(time.monotonic())
             c = self.by_version.setdefault(version, Counter())
             c["requests"] += 1
             c["suggestions"] += int(shown)

@@ -30,6 +30,9 @@ def test_the_forecast_blends_the_previous_day_and_never_goes_below_the_recent_le
     ahead = f.predict("tab", 1440 + 560.0)  # 40 s before yesterday's peak, which the 60 s lookahead sees
     assert ahead.yesterday == 20.0 and ahead.rps == pytest.approx(11.0) and ahead.recent == pytest.approx(2.0)
     assert "11.00 req/s forecast (2.00 recently, 20.00 the previous day)" == ahead.explain()
+    recent_only = DemandForecast(ForecastSettings(day_s=1440.0, recent_s=10.0, yesterday_weight=0.0))
+    recent_only.series = f.series
+    assert recent_only.predict("tab", 1440 + 560.0).yesterday is None  # yesterday's peak not looked up
     f.observe("tab", 1440 + 565.0, 30.0)  # a ramp bigger than yesterday's: the latest observation leads
     assert f.predict("tab", 1440 + 565.0).rps == 30.0
     assert DemandForecast(ForecastSettings()).predict("new", 0.0) == Forecast(0.0, 0.0, None)
