@@ -154,6 +154,9 @@ def test_a_candidate_set_in_the_registry_ramps_until_an_operator_rolls_it_back(
     assert users.errors == []
 
 
+# Behind --long (~1 minute: a ramp of its own). The suite ends a ramp by an operator's rollback (the test above);
+# the pause's record, refusals and resume are tests/unit/test_flywheel_pause.py's.
+@pytest.mark.long
 def test_pausing_the_flywheel_mid_canary_returns_traffic_to_control(
     settings, registry, checkpoints, neutral_adapter, users, tmp_path, platform
 ):

@@ -5,7 +5,9 @@ is over, on which the run resumes from that checkpoint and registers one candida
 no model ever drops below its minimum, and killing the scheduler leaves serving as it was.
 
 That a run resumed from a preemption checkpoint ends with the weights of an uninterrupted one, bit for bit, is
-tests/unit/test_preemption.py's (the same load-and-continue the trainer runs here)."""
+tests/unit/test_preemption.py's (the same load-and-continue the trainer runs here). A shorter test in the suite:
+a lease granted in the trough, the scheduler killed under it (serving unchanged, the holder keeps its lease) and
+restarted (it reads its book back)."""
 
 from __future__ import annotations
 
@@ -21,13 +23,12 @@ import time
 import httpx
 import pytest
 
+from capacity.api import LeaseRequest
+from capacity.client import LeaseClient, LeaseWatch
 from tests.integration.train_helpers import complete, pushed_training
 from tidal.tokens import admin_token
 
-# A full-length scenario (behind --long): the ramp's third replica starts on two cores already serving the ramp,
-# ~3 minutes here, and the test runs 5–6 minutes. The mechanics are in the unit tests at seconds each:
-# tests/unit/test_capacity_scheduler.py (the scheduler and a holder over HTTP), test_preemption.py (the weights).
-pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1800)]
+pytestmark = pytest.mark.slow
 
 
 def free_port() -> int:
@@ -89,6 +90,69 @@ def wait_for(what: str, check, timeout_s: float, proc: subprocess.Popen | None =
     raise AssertionError(f"no {what} within {timeout_s:g} s")
 
 
+def start_scheduler(settings, env: dict[str, str]) -> subprocess.Popen:
+    with open(settings.log_dir / "capacity-test.log", "ab") as log:  # the child keeps its own copy
+        return subprocess.Popen([sys.executable, "-m", "capacity.scheduler"], env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+@pytest.mark.timeout(300)
+def test_a_lease_granted_in_the_trough_outlives_a_scheduler_crash_that_serving_never_notices(
+    settings, gateway, keys, platform, tmp_path
+):
+    # Every model held at the replicas it runs now (nothing to scale: no engine starts), one unit beside them to lend.
+    fleet = platform.fleet_client()
+    running = {name: m.desired_replicas for name, m in fleet.status().models.items()}
+    models = [m.model_dump(mode="json") for m in settings.models]
+    for m in models:
+        n = running[m["name"]]
+        m["replicas"], m["capacity"] = n, {"min_replicas": n, "max_replicas": max(n, 1)}
+    port, token = free_port(), admin_token(settings)
+    env = {
+        **os.environ,
+        "TIDAL_MODELS": json.dumps(models),
+        "TIDAL_DATA_DIR": str(tmp_path / "data"),  # the scheduler's lease book only: its own, not the session's
+        "TIDAL_CAPACITY__MODE": "tidal",
+        "TIDAL_CAPACITY__TOTAL_UNITS": str(sum(running.values()) + 1),
+        "TIDAL_CAPACITY__PORT": str(port),
+        "TIDAL_CAPACITY__TICK_S": "1",
+        "TIDAL_CAPACITY__LEASE__HEARTBEAT_S": "0.5",
+        "TIDAL_CAPACITY__LEASE__GRACE_S": "30",
+    }
+    url, auth = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {token}"}
+    scheduler = start_scheduler(settings, env)
+    try:
+        wait_for("decision", lambda: httpx.get(f"{url}/capacity", headers=auth).json()["decided_at_ms"], 60, scheduler)
+        client, revoked = LeaseClient(url, token), threading.Event()
+        lease = client.acquire(LeaseRequest(holder="run-trough", min_units=1, max_units=1), sleep=lambda s: time.sleep(0.3))
+        assert lease.units == 1 and lease.state == "active"
+        with LeaseWatch(client, lease, revoked, 0.5) as watch:
+            scheduler.send_signal(signal.SIGKILL)  # a crash
+            scheduler.wait(10)
+            for i in range(4):  # serving answers as before, through heartbeats that now fail
+                complete(gateway, keys["alice"], f"def crashed_{i}(x):\n    ", f"crash-{i}")
+                time.sleep(0.5)
+            assert not revoked.is_set() and watch.revoked is None  # the holder keeps its lease: its trainer runs on
+            assert {name: m.desired_replicas for name, m in fleet.status().models.items()} == running
+            scheduler = start_scheduler(settings, env)  # back: it reads its book, and the lease is still the holder's
+            status = wait_for("restart", lambda: httpx.get(f"{url}/capacity", headers=auth).json(), 60, scheduler)
+            assert [(x["id"], x["state"]) for x in status["leases"]] == [(lease.id, "active")]
+            time.sleep(1.5)  # heartbeats reach it again
+            assert not revoked.is_set()
+        client.release(lease.id)
+        status = httpx.get(f"{url}/capacity", headers=auth).json()
+        assert status["leases"] == [] and [e["kind"] for e in status["events"] if e["kind"] != "scale"] == ["grant", "release"]
+        assert all(e["kind"] != "scale" for e in status["events"])  # nothing was scaled
+    finally:
+        scheduler.kill()
+        scheduler.wait(10)
+    assert {name: m.desired_replicas for name, m in fleet.status().models.items()} == running
+
+
+# A full-length scenario (behind --long): the ramp's third replica starts on two cores already serving the ramp,
+# ~3 minutes here, and the test runs 5–6 minutes. The mechanics are in the unit tests at seconds each:
+# tests/unit/test_capacity_scheduler.py (the scheduler and a holder over HTTP), test_preemption.py (the weights).
+@pytest.mark.long
+@pytest.mark.timeout(1800)
 def test_the_trough_is_lent_to_training_and_taken_back_at_a_ramp(settings, gateway, keys, registry, platform, fleet, dataset_id):
     # Every model keeps its replicas as its minimum (the session's other tests expect them); tab may take a third at
     # a ramp (1 req/s per replica). Four units: the three replicas of the trough and one for the trainer.
