@@ -33,11 +33,11 @@ pytestmark = pytest.mark.slow
 # strategy (the session's fleet; the demo's own full-weight training and 'restart' strategy would add two engine
 # boots: restart's canary has its own tests in test_fleet.py and test_promote.py), a gate on 50 held-out rows and
 # 5 kB of code that lets any sane candidate through (the gate's refusals have their own tests) and one 50% canary
-# step that ends within 25 s, decided or rolled back as inconclusive; then 12 held-out requests per version.
+# step that ends within 25 s, decided or rolled back as inconclusive; then 20 held-out requests per version.
 TINY = {
     "TIDAL_DEMO__REQUESTS_PER_CYCLE": "60",
     "TIDAL_DEMO__FIRST_CYCLE_REQUESTS": "60",
-    "TIDAL_DEMO__EVAL_REQUESTS": "12",
+    "TIDAL_DEMO__EVAL_REQUESTS": "20",
     "TIDAL_DEMO__USERS__USERS": "200",
     "TIDAL_DEMO__USERS__SITES": "400",
     "TIDAL_DEMO__USERS__CONCURRENCY": "2",
@@ -205,14 +205,14 @@ def test_tidal_demo_runs_one_cycle_and_reports(settings, platform, registry, gat
     png = settings.data_path / "demo" / "tab-flywheel.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((settings.data_path / "demo" / "tab-cycles.json").read_text())[-1]["dataset_id"] == report.dataset_id
-    assert "held-out users (12 requests" in out.stdout and f"{report.decision} v{cand.version}" in out.stdout
+    assert "held-out users (20 requests" in out.stdout and f"{report.decision} v{cand.version}" in out.stdout
     assert "learning claim" in out.stdout and f"plot: {png}" in out.stdout
     assert "the users were quiet for" in out.stdout  # while the cycle trained, on every core
     for v in versions[1:]:
-        assert f"v{v} − v1, paired on the same 12 requests" in out.stdout
-    # The final report: the final champion against v1 on the same 12 requests, and the cycle's trainer seconds.
+        assert f"v{v} − v1, paired on the same 20 requests" in out.stdout
+    # The final report: the final champion against v1 on the same 20 requests, and the cycle's trainer seconds.
     learned = LearningReport.model_validate_json((settings.data_path / "demo" / "report.json").read_text())
-    assert (learned.final_version, learned.requests_per_version) == (report.champion_after, 12), learned
+    assert (learned.final_version, learned.requests_per_version) == (report.champion_after, 20), learned
     assert learned.promoted == (report.decision == "promoted") and learned.train_s == result.train_s > 0, learned
     assert 0 < learned.train_s < learned.total_s and learned.suggestion_ratio is not None, learned
     for v in versions:
