@@ -312,9 +312,10 @@ def main() -> None:
             "tick_s": 2.0,
             "scale_down_after_s": args.day_s / 48,  # half an hour of the day
             "lease": {"grace_s": 60.0, "heartbeat_s": 2.0},
-            # The recent level alone: this run has no previous day, and the scheduler started with the tidal day would
-            # take the day's own morning for "yesterday" once the lookahead reaches past midnight (a replica's start,
-            # ~1.5 min here, is hours of a compressed day). The recent average spans a quarter of an hour of the day.
+            # The recent level alone. With the previous day's term, the lookahead (a replica's start: minutes here,
+            # hours of a compressed day) reaches from the evening into the next morning's ramp, which the day's own
+            # morning foretells, and the peak's replicas stay all evening: right for the forecast, but not the
+            # day's tide. The recent average spans a quarter of an hour of the day.
             "forecast": {"day_s": args.day_s, "recent_s": args.day_s / 96, "yesterday_weight": 0.0},
         },
     }
