@@ -40,9 +40,11 @@ class ForecastSettings(Section):
     rate_window_s: float = Field(
         15.0,
         gt=0,
+        le=60,
         description=(
-            "Each observation is the request rate over this window (at least one tick): at a few requests per second "
-            "the count of one tick is mostly noise, which would revoke leases on a burst and never let a replica go."
+            "Each observation is the request rate over this window (at least one tick; at most the minute of gateway "
+            "scrapes the scheduler keeps): at a few requests per second the count of one tick is mostly noise, which "
+            "could revoke a lease on a burst or hold a replica no longer needed."
         ),
     )
     yesterday_weight: float = Field(
