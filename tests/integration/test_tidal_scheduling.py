@@ -175,8 +175,7 @@ def test_the_trough_is_lent_to_training_and_taken_back_at_a_ramp(settings, gatew
         "TIDAL_TRAIN__PPO__MAX_ITERATIONS": "8",  # a run of its own (another key than test_ppo_train's)
     }
     url, auth = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {token}"}
-    log = open(settings.log_dir / "capacity-test.log", "ab")  # noqa: SIM115  closed below
-    scheduler = subprocess.Popen([sys.executable, "-m", "capacity.scheduler"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    scheduler = start_scheduler(settings, env)
     watch, ramp, train = FleetWatch(platform.fleet_client()), Ramp(gateway, keys["bob"]), None
     watch.start()
     try:
@@ -210,7 +209,6 @@ def test_the_trough_is_lent_to_training_and_taken_back_at_a_ramp(settings, gatew
             train.kill()
         scheduler.send_signal(signal.SIGKILL)  # a crash: serving must not notice
         scheduler.wait(10)
-        log.close()
     kept = {name: len(m.replicas) for name, m in platform.fleet_client().status().models.items()}
     time.sleep(3)
     watch.stop.set()
