@@ -173,7 +173,7 @@ def cmd_demo(settings: TidalSettings, args) -> None:
 
 
 def cmd_eval(settings: TidalSettings, args) -> None:
-    from tidal.demo import cmd_eval as run
+    from tidal.heldout_eval import cmd_eval as run
 
     run(settings, args)
 

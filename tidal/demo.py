@@ -1,13 +1,15 @@
-"""`tidal demo` and `tidal eval`: the whole loop on one machine, with simulated users.
+"""`tidal demo`: the whole loop on one machine, with simulated users.
 
-demo:  platform up (bootstrap if needed) → simulated users send Tab traffic through the gateway, all along
-       → N × [wait for `requests_per_cycle` new requests (`first_cycle_requests` before the model's first)
-       → flywheel cycle] → held-out eval of version 1 vs the final champion → table, PNG plot (MLflow run +
-       Prefect artifact), where to look.
-eval:  the same held-out replay for any versions.
+    platform up (bootstrap if needed; the capacity scheduler under demo.capacity.mode tidal)
+    → simulated users send Tab traffic through the gateway all along, on a compressed daily curve
+    → N × [wait for `requests_per_cycle` new requests (`first_cycle_requests` before the model's first)
+           → flywheel cycle, whose trainer waits for a lease of the trough (tidal) or has the cores while the users
+             pause (static)]
+    → held-out eval of version 1 vs the final champion (tidal/heldout_eval.py) → table, PNG plots of the versions
+      and of the tide (MLflow run + Prefect artifact), where to look.
 
-The demo's cycles use `demo.canary` and `demo.train` (sized for a laptop) and start the flows runner with
-`flywheel.loop: manual`, so no schedule or trigger runs a second loop beside the demo's.
+The demo's cycles use `demo.canary`, `demo.train` and `demo.capacity` (sized for a laptop) and start the flows
+runner with `flywheel.loop: manual`, so no schedule or trigger runs a second loop beside the demo's.
 """
 
 from __future__ import annotations
@@ -21,19 +23,21 @@ from pathlib import Path
 
 from release.operations import roll_back_canary
 from tasks.cycle_report import CycleReport, cycle_table
+from tidal.demo_tide import TideWatch, plot_tide, summarize_tide, tidal_updates
+from tidal.heldout_eval import METRIC_NAMES, evaluate_versions, print_eval
 from tidal.loop_settings import DemoSettings, FlywheelSettings
 from tidal.section import SettingsError
 from tidal.settings import TidalSettings
 from tidal.strategy import model_mismatch
 
-METRIC_NAMES = ("suggestion_rate", "accept_rate", "reward_per_request", "accepted_chars_per_request")
-
 
 def demo_profile(settings: TidalSettings, model: str) -> TidalSettings:
-    """The settings the demo runs under: its canary and training, no schedule, and `demo.update_strategy` for the model
-    it cycles (the other models are not trained by the demo: they keep theirs, and the fleet keeps serving them)."""
+    """The settings the demo runs under: its canary, training and capacity, no schedule, and `demo.update_strategy`
+    for the model it cycles (the other models are not trained by the demo: they keep theirs, and the fleet keeps
+    serving them). Under demo.capacity.mode tidal, the tide's settings too (tidal/demo_tide.py)."""
     demo, train = settings.demo, settings.demo.train
-    if demo.quiet_while_training and train.torch_threads is None:
+    static = demo.capacity.mode == "static"
+    if static and demo.quiet_while_training and train.torch_threads is None:
         train = train.model_copy(update={"torch_threads": os.cpu_count() or 1})  # the users are quiet: every core
     models = [
         m.model_copy(update={"update_strategy": demo.update_strategy})
@@ -44,14 +48,14 @@ def demo_profile(settings: TidalSettings, model: str) -> TidalSettings:
     cycled = next(m for m in models if m.name == model)
     if problem := model_mismatch(cycled.name, cycled.update_strategy, train.ppo.lora, "demo.train.ppo.lora"):
         raise SettingsError(f"{problem}; or set demo.update_strategy")
-    return settings.model_copy(
-        update={
-            "canary": demo.canary,
-            "train": train,
-            "models": models,
-            "flywheel": FlywheelSettings(loop="manual", schedule_cron=settings.flywheel.schedule_cron),
-        }
-    )
+    update = {
+        "canary": demo.canary,
+        "train": train,
+        "models": models,
+        "capacity": demo.capacity.model_copy(update={"host": settings.capacity.host, "port": settings.capacity.port}),
+        "flywheel": FlywheelSettings(loop="manual", schedule_cron=settings.flywheel.schedule_cron),
+    }
+    return settings.model_copy(update=update | ({} if static else tidal_updates(settings, models, model)))
 
 
 def fleet_strategies(platform) -> dict[str, str] | None:
@@ -67,122 +71,6 @@ def use_settings_file(platform) -> None:
     for key in [k for k in os.environ if k.startswith("TIDAL_")]:
         del os.environ[key]
     os.environ["TIDAL_CONFIG"] = str(platform.settings_file)
-
-
-# ---- eval ------------------------------------------------------------------------------------------
-def replica_serving(fleet, model: str, version: int) -> str | None:
-    for r in fleet.replicas(model):
-        if r.state == "ready" and version in r.served.values():
-            return r.url
-    return None
-
-
-def evaluate_versions(
-    settings: TidalSettings, platform, model: str, versions: list[int], n: int, seed: int, code_dir: Path | None = None
-) -> dict:
-    """{version: {"suggestion_filter": what it withholds, "metrics": {name: Estimate}, "baseline_k": k, "baseline":
-    {name: Estimate}, "outcomes": Outcomes,
-    "baseline_outcomes": Outcomes}} on held-out users (outcomes: request by request, for paired comparisons).
-    Versions not loaded are deployed for the replay and unloaded after (lora: an adapter; restart: a surge
-    replica)."""
-    from data_contracts.suggestion_filter import describe, from_tags
-    from sim.evaluate import best_truncation, complete_all, eval_cases, outcomes, summarize
-    from tidal.registry import Registry
-
-    registry, fleet = Registry(settings.mlflow.tracking_uri), platform.fleet_client()
-    cfg, rule = settings.demo.users, settings.collect.rule_for(model)
-    cases = eval_cases(cfg, settings.bootstrap.heldout_fraction, n, seed, code_dir)
-    out = {}
-    for v in versions:
-        info = registry.get(model, v)
-        url, loaded_here = replica_serving(fleet, model, v), False
-        if url is None:  # lora: the adapter is loaded; restart: a surge replica boots on it
-            fleet.deploy(model, v)
-            url, loaded_here = replica_serving(fleet, model, v), True
-        try:
-            texts = complete_all(
-                url,
-                info.served_name,
-                cases,
-                cfg.max_tokens,
-                cfg.temperature,
-                cfg.stop,
-                settings.demo.eval_concurrency,
-                None if (f := from_tags(info.tags)) is None else f.min_first_logprob,
-            )
-        finally:
-            if loaded_here and registry.aliases(model).get("champion") != v:
-                fleet.undeploy(model, v)
-        k, baseline = best_truncation(cases, texts, rule)
-        served = outcomes(cases, texts, rule)  # the users' verdicts once; metrics and paired comparisons share them
-        out[v] = {
-            "suggestion_filter": describe(from_tags(info.tags)),
-            "metrics": summarize(served),
-            "baseline_k": k,
-            "baseline": baseline,
-            "outcomes": served,
-            "baseline_outcomes": outcomes(cases, [t[:k] for t in texts], rule),
-        }
-    return out
-
-
-def paired(result: dict, reference: int) -> dict[int, dict]:
-    """{version: {metric: Comparison}} of every other version against `reference` on the same requests."""
-    from sim.paired import compare
-
-    return {v: compare(result[reference]["outcomes"], r["outcomes"]) for v, r in result.items() if v != reference}
-
-
-def print_eval(model: str, result: dict, n: int, reference: int | None = None) -> None:
-    print(f"\n{model}: held-out users ({n} requests from eval files never trained on; 95% CIs)")
-    print(f"{'version':<22}" + "".join(f"{m:>30}" for m in METRIC_NAMES))
-    for v, r in result.items():
-        print(f"{'v' + str(v):<22}" + "".join(f"{str(r['metrics'][m]):>30}" for m in METRIC_NAMES))
-        label = f"  v{v} cut to {r['baseline_k']} chars"
-        print(f"{label:<22}" + "".join(f"{str(r['baseline'][m]):>30}" for m in METRIC_NAMES))
-        print(f"  v{v} {r['suggestion_filter']}")
-    reference = next(iter(result)) if reference is None else reference
-    for v, comparisons in paired(result, reference).items():
-        print(f"v{v} − v{reference}, paired on the same {n} requests (×: ratio b/a; ±: difference; 95% bootstrap CIs)")
-        for m in METRIC_NAMES:
-            print(f"  {comparisons[m].describe():<60} {'significant' if comparisons[m].significant else ''}")
-
-
-def cmd_eval(settings: TidalSettings, args) -> None:
-    from tidal.client_env import use_platform_env
-    from tidal.platform import Platform
-
-    use_platform_env(settings)
-    versions = [int(v.strip().lstrip("v")) for v in args.versions.split(",") if v.strip()]
-    if not versions:
-        raise ValueError("--versions needs at least one version, e.g. --versions 1,4")
-    code_dir = Path(args.code_dir) if args.code_dir else None
-    result = evaluate_versions(settings, Platform(settings), args.model, versions, args.requests, args.seed, code_dir)
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "versions": {v: _flat(r) for v, r in result.items()},
-                    "reference": versions[0],
-                    "paired": {v: {m: _comparison(c) for m, c in cs.items()} for v, cs in paired(result, versions[0]).items()},
-                }
-            )
-        )
-    else:
-        print_eval(args.model, result, args.requests, versions[0])
-
-
-def _flat(r: dict) -> dict:
-    return {
-        **{m: vars(e) for m, e in r["metrics"].items()},
-        "baseline_k": r["baseline_k"],
-        "suggestion_filter": r["suggestion_filter"],
-        **{f"baseline_{m}": vars(e) for m, e in r["baseline"].items()},
-    }
-
-
-def _comparison(c) -> dict:
-    return {"a": c.a, "b": c.b, "delta": vars(c.delta), "ratio": vars(c.ratio) if c.ratio else None, "significant": c.significant}
 
 
 # ---- demo ------------------------------------------------------------------------------------------
@@ -326,6 +214,7 @@ def cmd_demo(settings: TidalSettings, args) -> None:
     use_settings_file(platform)
     ensure_champions(settings)
     platform.stop("flows")  # the runner executes the demo's cycles: it must read the demo's settings
+    platform.stop("capacity")  # so must the scheduler, which sizes the fleet by the demo's bounds (none: static)
     running = fleet_strategies(platform)
     strategy = settings.model(model).update_strategy
     if running and running.get(model, strategy) != strategy:
@@ -334,6 +223,7 @@ def cmd_demo(settings: TidalSettings, args) -> None:
     platform.up_flows()
     platform.up_fleet()
     platform.up_gateway()
+    platform.up_capacity()  # tidal: after the fleet and the gateway it observes
     print_status(platform.status())
     registry, store = Registry(settings.mlflow.tracking_uri), open_store(settings)
     first = 1 + len(load_cycles(store, model))
@@ -348,14 +238,25 @@ def cmd_demo(settings: TidalSettings, args) -> None:
         + (f" ({demo.first_cycle_requests} before the first)" if first == 1 else "")
         + f" ({demo.users.users} users)"
     )
+    tidal = demo.capacity.mode == "tidal"
+    if tidal:
+        day = demo.users.daily
+        print(
+            f"{model}: the users follow a {day.day_s:g}-s day ({day.trough_rps:g} to {day.peak_rps:g} req/s); the capacity "
+            f"scheduler sizes {model} between {demo.serving.min_replicas} and {settings.model(model).capacity.max_replicas} "
+            f"replicas and lends the rest of {settings.capacity.usable_units} {settings.capacity.unit}(s) to each cycle's trainer"
+        )
+    tide = TideWatch(platform, model, demo.users.daily) if tidal else None
     traffic.start()
+    if tide:
+        tide.start()
     collected = 0  # requests sent before the last cycle collected: the users keep typing while a cycle runs
     try:
         for n in range(first, first + cycles):
             wait_for_traffic(traffic, collected, requests_before(demo, n), f"cycle {n}: traffic")
             time.sleep(settle_s)  # the last records and verdicts reach the store
             collected = traffic.sent
-            quiet_s = run_cycle(model, n, "train" if demo.quiet_while_training else None, traffic)
+            quiet_s = run_cycle(model, n, "train" if demo.quiet_while_training and not tidal else None, traffic)
             reports = load_cycles(store, model)[first - 1 :]
             print(
                 "\n"
@@ -368,6 +269,8 @@ def cmd_demo(settings: TidalSettings, args) -> None:
         raise
     finally:
         traffic.stop.set()
+        if tide:
+            tide.stop.set()
         traffic.join(timeout=120)
     reports = load_cycles(store, model)[first - 1 :]
     final = registry.aliases(model)["champion"]
@@ -376,7 +279,7 @@ def cmd_demo(settings: TidalSettings, args) -> None:
     versions = sorted({1, final, *last})
     result = evaluate_versions(settings, platform, model, versions, demo.eval_requests, demo.users.seed + 1)
     print_eval(model, result, demo.eval_requests)
-    report_demo(settings, model, reports, result, versions, final, time.monotonic() - started, traffic)
+    report_demo(settings, model, reports, result, versions, final, time.monotonic() - started, traffic, tide)
 
 
 def train_seconds(settings: TidalSettings, model: str, reports: list[CycleReport]) -> float:
@@ -403,6 +306,7 @@ def report_demo(
     final: int,
     elapsed_s: float,
     traffic,
+    tide: TideWatch | None = None,
 ) -> None:
     import mlflow
     from prefect.artifacts import create_link_artifact, create_markdown_artifact
@@ -433,6 +337,12 @@ def report_demo(
         train_seconds(settings, model, reports),
     )
     (settings.data_path / "demo" / "report.json").write_text(report.model_dump_json(indent=2))
+    tide_png, tide_summary = None, None
+    if tide is not None and tide.samples:  # the tide's plot and figures (tidal/demo_tide.py)
+        tide_png = plot_tide(tide.samples, model, settings.data_path / "demo" / f"{model}-tide.png")
+        tide_summary = summarize_tide(tide.samples)
+        tide_record = {"summary": tide_summary.model_dump(), "samples": [s.model_dump() for s in tide.samples]}
+        (settings.data_path / "demo" / f"{model}-tide.json").write_text(json.dumps(tide_record))
     mlflow.set_tracking_uri(settings.mlflow.tracking_uri)
     mlflow.set_experiment(f"{model}/demo")
     with mlflow.start_run(run_name=f"demo {len(reports)} cycles") as run:
@@ -444,6 +354,7 @@ def report_demo(
                 "users": settings.demo.users.users,
                 "eval_requests": settings.demo.eval_requests,
                 "versions": ",".join(f"v{v}" for v in versions),
+                "capacity": settings.capacity.mode,
             }
         )
         for r in reports:
@@ -454,6 +365,10 @@ def report_demo(
         ratios = {k: getattr(report, k) for k in ("accept_ratio", "suggestion_ratio", "chars_ratio", "reward_delta")}
         mlflow.log_metrics({f"eval/{k}": x for k, x in ratios.items() if x is not None} | {"demo/minutes": elapsed_s / 60})
         mlflow.log_artifact(str(png))
+        if tide_summary is not None:
+            mlflow.log_metrics({f"tide/{k}": float(v) for k, v in tide_summary.model_dump().items() if v is not None})
+            mlflow.log_artifact(str(tide_png))
+            mlflow.log_dict(tide_record, "tide.json")
         mlflow.log_dict(stored, "cycles.json")
         mlflow.log_dict(report.model_dump(), "report.json")
     run_url = f"{settings.mlflow.tracking_uri}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
@@ -466,7 +381,8 @@ def report_demo(
         markdown=(
             f"# {model}: demo, {len(reports)} cycles in {elapsed_s / 60:.1f} min\n\n```\n{cycle_table(reports)}\n```\n\n"
             f"Held-out accept rate v1 → v{final} (final champion): {first['accept_rate']} → {last['accept_rate']}\n\n"
-            f"[plot and figures in MLflow]({run_url})\n"
+            + (f"{tide_summary.describe()}\n\n" if tide_summary else "")
+            + f"[plots and figures in MLflow]({run_url})\n"
         ),
     )
     if final == 1:
@@ -486,6 +402,8 @@ def report_demo(
         + "; ".join(f"{m} {c.delta.mean:+.4f} [{c.delta.low:+.4f}, {c.delta.high:+.4f}]" for m, c in gaps.items())
         + ("" if report.beats_truncation else f" — v{final} does not yet match the truncation baseline")
     )
+    if tide_summary is not None:
+        print(f"\n{tide_summary.describe()}; plot: {tide_png}")
     print(
         f"\ndemo done in {elapsed_s / 60:.1f} min; {traffic.sent} simulated requests; plot: {png}; "
         f"report: {settings.data_path / 'demo' / 'report.json'}\n"

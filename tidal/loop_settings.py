@@ -6,10 +6,12 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from capacity.settings import CapacitySettings, ForecastSettings, LeaseSettings
 from release.policy import CanaryConfig
+from sim.daily_curve import DailyCurve
 from sim.users import SimUsersConfig
 from tidal.kube import unpinned
-from tidal.model_settings import Margins
+from tidal.model_settings import Margins, ServingCapacity
 from tidal.section import Section, deep_merge
 from tidal.strategy import UpdateStrategy, strategy_mismatch
 from training.ppo_config import PPOConfig
@@ -97,6 +99,34 @@ def _demo_canary() -> CanaryConfig:
         detect_regression_sd=0.3,
         margins=Margins(accepted_chars=0.75, slow_share=0.03),
     )
+
+
+DEMO_DAY_S = 600.0  # ten minutes a simulated day
+
+
+def _demo_day() -> DailyCurve:
+    # bench/tidal.py's day: 1 req/s in the trough, 4 at the peak, starting at 02:00 (in the trough). One replica
+    # serves 3.2 req/s within its headroom (4 req/s x 1 / 1.25), so the busiest third of the day takes a second
+    # replica and the rest of it lends a core to training.
+    return DailyCurve(day_s=DEMO_DAY_S, peak_rps=4.0, peak_to_trough=4.0, peak_hour=14.0, start_hour=2.0)
+
+
+def _demo_capacity() -> CapacitySettings:
+    # The tide of a ten-minute day: decisions every 2 s, a replica kept half an hour of the day (12.5 s) after it is
+    # no longer needed, heartbeats every 2 s. The recent level alone forecasts (a quarter of an hour of the day):
+    # a lookahead that covers a replica's start is hours of a compressed day, and with the previous day's term the
+    # peak's replicas would stay all evening (bench/tidal.py measured it).
+    return CapacitySettings(
+        mode="tidal",
+        tick_s=2.0,
+        scale_down_after_s=DEMO_DAY_S / 48,
+        lease=LeaseSettings(grace_s=60.0, heartbeat_s=2.0),
+        forecast=ForecastSettings(day_s=DEMO_DAY_S, recent_s=DEMO_DAY_S / 96, yesterday_weight=0.0),
+    )
+
+
+def _demo_serving() -> ServingCapacity:
+    return ServingCapacity(min_replicas=1, max_replicas=2)
 
 
 def _demo_train() -> TrainSettings:
@@ -191,9 +221,30 @@ class DemoSettings(Section):
     quiet_while_training: bool = Field(
         True,
         description=(
-            "The users pause while a cycle trains, and the trainer gets every core (train.torch_threads unset): the "
-            "traffic trough training borrows serving's capacity in. False: they keep typing, and the trainer gets the "
-            "cores the fleet leaves free."
+            "Under demo.capacity.mode 'static' only: the users pause while a cycle trains, and the trainer gets every "
+            "core (train.torch_threads unset), a trough made on demand. False: they keep typing, and the trainer gets "
+            "the cores the fleet leaves free. Under 'tidal' the users follow `day` and never pause."
+        ),
+    )
+    capacity: CapacitySettings = Field(
+        default_factory=_demo_capacity,
+        description=(
+            "The capacity the demo runs on (replaces `capacity`, but for its host and port; forecast.day_s is the "
+            "day's). 'tidal': the capacity scheduler sizes the cycled model to the users' day between `serving`'s "
+            "bounds and lends the rest of the pool to each cycle's trainer as a lease, revoked at the ramp (the run "
+            "resumes on the next). 'static': the fleet keeps its replicas, the users pause while a cycle trains "
+            "(quiet_while_training)."
+        ),
+    )
+    day: DailyCurve = Field(
+        default_factory=_demo_day,
+        description="The simulated users' day under demo.capacity.mode 'tidal' (unless demo.users.daily names one).",
+    )
+    serving: ServingCapacity = Field(
+        default_factory=_demo_serving,
+        description=(
+            "Under 'tidal': the cycled model's capacity bounds (replace its models[].capacity; its `replicas` is moved "
+            "into them). The fleet's other models keep the replicas they have (their minimum and maximum)."
         ),
     )
     update_strategy: UpdateStrategy | None = Field(
@@ -217,14 +268,31 @@ class DemoSettings(Section):
     @model_validator(mode="before")
     @classmethod
     def _over_the_demo_defaults(cls, data):
-        # A setting given for the demo's canary or train (TIDAL_DEMO__TRAIN__PPO__KL_COEF, a YAML key) changes that
-        # one setting of the demo's sections; without the merge, the sections' other settings would fall back to the
+        # A setting given for one of the demo's sections (TIDAL_DEMO__TRAIN__PPO__KL_COEF, a YAML key) changes that
+        # one setting of it; without the merge, the sections' other settings would fall back to the
         # production defaults (e.g. PPO's full passes instead of the demo's 16 iterations).
         if isinstance(data, dict):
-            for name, demo_default in (("canary", _demo_canary), ("train", _demo_train)):
+            defaults = (
+                ("canary", _demo_canary),
+                ("train", _demo_train),
+                ("capacity", _demo_capacity),
+                ("day", _demo_day),
+                ("serving", _demo_serving),
+            )
+            for name, demo_default in defaults:
                 if isinstance(data.get(name), dict):
                     data = {**data, name: deep_merge(demo_default().model_dump(), data[name])}
         return data
+
+    @model_validator(mode="after")
+    def _serving_bounds(self):
+        hi = self.serving.max_replicas
+        if hi is not None and hi < max(1, self.serving.min_replicas):
+            raise ValueError(
+                f"demo.serving.max_replicas={hi} is below demo.serving.min_replicas={self.serving.min_replicas}: "
+                "raise max_replicas"
+            )
+        return self
 
     @model_validator(mode="after")
     def _strategy_serves_the_candidates(self):

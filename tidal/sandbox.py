@@ -17,7 +17,7 @@ from tidal.procs import port_free
 from tidal.section import deep_merge
 
 BLOCK = 80  # ports per sandbox: services at +0..+4, spare for tests at +5..+7, the registry webhook at +8,
-# Prometheus at +9, replicas from +10 to +69, a Pushgateway at +70
+# Prometheus at +9, replicas from +10 to +69, a Pushgateway at +70, the capacity scheduler at +71
 SPARE = 5  # offset of the spare ports (from prefect.port)
 
 
@@ -54,6 +54,7 @@ def write_config(
         "prometheus": {"port": b + 9, "scrape_interval_s": 1.0}
         | ({"pushgateway_url": f"http://127.0.0.1:{b + 70}"} if pushgateway else {}),
         "registry_webhook": {"port": b + 8},
+        "capacity": {"port": b + 71},
         "fleet": {
             "admin_port": b + 3,
             "base_port": b + 10,

@@ -21,7 +21,8 @@ import pytest
 from sim.learning_report import LearningReport
 from tasks.flywheel import load_cycles
 from tidal.store import get_json, open_store
-from training.job_spec import TrainResult
+from tidal.tokens import admin_token
+from training.job_spec import TrainJob, TrainResult
 from training.reward_data import load_dataset, split
 from training.rollout import select_samples
 
@@ -64,7 +65,22 @@ TINY = {
     "TIDAL_DEMO__CANARY__POLL_S": "2",
     "TIDAL_DEMO__CANARY__FEEDBACK_WAIT_S": "3",
     "TIDAL_DEMO__CANARY__UNLOAD_GRACE_S": "0",
+    # The tide (the demo's default): users on a 2-minute day from mid-morning (about 3.5 req/s), the capacity scheduler
+    # lending training what serving's minimum leaves. tide_env holds tab at the replicas the session runs (no engine
+    # starts: the ramp and its revocation are test_tidal_scheduling.py's) with one unit beside the fleet to lend.
+    "TIDAL_DEMO__DAY__DAY_S": "120",
+    "TIDAL_DEMO__DAY__PEAK_RPS": "6",
+    "TIDAL_DEMO__DAY__START_HOUR": "8",
 }
+
+
+def tide_env(platform) -> dict[str, str]:
+    running = {name: m.desired_replicas for name, m in platform.fleet_client().status().models.items()}
+    return {
+        "TIDAL_DEMO__CAPACITY__TOTAL_UNITS": str(sum(running.values()) + 1),
+        "TIDAL_DEMO__SERVING__MIN_REPLICAS": str(running["tab"]),
+        "TIDAL_DEMO__SERVING__MAX_REPLICAS": str(running["tab"]),
+    }
 
 
 def demo_env(**extra: str) -> dict[str, str]:
@@ -100,6 +116,7 @@ def session_runner(platform, settings):
     the session's settings again, for whatever test needs it next."""
     yield
     platform.write_settings_file()
+    platform.stop("capacity")  # the demo's scheduler: the session's fleet is the tests' to size
     platform.stop("flows")  # returns once the runner's port can be bound again
     platform.up_flows()
 
@@ -111,7 +128,11 @@ def test_tidal_demo_runs_one_cycle_and_reports(settings, platform, registry, gat
     cycles_before = len(load_cycles(store, "tab"))
     since = datetime.now(UTC).isoformat()
     out = subprocess.run(
-        [sys.executable, "-m", "tidal.cli", "demo", "--cycles", "1"], env=demo_env(), capture_output=True, text=True, timeout=1200
+        [sys.executable, "-m", "tidal.cli", "demo", "--cycles", "1"],
+        env=demo_env(**tide_env(platform)),
+        capture_output=True,
+        text=True,
+        timeout=1200,
     )
     print(out.stdout[-4000:], out.stderr[-3000:], sep="\n")
     assert out.returncode == 0, out.stderr[-3000:]
@@ -147,6 +168,23 @@ def test_tidal_demo_runs_one_cycle_and_reports(settings, platform, registry, gat
     assert result.credited_partials == partials - no_chars, (result, partials, no_chars)
     assert result.final["ppo/ptx_loss"] > 0, result.final
     assert "ppo/stop_credit_loss" in result.final and result.final["ppo/sharpen_loss"] > 0, result.final
+
+    # The tide: the run trained on a lease of the unit beside the fleet, with that many threads, and gave it back;
+    # the demo's report holds the scheduler's timeline, its figures and its plot.
+    run_key = cand.tags["tidal.train_run"]
+    spec = TrainJob.model_validate_json((settings.run_dir / f"train-tab-{run_key}.json").read_text())
+    assert spec.torch_threads == 1, spec.torch_threads
+    events = httpx.get(
+        f"http://{settings.capacity.host}:{settings.capacity.port}/capacity",
+        headers={"Authorization": f"Bearer {admin_token(settings)}"},
+        timeout=10,
+    ).json()["events"]
+    assert [(e["kind"], e["units"]) for e in events if e["holder"] == run_key] == [("grant", 1), ("release", 1)], events
+    tide = json.loads((settings.data_path / "demo" / "tab-tide.json").read_text())
+    assert tide["summary"]["grants"] >= 1 and tide["summary"]["revocations"] == 0, tide["summary"]
+    assert {s["lent_units"] for s in tide["samples"]} >= {1} and {s["replicas"] for s in tide["samples"]} == {2}
+    assert (settings.data_path / "demo" / "tab-tide.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"tide: {tide['summary']['grants']} lease(s) granted" in out.stdout
 
     # Registry and routes agree with the decision; no canary is left behind.
     aliases, arms = registry.aliases("tab"), platform.routes_client().show().routes["tab"].arms
@@ -199,7 +237,14 @@ def test_tidal_demo_runs_one_cycle_and_reports(settings, platform, registry, gat
     for v in versions:
         assert 0 <= run.data.metrics[f"eval/v{v}/accept_rate"] <= 1
     assert "cycle/accept_rate" in run.data.metrics and run.data.metrics["demo/minutes"] > 0
-    assert {f.path for f in client.list_artifacts(run.info.run_id)} >= {"tab-flywheel.png", "cycles.json"}
+    assert {f.path for f in client.list_artifacts(run.info.run_id)} >= {
+        "tab-flywheel.png",
+        "cycles.json",
+        "tab-tide.png",
+        "tide.json",
+    }
+    assert run.data.params["capacity"] == "tidal" and run.data.metrics["tide/grants"] == tide["summary"]["grants"]
+    assert "tide: " in arts["tab-demo"]["data"]
 
     # The files and the printed report.
     png = settings.data_path / "demo" / "tab-flywheel.png"
@@ -207,7 +252,7 @@ def test_tidal_demo_runs_one_cycle_and_reports(settings, platform, registry, gat
     assert json.loads((settings.data_path / "demo" / "tab-cycles.json").read_text())[-1]["dataset_id"] == report.dataset_id
     assert "held-out users (20 requests" in out.stdout and f"{report.decision} v{cand.version}" in out.stdout
     assert "learning claim" in out.stdout and f"plot: {png}" in out.stdout
-    assert "the users were quiet for" in out.stdout  # while the cycle trained, on every core
+    assert "the users follow a 120-s day (1.5 to 6 req/s)" in out.stdout and "the users were quiet" not in out.stdout
     for v in versions[1:]:
         assert f"v{v} − v1, paired on the same 20 requests" in out.stdout
     # The final report: the final champion against v1 on the same 20 requests, and the cycle's trainer seconds.
@@ -229,7 +274,7 @@ def test_interrupting_the_demo_during_its_canary_leaves_the_champion_serving_eve
     proc = subprocess.Popen(
         [sys.executable, "-m", "tidal.cli", "demo", "--cycles", "1"],
         text=True,
-        env=demo_env(TIDAL_DEMO__CANARY__MIN_SAMPLES="100000", TIDAL_DEMO__CANARY__MAX_STEP_S="600"),
+        env=demo_env(**tide_env(platform), TIDAL_DEMO__CANARY__MIN_SAMPLES="100000", TIDAL_DEMO__CANARY__MAX_STEP_S="600"),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )

@@ -125,8 +125,12 @@ def test_demo_profile_replaces_canary_and_training_and_stops_schedules(monkeypat
     s = demo_profile(load_settings(), "tab")
     assert s.canary == s.demo.canary and s.flywheel.loop == "manual"
     assert s.canary.steps == [0.25, 0.5]
-    # The users are quiet while a cycle trains, so the trainer gets every core; otherwise the fleet's leftovers.
+    assert s.capacity.mode == "tidal" and s.train == s.demo.train  # the trainer's threads are its lease's (test_demo_tide)
+    # Static: the users are quiet while a cycle trains, so the trainer gets every core; otherwise the fleet's leftovers.
+    monkeypatch.setenv("TIDAL_DEMO__CAPACITY__MODE", "static")
+    s = demo_profile(load_settings(), "tab")
     assert s.train == s.demo.train.model_copy(update={"torch_threads": os.cpu_count()}) and s.demo.quiet_while_training
+    assert s.capacity.mode == "static" and s.demo.users.daily is None  # closed-loop users, as before the tide
     monkeypatch.setenv("TIDAL_DEMO__QUIET_WHILE_TRAINING", "false")
     assert demo_profile(load_settings(), "tab").train.torch_threads is None
 
@@ -160,7 +164,7 @@ def test_the_demo_replaces_the_strategy_of_the_model_it_cycles_alone(monkeypatch
         monkeypatch.delenv(k)
     (tmp_path / "tidal.yaml").write_text(
         "models:\n- {name: tab, update_strategy: lora}\n- {name: tabfull, update_strategy: restart}\n"
-        "demo:\n  update_strategy: lora\n  train:\n    ppo:\n      lora: true\n"
+        "demo:\n  capacity: {total_units: 3}\n  update_strategy: lora\n  train:\n    ppo:\n      lora: true\n"
         "      final_norm_learning_rate: null\n      sharpen_temperature: null\n"
     )
     settings = load_settings()
@@ -195,7 +199,8 @@ def test_quiet_users_send_nothing_until_the_trough_ends():
 
 def test_plot_has_a_panel_per_metric(tmp_path):
     from sim.evaluate import Estimate
-    from tidal.demo import METRIC_NAMES, plot_versions
+    from tidal.demo import plot_versions
+    from tidal.heldout_eval import METRIC_NAMES
 
     rows = [
         {"label": label, "kind": kind, **{m: Estimate(x, x - 0.01, x + 0.01) for m in METRIC_NAMES}}
