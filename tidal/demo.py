@@ -339,8 +339,9 @@ def report_demo(
     (settings.data_path / "demo" / "report.json").write_text(report.model_dump_json(indent=2))
     tide_png, tide_summary = None, None
     if tide is not None and tide.samples:  # the tide's plot and figures (tidal/demo_tide.py)
-        tide_png = plot_tide(tide.samples, model, settings.data_path / "demo" / f"{model}-tide.png")
-        tide_summary = summarize_tide(tide.samples)
+        objective_ms = settings.model(model).capacity.latency_objective_ms
+        tide_png = plot_tide(tide.samples, model, objective_ms, settings.data_path / "demo" / f"{model}-tide.png")
+        tide_summary = summarize_tide(tide.samples, objective_ms)
         tide_record = {"summary": tide_summary.model_dump(), "samples": [s.model_dump() for s in tide.samples]}
         (settings.data_path / "demo" / f"{model}-tide.json").write_text(json.dumps(tide_record))
     mlflow.set_tracking_uri(settings.mlflow.tracking_uri)

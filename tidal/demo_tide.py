@@ -65,6 +65,7 @@ class TideSample(BaseModel):
     forecast_rps: float | None = Field(description="What the scheduler sized serving for.")
     replicas: int | None = Field(description="Replicas of the cycled model (the fleet's desired count).")
     lent_units: int | None = Field(description="Units held by training leases (active and revoking).")
+    p99_ms: float | None = Field(None, description="The cycled model's p99 over the gateway's last minute, if known.")
     events: list[str] = Field(default_factory=list, description="Grants, revocations and releases since the last look.")
 
 
@@ -96,35 +97,41 @@ class TideWatch(threading.Thread):
                     forecast_rps=m.forecast_rps if m else None,
                     replicas=m.replicas if m else None,
                     lent_units=status.lent_units if status else None,
+                    p99_ms=m.p99_ms if m else None,
                     events=[f"{e.kind} {e.units} unit(s): {e.reason}" for e in fresh],
                 )
             )
 
 
-def plot_tide(samples: list[TideSample], model: str, path: Path) -> Path:
-    """Demand (the users' curve, the observed and forecast rates) above, the cycled model's replicas and the units
-    lent to training below, on the same time axis; revocations marked."""
+def plot_tide(samples: list[TideSample], model: str, objective_ms: float, path: Path) -> Path:
+    """Demand (the users' curve, the observed and forecast rates) at the top, the cycled model's replicas and the
+    units lent to training in the middle, its p99 against the latency objective at the bottom, on one time axis;
+    revocations marked."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
     t = [s.t_s / 60 for s in samples]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True)
+    fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(10, 7.5), sharex=True, height_ratios=(3, 2, 2))
     top.plot(t, [s.scheduled_rps for s in samples], "--", color="grey", label="users' day (req/s asked)")
     top.plot(t, [s.observed_rps for s in samples], label="observed req/s")
     top.plot(t, [s.forecast_rps for s in samples], ":", linewidth=2, label="forecast req/s (what serving is sized for)")
     top.set_ylabel("requests/s")
     top.legend(fontsize="small", loc="upper left")
-    bottom.step(t, [s.replicas for s in samples], where="post", label=f"{model} replicas")
-    bottom.step(t, [s.lent_units for s in samples], where="post", label="units lent to training")
+    middle.step(t, [s.replicas for s in samples], where="post", label=f"{model} replicas")
+    middle.step(t, [s.lent_units for s in samples], where="post", label="units lent to training")
+    middle.set_ylabel("units")
+    middle.legend(fontsize="small", loc="upper left")
+    bottom.plot(t, [s.p99_ms for s in samples], label="p99 over the last minute (gateway)")
+    bottom.axhline(objective_ms, color="black", linestyle="--", linewidth=1, label="latency objective")
+    bottom.set_ylabel("ms")
+    bottom.legend(fontsize="small", loc="upper left")
     for s in samples:
         if any(e.startswith("revoke") for e in s.events):
-            for ax in (top, bottom):
+            for ax in (top, middle, bottom):
                 ax.axvline(s.t_s / 60, color="red", alpha=0.4, linewidth=1)
-    bottom.set_ylabel("units")
     bottom.set_xlabel("minutes (red: a lease revoked)")
-    bottom.legend(fontsize="small", loc="upper left")
     top.set_title(f"{model}: demand, serving and training over the demo's simulated days")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -142,18 +149,27 @@ class TideSummary(BaseModel):
     revocations: int = Field(description="Leases revoked (each a preempted trainer, which resumed on a later lease).")
     replicas_min: int | None = Field(description="The fewest replicas the cycled model had.")
     replicas_max: int | None = Field(description="The most.")
+    p99_over_objective_share: float | None = Field(
+        description="Share of the looks with a known p99 at which it was over the model's latency objective."
+    )
 
     def describe(self) -> str:
         return (
             f"tide: {self.grants} lease(s) granted, {self.revocations} revoked, training held units in "
-            f"{self.lent_share:.0%} of {self.minutes:.1f} min; replicas {self.replicas_min}-{self.replicas_max}"
+            f"{self.lent_share:.0%} of {self.minutes:.1f} min; replicas {self.replicas_min}-{self.replicas_max}; p99 over "
+            + (
+                "its objective: unknown"
+                if self.p99_over_objective_share is None
+                else f"its objective in {self.p99_over_objective_share:.0%} of the looks"
+            )
         )
 
 
-def summarize_tide(samples: list[TideSample]) -> TideSummary:
+def summarize_tide(samples: list[TideSample], objective_ms: float) -> TideSummary:
     events = [e for s in samples for e in s.events]
     replicas = [s.replicas for s in samples if s.replicas is not None]
     looked = [s for s in samples if s.lent_units is not None]
+    timed = [s.p99_ms for s in samples if s.p99_ms is not None]
     return TideSummary(
         minutes=round(samples[-1].t_s / 60, 2) if samples else 0.0,
         lent_share=round(sum(s.lent_units > 0 for s in looked) / len(looked), 3) if looked else 0.0,
@@ -161,4 +177,5 @@ def summarize_tide(samples: list[TideSample]) -> TideSummary:
         revocations=sum(e.startswith("revoke") for e in events),
         replicas_min=min(replicas, default=None),
         replicas_max=max(replicas, default=None),
+        p99_over_objective_share=round(sum(p > objective_ms for p in timed) / len(timed), 3) if timed else None,
     )

@@ -101,20 +101,20 @@ def _demo_canary() -> CanaryConfig:
     )
 
 
-DEMO_DAY_S = 600.0  # ten minutes a simulated day
+DEMO_DAY_S = 900.0  # fifteen minutes a simulated day: a cycle's training (~6 minutes on one core) fits in a trough
 
 
 def _demo_day() -> DailyCurve:
-    # bench/tidal.py's day: 1 req/s in the trough, 4 at the peak, starting at 02:00 (in the trough). One replica
-    # serves 3.2 req/s within its headroom (4 req/s x 1 / 1.25), so the busiest third of the day takes a second
-    # replica and the rest of it lends a core to training.
-    return DailyCurve(day_s=DEMO_DAY_S, peak_rps=4.0, peak_to_trough=4.0, peak_hour=14.0, start_hour=2.0)
+    # 2 req/s in the trough, 8 at the peak, starting at 02:00 (in the trough): on average 5 req/s, so the first cycle's
+    # 2,400 requests take ~8 minutes and a 25% canary step sees ~200 outcomes in its 3 minutes. At 1 to 4 req/s the
+    # first cycle waited 15.6 minutes and its canary ended undecided on 64 outcomes.
+    return DailyCurve(day_s=DEMO_DAY_S, peak_rps=8.0, peak_to_trough=4.0, peak_hour=14.0, start_hour=2.0)
 
 
 def _demo_capacity() -> CapacitySettings:
-    # The tide of a ten-minute day: decisions every 2 s, a replica kept half an hour of the day (12.5 s) after it is
-    # no longer needed, heartbeats every 2 s. The recent level alone forecasts (a quarter of an hour of the day):
-    # a lookahead that covers a replica's start is hours of a compressed day, and with the previous day's term the
+    # The tide of a compressed day: decisions every 2 s, a replica kept half an hour of the day (19 s) after it is no
+    # longer needed, heartbeats every 2 s. The recent level alone forecasts (a quarter of an hour of the day): a
+    # lookahead that covers a replica's start is hours of a compressed day, and with the previous day's term the
     # peak's replicas would stay all evening (bench/tidal.py measured it).
     return CapacitySettings(
         mode="tidal",
@@ -126,7 +126,9 @@ def _demo_capacity() -> CapacitySettings:
 
 
 def _demo_serving() -> ServingCapacity:
-    return ServingCapacity(min_replicas=1, max_replicas=2)
+    # One CPU replica answers the demo's closed-loop users (4 in flight, 16 tokens) at ~10 req/s: 7 per replica
+    # keeps one replica up to 5.6 req/s with the default 25% headroom, 56% of the demo's day, and two at its peak.
+    return ServingCapacity(min_replicas=1, max_replicas=2, rps_per_replica=7.0)
 
 
 def _demo_train() -> TrainSettings:

@@ -28,8 +28,8 @@ def test_the_demo_runs_on_the_tide_by_default(clean):
     cap, [tab] = s.capacity, s.models
     assert cap.mode == "tidal" and (cap.host, cap.port) == (plain.capacity.host, plain.capacity.port)
     # The users follow the demo's day, and the scheduler forecasts on the same day.
-    assert s.demo.users.daily == s.demo.day and cap.forecast.day_s == s.demo.day.day_s == 600
-    assert s.demo.day.trough_rps == 1.0 and s.demo.day.peak_rps == 4.0
+    assert s.demo.users.daily == s.demo.day and cap.forecast.day_s == s.demo.day.day_s == 900
+    assert s.demo.day.trough_rps == 2.0 and s.demo.day.peak_rps == 8.0
     # The cycled model between the demo's bounds; the trainer's threads are what a lease beside its minimum holds.
     assert tab.capacity == s.demo.serving and (tab.capacity.min_replicas, tab.capacity.max_replicas) == (1, 2)
     assert tab.replicas == 1 and trainer_threads(s) == max(1, cap.usable_units - 1)
@@ -66,30 +66,32 @@ def test_users_with_a_day_of_their_own_set_the_forecast_day(clean):
 
 
 def samples() -> list[TideSample]:
-    def look(t, replicas, lent, events=()):
+    def look(t, replicas, lent, events=(), p99=500.0):
         return TideSample(
             t_s=t, hour=t / 25, scheduled_rps=1 + t / 100, observed_rps=1.0, forecast_rps=1.2, replicas=replicas,
-            lent_units=lent, events=list(events),
+            lent_units=lent, events=list(events), p99_ms=p99,
         )  # fmt: skip
 
     return [
         look(0, 1, 0),
         look(2, 1, 1, ["grant 1 unit(s): trough"]),
         look(4, 1, 1),
-        look(6, 2, 0, ["revoke 1 unit(s): ramp", "release 1 unit(s): given back"]),
+        look(6, 2, 0, ["revoke 1 unit(s): ramp", "release 1 unit(s): given back"], p99=2500.0),
         TideSample(t_s=8, hour=0.3, scheduled_rps=3, observed_rps=None, forecast_rps=None, replicas=None, lent_units=None),
         look(10, 2, 1, ["grant 1 unit(s): trough"]),
     ]
 
 
 def test_the_tide_in_figures():
-    summary = summarize_tide(samples())
+    summary = summarize_tide(samples(), objective_ms=2000.0)
     # Five looks answered (one missed: the scheduler was down), three of them with units lent.
     assert summary.lent_share == 0.6 and (summary.grants, summary.revocations) == (2, 1)
     assert (summary.replicas_min, summary.replicas_max) == (1, 2) and summary.minutes == round(10 / 60, 2)
+    assert summary.p99_over_objective_share == 0.2  # one of the five looks with a p99 was over 2 s
     assert "2 lease(s) granted, 1 revoked" in summary.describe() and "60%" in summary.describe()
+    assert "over its objective in 20% of the looks" in summary.describe()
 
 
 def test_the_tide_plot_is_written(tmp_path):
-    png = plot_tide(samples(), "tab", tmp_path / "demo" / "tab-tide.png")
+    png = plot_tide(samples(), "tab", 2000.0, tmp_path / "demo" / "tab-tide.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
