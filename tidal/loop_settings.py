@@ -112,12 +112,13 @@ def _demo_day() -> DailyCurve:
 
 
 def _demo_capacity() -> CapacitySettings:
-    # The tide of a compressed day: decisions every 2 s, a replica kept half an hour of the day (19 s) after it is no
+    # Static by default: on 2 cores the tide more than doubled the demo and starved its canaries (docs/learning.md,
+    # item 41). Under 'tidal', the tide of a compressed day: decisions every 2 s, a replica kept half an hour of the day (19 s) after it is no
     # longer needed, heartbeats every 2 s. The recent level alone forecasts (a quarter of an hour of the day): a
     # lookahead that covers a replica's start is hours of a compressed day, and with the previous day's term the
     # peak's replicas would stay all evening (bench/tidal.py measured it).
     return CapacitySettings(
-        mode="tidal",
+        mode="static",
         tick_s=2.0,
         scale_down_after_s=DEMO_DAY_S / 48,
         lease=LeaseSettings(grace_s=60.0, heartbeat_s=2.0),
@@ -232,10 +233,10 @@ class DemoSettings(Section):
         default_factory=_demo_capacity,
         description=(
             "The capacity the demo runs on (replaces `capacity`, but for its host and port; forecast.day_s is the "
-            "day's). 'tidal': the capacity scheduler sizes the cycled model to the users' day between `serving`'s "
-            "bounds and lends the rest of the pool to each cycle's trainer as a lease, revoked at the ramp (the run "
-            "resumes on the next). 'static': the fleet keeps its replicas, the users pause while a cycle trains "
-            "(quiet_while_training)."
+            "day's). 'static' (the default): the fleet keeps its replicas, the users pause while a cycle trains "
+            "(quiet_while_training). 'tidal': the users follow `day`, the capacity scheduler sizes the cycled model "
+            "between `serving`'s bounds and lends the rest of the pool to each cycle's trainer as a lease, revoked at "
+            "the ramp (the run resumes on the next); on 2 cores it more than doubles the demo (docs/learning.md, item 41)."
         ),
     )
     day: DailyCurve = Field(

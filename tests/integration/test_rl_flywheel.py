@@ -65,9 +65,10 @@ TINY = {
     "TIDAL_DEMO__CANARY__POLL_S": "2",
     "TIDAL_DEMO__CANARY__FEEDBACK_WAIT_S": "3",
     "TIDAL_DEMO__CANARY__UNLOAD_GRACE_S": "0",
-    # The tide (the demo's default): users on a 2-minute day from mid-morning (about 3.5 req/s), the capacity scheduler
-    # lending training what serving's minimum leaves. tide_env holds tab at the replicas the session runs (no engine
+    # The tide (demo.capacity.mode tidal; the default is static): users on a 2-minute day from mid-morning (about
+    # 3.5 req/s), the capacity scheduler lending training what serving's minimum leaves. tide_env holds tab at the replicas the session runs (no engine
     # starts: the ramp and its revocation are test_tidal_scheduling.py's) with one unit beside the fleet to lend.
+    "TIDAL_DEMO__CAPACITY__MODE": "tidal",
     "TIDAL_DEMO__DAY__DAY_S": "120",
     "TIDAL_DEMO__DAY__PEAK_RPS": "6",
     "TIDAL_DEMO__DAY__START_HOUR": "8",

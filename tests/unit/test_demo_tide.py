@@ -16,13 +16,23 @@ from tidal.settings import load_settings
 
 @pytest.fixture
 def clean(monkeypatch, tmp_path):
+    """No TIDAL_ settings but the tide's."""
     monkeypatch.chdir(tmp_path)
     for k in [k for k in os.environ if k.startswith("TIDAL_")]:
         monkeypatch.delenv(k)
+    monkeypatch.setenv("TIDAL_DEMO__CAPACITY__MODE", "tidal")
     return tmp_path
 
 
-def test_the_demo_runs_on_the_tide_by_default(clean):
+def test_the_demo_is_static_unless_asked_for_the_tide(monkeypatch, clean):
+    monkeypatch.delenv("TIDAL_DEMO__CAPACITY__MODE")
+    s = demo_profile(load_settings(), "tab")
+    assert (
+        s.capacity.mode == "static" and s.demo.users.daily is None and s.models[0].capacity == load_settings().models[0].capacity
+    )
+
+
+def test_the_demo_on_the_tide(clean):
     plain = load_settings()
     s = demo_profile(plain, "tab")
     cap, [tab] = s.capacity, s.models
@@ -45,7 +55,7 @@ def test_the_other_models_keep_their_replicas_and_the_cycled_one_moves_into_its_
     s = demo_profile(load_settings(), "tab")
     bounds = {m.name: (m.replicas, m.capacity.min_replicas, m.capacity.max_replicas) for m in s.models}
     assert bounds == {"tab": (2, 1, 2), "tabfull": (1, 1, 1), "byo": (0, 0, 1)}
-    assert s.capacity.total_units == 6 and s.capacity.tick_s == 2.0  # one setting given, the demo's others kept
+    assert s.capacity.total_units == 6 and s.capacity.tick_s == 2.0  # settings given, the demo's others kept
 
 
 def test_a_tide_that_does_not_fit_names_the_demo_settings_to_change(clean):

@@ -125,10 +125,8 @@ def test_demo_profile_replaces_canary_and_training_and_stops_schedules(monkeypat
     s = demo_profile(load_settings(), "tab")
     assert s.canary == s.demo.canary and s.flywheel.loop == "manual"
     assert s.canary.steps == [0.25, 0.5]
-    assert s.capacity.mode == "tidal" and s.train == s.demo.train  # the trainer's threads are its lease's (test_demo_tide)
     # Static: the users are quiet while a cycle trains, so the trainer gets every core; otherwise the fleet's leftovers.
-    monkeypatch.setenv("TIDAL_DEMO__CAPACITY__MODE", "static")
-    s = demo_profile(load_settings(), "tab")
+    # (Under the tide the trainer's threads are its lease's: test_demo_tide.py.)
     assert s.train == s.demo.train.model_copy(update={"torch_threads": os.cpu_count()}) and s.demo.quiet_while_training
     assert s.capacity.mode == "static" and s.demo.users.daily is None  # closed-loop users, as before the tide
     monkeypatch.setenv("TIDAL_DEMO__QUIET_WHILE_TRAINING", "false")
@@ -164,7 +162,7 @@ def test_the_demo_replaces_the_strategy_of_the_model_it_cycles_alone(monkeypatch
         monkeypatch.delenv(k)
     (tmp_path / "tidal.yaml").write_text(
         "models:\n- {name: tab, update_strategy: lora}\n- {name: tabfull, update_strategy: restart}\n"
-        "demo:\n  capacity: {total_units: 3}\n  update_strategy: lora\n  train:\n    ppo:\n      lora: true\n"
+        "demo:\n  update_strategy: lora\n  train:\n    ppo:\n      lora: true\n"
         "      final_norm_learning_rate: null\n      sharpen_temperature: null\n"
     )
     settings = load_settings()
