@@ -1,7 +1,7 @@
 """`tidal demo`: the whole loop on one machine, with simulated users.
 
     platform up (bootstrap if needed; the capacity scheduler under demo.capacity.mode tidal)
-    → simulated users send Tab traffic through the gateway all along, on a compressed daily curve
+    → simulated users send Tab traffic through the gateway all along (on a compressed daily curve under the tide)
     → N × [wait for `requests_per_cycle` new requests (`first_cycle_requests` before the model's first)
            → flywheel cycle, whose trainer waits for a lease of the trough (tidal) or has the cores while the users
              pause (static)]
