@@ -106,15 +106,15 @@ DEMO_DAY_S = 900.0  # fifteen minutes a simulated day: a cycle's training (~6 mi
 
 def _demo_day() -> DailyCurve:
     # 2 req/s in the trough, 8 at the peak, starting at 02:00 (in the trough): on average 5 req/s, so the first cycle's
-    # 2,400 requests take ~8 minutes and a 25% canary step sees ~200 outcomes in its 3 minutes. At 1 to 4 req/s the
-    # first cycle waited 15.6 minutes and its canary ended undecided on 64 outcomes.
+    # 2,400 requests took ~8 minutes (at 1 to 4 req/s, 15.6). A 25% canary step in the trough still sees too few
+    # outcomes in its 3 minutes: 109 measured (64 at 1 to 4 req/s), both undecided (docs/learning.md, item 41).
     return DailyCurve(day_s=DEMO_DAY_S, peak_rps=8.0, peak_to_trough=4.0, peak_hour=14.0, start_hour=2.0)
 
 
 def _demo_capacity() -> CapacitySettings:
     # Static by default: on 2 cores the tide more than doubled the demo and starved its canaries (docs/learning.md,
-    # item 41). Under 'tidal', the tide of a compressed day: decisions every 2 s, a replica kept half an hour of the day (19 s) after it is no
-    # longer needed, heartbeats every 2 s. The recent level alone forecasts (a quarter of an hour of the day): a
+    # item 41). Under 'tidal', the tide of a compressed day: decisions every 2 s, a replica kept half an hour of the
+    # day (19 s) after it is no longer needed, heartbeats every 2 s. The recent level alone forecasts (a quarter of an hour of the day): a
     # lookahead that covers a replica's start is hours of a compressed day, and with the previous day's term the
     # peak's replicas would stay all evening (bench/tidal.py measured it).
     return CapacitySettings(
