@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from capacity.leases import LeaseEvent
 from capacity.settings import capacity_problems
 from sim.daily_curve import DailyCurve
 from tidal.model_settings import ModelSettings, ServingCapacity
@@ -66,7 +67,9 @@ class TideSample(BaseModel):
     replicas: int | None = Field(description="Replicas of the cycled model (the fleet's desired count).")
     lent_units: int | None = Field(description="Units held by training leases (active and revoking).")
     p99_ms: float | None = Field(None, description="The cycled model's p99 over the gateway's last minute, if known.")
-    events: list[str] = Field(default_factory=list, description="Grants, revocations and releases since the last look.")
+    events: list[LeaseEvent] = Field(
+        default_factory=list, description="The scheduler's grants, revocations, releases and reclaims since the last look."
+    )
 
 
 class TideWatch(threading.Thread):
@@ -98,7 +101,7 @@ class TideWatch(threading.Thread):
                     replicas=m.replicas if m else None,
                     lent_units=status.lent_units if status else None,
                     p99_ms=m.p99_ms if m else None,
-                    events=[f"{e.kind} {e.units} unit(s): {e.reason}" for e in fresh],
+                    events=fresh,
                 )
             )
 
@@ -128,7 +131,7 @@ def plot_tide(samples: list[TideSample], model: str, objective_ms: float, path: 
     bottom.set_ylabel("ms")
     bottom.legend(fontsize="small", loc="upper left")
     for s in samples:
-        if any(e.startswith("revoke") for e in s.events):
+        if any(e.kind == "revoke" for e in s.events):
             for ax in (top, middle, bottom):
                 ax.axvline(s.t_s / 60, color="red", alpha=0.4, linewidth=1)
     bottom.set_xlabel("minutes (red: a lease revoked)")
@@ -173,8 +176,8 @@ def summarize_tide(samples: list[TideSample], objective_ms: float) -> TideSummar
     return TideSummary(
         minutes=round(samples[-1].t_s / 60, 2) if samples else 0.0,
         lent_share=round(sum(s.lent_units > 0 for s in looked) / len(looked), 3) if looked else 0.0,
-        grants=sum(e.startswith("grant") for e in events),
-        revocations=sum(e.startswith("revoke") for e in events),
+        grants=sum(e.kind == "grant" for e in events),
+        revocations=sum(e.kind == "revoke" for e in events),
         replicas_min=min(replicas, default=None),
         replicas_max=max(replicas, default=None),
         p99_over_objective_share=round(sum(p > objective_ms for p in timed) / len(timed), 3) if timed else None,

@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from capacity.leases import LeaseEvent
 from tasks.train import trainer_threads
 from tidal.demo import demo_profile
 from tidal.demo_tide import TideSample, plot_tide, summarize_tide
@@ -79,16 +80,17 @@ def samples() -> list[TideSample]:
     def look(t, replicas, lent, events=(), p99=500.0):
         return TideSample(
             t_s=t, hour=t / 25, scheduled_rps=1 + t / 100, observed_rps=1.0, forecast_rps=1.2, replicas=replicas,
-            lent_units=lent, events=list(events), p99_ms=p99,
+            lent_units=lent, p99_ms=p99,
+            events=[LeaseEvent(time_ms=int(t * 1000), kind=k, holder="run", units=1, reason=k) for k in events],
         )  # fmt: skip
 
     return [
         look(0, 1, 0),
-        look(2, 1, 1, ["grant 1 unit(s): trough"]),
+        look(2, 1, 1, ["grant"]),
         look(4, 1, 1),
-        look(6, 2, 0, ["revoke 1 unit(s): ramp", "release 1 unit(s): given back"], p99=2500.0),
+        look(6, 2, 0, ["revoke", "release"], p99=2500.0),
         TideSample(t_s=8, hour=0.3, scheduled_rps=3, observed_rps=None, forecast_rps=None, replicas=None, lent_units=None),
-        look(10, 2, 1, ["grant 1 unit(s): trough"]),
+        look(10, 2, 1, ["grant"]),
     ]
 
 
