@@ -6,18 +6,20 @@ Every step takes and returns the run's `Work`, recording each row's fate in its 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from data_contracts.derive import TAB_EVENTS
 from data_contracts.ledger import Ledger
 from data_contracts.logs import Batch
-from data_contracts.rewards import RewardRule
+from data_contracts.reward_rules import BaseRewardRule, Verdicts
 from data_contracts.samples import REWARD_SAMPLE_SCHEMA, WITHHELD_SCHEMA
 from data_contracts.validate import Outcome
+from tidal.model_settings import FeedbackPolicy
 
 
 @dataclass
@@ -32,17 +34,28 @@ class Work:
     outcomes: dict[str, Outcome]
     scrubbed: Counter = field(default_factory=Counter)  # redactions per kind
     prompt_ids: dict[int, list[int]] = field(default_factory=dict)  # completion row → re-encoded prompt of a scrubbed row
-    # set by join_feedback: the verdict of each completion row
-    event: np.ndarray | None = None  # (N,) object: accepted | rejected | partial | none
-    accepted_chars: np.ndarray | None = None  # (N,) float, NaN = not given
-    feedback_time: np.ndarray | None = None  # (N,) float, NaN = no feedback
-    verdict_of: np.ndarray | None = None  # (F,) completion row each feedback row became the verdict of, -1 if none
+    edits: dict[int, str] = field(default_factory=dict)  # feedback row → its edit text redacted (pii_policy 'scrub')
+    # set by join_feedback: what users said about each completion row (records.FEEDBACK_GROUPS, one event each)
+    verdicts: Verdicts | None = None
+    score: np.ndarray | None = None  # (N,) float, the score as given (in the model's range), NaN = none
+    feedback_time: np.ndarray | None = None  # (N,) float, time of the last of its events, NaN = no feedback
+    verdict_of: np.ndarray | None = None  # (F,) completion row each feedback row became an event of, -1 if none
     reward: np.ndarray | None = None  # (N,) float, set by assign_rewards
 
+    @property
+    def event(self) -> np.ndarray:  # (N,) object: the Tab verdict, accepted | rejected | partial | none
+        return self.verdicts.event
 
-def join_feedback(work: Work) -> Work:
-    """One verdict per completion: the valid, joinable feedback row with its request id (the contract
-    quarantines conflicting duplicates, so at most one is left besides exact replays)."""
+    @property
+    def accepted_chars(self) -> np.ndarray:  # (N,) float, NaN = not given
+        return self.verdicts.accepted_chars
+
+
+def join_feedback(work: Work, policy: FeedbackPolicy | None = None) -> Work:
+    """Each completion's events, at most one per group (the contract quarantines conflicting duplicates, so besides
+    exact replays one is left): its Tab verdict, score (rescaled to [0, 1] by policy.score_range for the rule),
+    thumbs and edit. policy: the model's `models[].feedback` (None: the defaults)."""
+    policy = policy or FeedbackPolicy()
     fb, comp = work.feedback, work.completions
     fb.filter(work.f_replay, "duplicate")
     fb.filter(~work.batch.feedback.joinable, "late_feedback")
@@ -53,27 +66,52 @@ def join_feedback(work: Work) -> Work:
     use = np.flatnonzero(fb.live & (target >= 0))
     work.verdict_of = np.full(fb.rows, -1, dtype=np.int64)
     work.verdict_of[use] = target[use]
-    # Replay copies of a completion share its verdict (they are dropped by dedupe anyway).
+    # Replay copies of a completion share its events (they are dropped by dedupe anyway).
     first_of = work.c_frame["_first_row"].to_numpy()
-    event = np.full(n, "none", dtype=object)
-    chars = np.full(n, np.nan)
+    events = work.f_frame["event"].to_numpy(dtype=object)
+
+    def joined(event_mask: np.ndarray, values: np.ndarray, fill, dtype) -> np.ndarray:
+        out = np.full(n, fill, dtype=dtype)
+        rows = use[event_mask[use]]
+        out[target[rows]] = values[rows]
+        return out[first_of]
+
+    verdict = np.isin(events, TAB_EVENTS)
+    thumbs = work.f_frame["thumbs"].to_numpy(dtype=object)
+    edit_text = work.batch.feedback.table["edit_text"].to_numpy(zero_copy_only=False).astype(object)
+    for row, text in work.edits.items():
+        edit_text[row] = text
     when = np.full(n, np.nan)
-    event[target[use]] = work.f_frame["event"].to_numpy(dtype=object)[use]
-    chars[target[use]] = work.f_frame["accepted_chars"].to_numpy()[use]
-    when[target[use]] = work.f_frame["time_ms"].to_numpy(dtype=np.float64)[use]
-    work.event, work.accepted_chars, work.feedback_time = event[first_of], chars[first_of], when[first_of]
+    np.fmax.at(when, target[use], work.f_frame["time_ms"].to_numpy(dtype=np.float64)[use])
+    work.score = joined(events == "score", work.f_frame["score"].to_numpy(dtype=np.float64), np.nan, np.float64)
+    work.verdicts = Verdicts(
+        event=joined(verdict, events, "none", object),
+        accepted_chars=joined(verdict, work.f_frame["accepted_chars"].to_numpy(), np.nan, np.float64),
+        completion_chars=np.nan_to_num(work.c_frame["completion_chars"].to_numpy(dtype=np.float64), nan=0.0),
+        score=(work.score - policy.score_range[0]) / (policy.score_range[1] - policy.score_range[0]),
+        thumbs=joined(events == "thumbs", np.where(thumbs == "up", 1.0, np.where(thumbs == "down", -1.0, 0.0)), 0.0, np.float64),
+        edit_text=joined(events == "edit", edit_text, None, object),
+        completion_text=work.batch.completions.table["completion_text"].to_numpy(zero_copy_only=False).astype(object),
+    )
+    work.feedback_time = when[first_of]
     return work
 
 
-def assign_rewards(work: Work, rule: RewardRule) -> Work:
-    """Reward every live completion; without a verdict, `rule.no_feedback` decides (empty ones are always kept)."""
-    shown = np.nan_to_num(work.c_frame["completion_chars"].to_numpy(dtype=np.float64), nan=0.0)
-    live = work.completions.live
+def assign_rewards(work: Work, rule: BaseRewardRule) -> Work:
+    """Reward every live completion; without an event the rule reads, `rule.no_feedback` decides (empty ones are
+    always kept)."""
+    v, live = work.verdicts, work.completions.live
     work.reward = np.full(work.completions.rows, np.nan)
-    work.reward[live] = rule.rewards(work.event[live], work.accepted_chars[live], shown[live])
+    rows = np.flatnonzero(live)
+    work.reward[rows] = rule.reward_verdicts(take(v, rows))
     if rule.no_feedback == "drop":
-        work.completions.filter((work.event == "none") & (shown > 0), "no_feedback")
+        work.completions.filter(~rule.rewarded(v) & (v.completion_chars > 0), "no_feedback")
     return work
+
+
+def take(v: Verdicts, rows: np.ndarray) -> Verdicts:
+    """The verdicts of some rows."""
+    return Verdicts(*(getattr(v, f.name)[rows] for f in fields(Verdicts)))
 
 
 def drop_withheld(work: Work) -> Work:
@@ -137,7 +175,7 @@ def settle_feedback(work: Work) -> Work:
     return work
 
 
-def build_samples(work: Work, rule: RewardRule) -> pa.Table:
+def build_samples(work: Work, rule: BaseRewardRule) -> pa.Table:
     """The kept completions as RewardSample rows, sorted by (completion time, request id)."""
     rows = np.flatnonzero(work.completions.live)
     src = work.batch.completions.table.take(pa.array(rows, pa.int64()))
@@ -148,6 +186,7 @@ def build_samples(work: Work, rule: RewardRule) -> pa.Table:
         prompt_ids = pa.array([o if r is None else r for o, r in zip(original, replaced)], pa.list_(pa.int32()))
     chars = work.accepted_chars[rows]
     when = work.feedback_time[rows]
+    thumbs = work.verdicts.thumbs[rows]  # (K,) +1 up, -1 down, 0 none
     sampling = src["sampling"].combine_chunks()
     table = pa.table(
         {
@@ -168,6 +207,9 @@ def build_samples(work: Work, rule: RewardRule) -> pa.Table:
             "reward_rule": pa.array(np.full(len(rows), rule.id, dtype=object), pa.string()),
             "completion_time_ms": src["time_ms"],
             "feedback_time_ms": pa.array(np.nan_to_num(when).astype(np.int64), pa.int64(), mask=np.isnan(when)),
+            "score": pa.array(work.score[rows], pa.float64(), mask=np.isnan(work.score[rows])),
+            "thumbs": pa.array(np.where(thumbs > 0, "up", "down").astype(object), pa.string(), mask=thumbs == 0),
+            "edit_text": pa.array(work.verdicts.edit_text[rows].tolist(), pa.string()),
         },
         schema=REWARD_SAMPLE_SCHEMA,
     )

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field, SerializeAsAny
 
+from data_contracts.reward_rules import BaseRewardRule, build_rule
 from data_contracts.rewards import RewardRule
 from tidal.section import Section
+
+# A rule in the settings: {"plugin": <entry point in tidal.reward_rules>, its fields}; no plugin = 'cursor-tab'.
+# Built (its plugin loaded and its fields checked) when the settings load, so a missing plugin stops start-up.
+Rule = Annotated[SerializeAsAny[BaseRewardRule], BeforeValidator(build_rule)]
 
 PiiPolicy = Literal["quarantine", "scrub"]
 
@@ -62,10 +67,13 @@ class CollectSettings(Section):
         ),
     )
     pii_policies: dict[str, PiiPolicy] = Field(default_factory=dict, description="Per-model overrides of pii_policy.")
-    reward_rule: RewardRule = Field(default_factory=RewardRule, description="Reward rule of models without their own.")
-    reward_rules: dict[str, RewardRule] = Field(default_factory=dict, description="Reward rule per model name.")
+    reward_rule: Rule = Field(
+        default_factory=RewardRule,
+        description="Reward rule of models without their own: {plugin: <tidal.reward_rules entry>, its fields}.",
+    )
+    reward_rules: dict[str, Rule] = Field(default_factory=dict, description="Reward rule per model name.")
 
-    def rule_for(self, model: str) -> RewardRule:
+    def rule_for(self, model: str) -> BaseRewardRule:
         return self.reward_rules.get(model, self.reward_rule)
 
     def pii_policy_for(self, model: str) -> PiiPolicy:

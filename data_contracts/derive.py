@@ -11,13 +11,18 @@ computed once here.
 
 from __future__ import annotations
 
+from typing import get_args
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from data_contracts import secrets
+from data_contracts.records import FeedbackKind, TabVerdict
 
+TAB_EVENTS: tuple[str, ...] = get_args(TabVerdict)
+FEEDBACK_EVENTS: tuple[str, ...] = get_args(FeedbackKind)
 COMPLETION_SCALARS = [
     "request_id",
     "time_ms",
@@ -31,7 +36,7 @@ COMPLETION_SCALARS = [
     "latency_ms",
     "replica",
 ]
-FEEDBACK_SCALARS = ["request_id", "time_ms", "model", "event", "accepted_chars", "client_id"]
+FEEDBACK_SCALARS = ["request_id", "time_ms", "model", "event", "accepted_chars", "client_id", "score", "thumbs", "source"]
 SAMPLE_SCALARS = [
     "request_id",
     "model",
@@ -94,14 +99,14 @@ def count_where(mask: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
     return np.bincount(rows[mask], minlength=n).astype(np.int64)
 
 
-def replays(table: pa.Table) -> tuple[pd.Series, np.ndarray, np.ndarray]:
+def replays(table: pa.Table, keys: pa.Array | None = None) -> tuple[pd.Series, np.ndarray, np.ndarray]:
     """Duplicate request ids: an exact copy of an earlier row is a harmless replay (dedupe drops it), the
     same id with different content is a conflict (the contract quarantines all of them).
 
     Returns (distinct_record_id: (N,) str, the request id with replays blanked, so a uniqueness
     expectation fails exactly the conflicts; replay: (N,) bool; first: (N,) the first row with the
     same id, the row itself where it has none)."""
-    ids = _col(table, "request_id")
+    ids = _col(table, "request_id") if keys is None else keys  # keys: the record's id when not its request id alone
     n = len(ids)
     first = first_index(ids, ids)  # each row's first row with the same id
     has_id = first >= 0
@@ -151,12 +156,27 @@ def completion_frame(table: pa.Table) -> tuple[pd.DataFrame, np.ndarray]:
     return frame, replay
 
 
-def feedback_frame(table: pa.Table, joinable: np.ndarray, completions: pa.Table) -> tuple[pd.DataFrame, np.ndarray]:
-    """(GE frame, replay mask) of feedback; joinable (N,) marks rows that must refer to one of `completions`."""
+def feedback_frame(
+    table: pa.Table, joinable: np.ndarray, completions: pa.Table, policy_events: tuple[str, ...] = TAB_EVENTS
+) -> tuple[pd.DataFrame, np.ndarray]:
+    """(GE frame, replay mask) of feedback; joinable (N,) marks rows that must refer to one of `completions`;
+    policy_events: the events the model takes (models[].feedback.events)."""
     frame = table.select(FEEDBACK_SCALARS).to_pandas()
     frame["_row"] = np.arange(table.num_rows)
     frame["accepted_chars"] = _float(_col(table, "accepted_chars"))
     frame["partial_without_chars"] = ((frame["event"] == "partial").fillna(False) & frame["accepted_chars"].isna()).to_numpy()
+    # each event needs its own field: a score its number, a thumbs its direction, an edit its text
+    event = frame["event"]
+    edit_text = _col(table, "edit_text")
+    frame["score_without_value"] = ((event == "score").fillna(False) & frame["score"].isna()).to_numpy()
+    frame["thumbs_without_value"] = ((event == "thumbs").fillna(False) & frame["thumbs"].isna()).to_numpy()
+    frame["edit_without_text"] = (
+        (event == "edit").fillna(False) & ~pc.is_valid(edit_text).to_numpy(zero_copy_only=False)
+    ).to_numpy()
+    frame["edit_chars"] = _float(pc.utf8_length(edit_text))
+    frame["edit_secrets"] = secrets.detect(edit_text).to_pandas()
+    # an event the model does not take; unknown and null events are the contract's bad_event and null:event alone
+    frame["event_taken"] = nullable_bool(event.isin(policy_events).to_numpy(), event.isin(FEEDBACK_EVENTS).to_numpy())
     # Look-ups into this run's completions (the first row of an id; conflicting duplicates are quarantined anyway).
     pos = first_index(_col(table, "request_id"), _col(completions, "request_id"))
     found = pos >= 0
@@ -174,8 +194,17 @@ def feedback_frame(table: pa.Table, joinable: np.ndarray, completions: pa.Table)
     known = matched & ~np.isnan(kept) & ~np.isnan(shown)
     frame["chars_within_completion"] = nullable_bool(known & (kept <= shown), known)
     frame["_completion_row"] = pos
-    frame["distinct_record_id"], replay, _ = replays(table)
+    frame["distinct_record_id"], replay, _ = replays(table, group_ids(table))
     return frame, replay
+
+
+def group_ids(table: pa.Table) -> pa.Array:
+    """(N,) '<request id>#<group>' of feedback rows: one event of each group per completion (records.FEEDBACK_GROUPS),
+    so a Tab verdict and a score on one completion are two records, two verdicts are a conflict."""
+    event = _col(table, "event")
+    verdict = pc.fill_null(pc.is_in(event, value_set=pa.array(list(TAB_EVENTS))), False)
+    group = pc.if_else(verdict, pa.scalar("verdict"), event)
+    return pc.binary_join_element_wise(_col(table, "request_id"), group, "#")
 
 
 def sample_frame(table: pa.Table) -> pd.DataFrame:

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from data_contracts.records import SCHEMAS
+from data_contracts.records import SCHEMAS, upgrade
 from data_contracts.scope import (
     Partition,
     Range,
@@ -134,6 +134,9 @@ def _read(path: Path, kind: str) -> tuple[pa.Table | None, str, int]:
         except (pa.ArrowException, OSError):
             rows = 0
         return None, f"not a readable Parquet file: {e}", rows
+    upgraded = upgrade(kind, table)  # a file in an earlier stored schema is read in the current one
+    if upgraded is not None:
+        return upgraded, "", upgraded.num_rows
     schema = table.schema.remove_metadata()
     if not schema.equals(expected):
         got, want = dict(zip(schema.names, map(str, schema.types))), dict(zip(expected.names, map(str, expected.types)))

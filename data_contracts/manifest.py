@@ -38,7 +38,11 @@ class Counts(Record):
 
 class RuleRef(Record):
     id: str = Field(description="The reward rule's id (name@version).")
-    rule: dict | None = Field(None, description="The rule itself (RewardRule as JSON); None in manifests older than it.")
+    rule: dict | None = Field(None, description="The rule itself (its fields as JSON); None in manifests older than it.")
+    plugin: str | None = Field(None, description="Its entry point in `tidal.reward_rules`; None in manifests older than it.")
+    package: str | None = Field(
+        None, description="'<distribution> <version>' that provided the plugin ('' if not installed as one); None: older."
+    )
 
 
 class BadFile(Record):

@@ -34,10 +34,11 @@ from data_contracts.derive import completion_frame, feedback_frame, sample_frame
 from data_contracts.ledger import Ledger, ReconciliationError
 from data_contracts.logs import Batch, LogFile, find_log_files, load_batch
 from data_contracts.manifest import CollectRecord, DatasetManifest
-from data_contracts.rewards import RewardRule
+from data_contracts.reward_rules import BaseRewardRule as RewardRule
 from data_contracts.scope import Range, Watermark, advance, initial_watermark, next_range
 from data_contracts.suites import CONTRACT_VERSION, ContractParams, completion_suite, feedback_suite, reward_sample_suite
 from data_contracts.validate import ContractError, validate_frames
+from tidal.model_settings import FeedbackPolicy
 from tidal.store import ObjectStore
 
 log = logging.getLogger("tidal.collect")
@@ -94,13 +95,17 @@ def registry_versions(source: VersionSource, model: str) -> Versions:
     return Versions(known, champion if champion is not None else known[-1])
 
 
-def contract_params(model: str, versions: Versions, cfg: CollectSettings, as_of_ms: int) -> ContractParams:
+def contract_params(
+    model: str, versions: Versions, cfg: CollectSettings, as_of_ms: int, feedback: FeedbackPolicy | None = None
+) -> ContractParams:
+    """feedback: the model's `models[].feedback` (None: Tab's events)."""
     return ContractParams(
         model,
         tuple(versions.known),
         cfg.max_model_len,
         as_of_ms - int(cfg.window_s * 1000),
         as_of_ms + int(cfg.max_clock_skew_s * 1000),
+        feedback or FeedbackPolicy(),
     )
 
 
@@ -113,7 +118,9 @@ def validate_logs(
 ) -> Work:
     """Run the contracts; failing rows go to their kind's ledger with every reason; then the PII policy."""
     c_frame, c_replay = completion_frame(batch.completions.table)
-    f_frame, f_replay = feedback_frame(batch.feedback.table, batch.feedback.joinable, batch.completions.table)
+    f_frame, f_replay = feedback_frame(
+        batch.feedback.table, batch.feedback.joinable, batch.completions.table, tuple(params.feedback.events)
+    )
     outcomes = validate_frames([(completion_suite(params), c_frame), (feedback_suite(params), f_frame)], docs_dir)
     ledgers = {}
     for kind in ("completions", "feedback"):
@@ -129,6 +136,22 @@ def validate_logs(
     work = Work(batch, ledgers["completions"], ledgers["feedback"], c_frame, f_frame, c_replay, f_replay, outcomes)
     if pii_policy == "scrub":
         scrub_prompts(work, encoder)
+        scrub_edits(work)
+    return work
+
+
+def scrub_edits(work: Work) -> Work:
+    """Edit events quarantined only for secrets in their text: redact it (work.edits holds the new text) and release
+    the row, as scrub_prompts does for prompts (an edit has no tokens to re-encode)."""
+    frame, ledger = work.f_frame, work.feedback
+    for row, reasons in list(ledger.quarantined.items()):
+        kinds = [k for k in frame["edit_secrets"].iat[row].split(",") if k]
+        if not kinds or set(reasons) != {secrets.reason(k) for k in kinds}:
+            continue
+        text, counts = secrets.redact(work.batch.feedback.table["edit_text"][row].as_py())
+        work.edits[row] = text
+        work.scrubbed.update(counts)
+        del ledger.quarantined[row]
     return work
 
 
@@ -186,7 +209,12 @@ def collect_record(
             "model": plan.model,
             "contract_version": CONTRACT_VERSION,
             "created_ms": as_of_ms,
-            "reward_rule": {"id": rule.id, "rule": rule.model_dump(mode="json")},
+            "reward_rule": {
+                "id": rule.id,
+                "rule": rule.model_dump(mode="json"),
+                "plugin": rule.plugin,
+                "package": rule.package(),
+            },
             "collect_settings": cfg.model_dump(mode="json", exclude={"reward_rule", "reward_rules"}),
             "source_partitions": batch.partitions,
             "source_files": batch.files,
@@ -224,7 +252,7 @@ def assemble_samples(
 ) -> tuple[Work, pa.Table]:
     """Validated logs → RewardSample rows: join verdicts → reward → drop stale → dedupe and settle →
     samples (a withheld completion is never one), which must meet the RewardSample contract (else nothing is written)."""
-    work = drop_withheld(assign_rewards(join_feedback(work), rule))
+    work = drop_withheld(assign_rewards(join_feedback(work, params.feedback), rule))
     work = settle_feedback(dedupe(drop_stale(work, versions.known, versions.champion, max_stale)))
     samples = build_samples(work, rule)
     check_samples(samples, params, rule)

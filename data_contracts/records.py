@@ -13,7 +13,20 @@ from pydantic import BaseModel, Field
 
 Arm = Literal["control", "canary"]
 FinishReason = Literal["stop", "length", "abort", "error", "withheld"]  # withheld: the suggestion filter showed nothing
-FeedbackKind = Literal["accepted", "rejected", "partial"]
+TabVerdict = Literal["accepted", "rejected", "partial"]  # the Tab events: one verdict on what was shown
+FeedbackKind = Literal["accepted", "rejected", "partial", "score", "thumbs", "edit"]
+Thumbs = Literal["up", "down"]
+FeedbackSource = Literal["user", "judge"]  # who gave it: the client's user, or a judge model (its own flow stage)
+# A completion takes at most one event of each group: one Tab verdict, one score, one thumbs, one edit (a second
+# of the same group is a duplicate, refused by the gateway and quarantined by the contract).
+FEEDBACK_GROUPS: dict[str, str] = {
+    "accepted": "verdict",
+    "rejected": "verdict",
+    "partial": "verdict",
+    "score": "score",
+    "thumbs": "thumbs",
+    "edit": "edit",
+}
 
 
 class SamplingParams(BaseModel):
@@ -51,14 +64,25 @@ class CompletionRecord(BaseModel):
 
 
 class FeedbackEvent(BaseModel):
-    """A user's verdict on one completion."""
+    """A verdict on one completion: a Tab verdict, a score, a thumbs or an edit (one of each group per completion)."""
 
     request_id: str = Field(description="The signed id of the completion.")
     time_ms: int = Field(description="Unix epoch milliseconds when the feedback arrived.")
     model: str = Field(description="Model of the completion (partitions the feedback log).")
-    event: FeedbackKind = Field(description="accepted, rejected or partial.")
+    event: FeedbackKind = Field(description="accepted, rejected, partial, score, thumbs or edit.")
     accepted_chars: int | None = Field(None, ge=0, description="Characters kept, for 'partial' (and 'accepted' when known).")
     client_id: str = Field(description="API client that sent the feedback.")
+    score: float | None = Field(None, description="For 'score': the number given, within the model's feedback.score_range.")
+    thumbs: Thumbs | None = Field(None, description="For 'thumbs': up or down.")
+    edit_text: str | None = Field(
+        None, description="For 'edit': the text the user finally kept (models opted in only; scrubbed like prompts)."
+    )
+    source: FeedbackSource = Field("user", description="'user' (through the gateway) or 'judge' (the judge stage).")
+
+
+def feedback_group(event: str) -> str:
+    """The group an event belongs to (one event per group per completion); an unknown event is its own group."""
+    return FEEDBACK_GROUPS.get(event, event)
 
 
 SAMPLING_TYPE = pa.struct(
@@ -101,11 +125,45 @@ FEEDBACK_SCHEMA = pa.schema(
         ("event", pa.string()),
         ("accepted_chars", pa.int64()),
         ("client_id", pa.string()),
+        ("score", pa.float64()),
+        ("thumbs", pa.string()),
+        ("edit_text", pa.string()),
+        ("source", pa.string()),
     ]
 )
+# The feedback schema before scores, thumbs, edits and sources: files written in it are read with those four
+# columns null (source 'user'), so logs stored by an older gateway stay collectable.
+FEEDBACK_SCHEMA_V1 = pa.schema([FEEDBACK_SCHEMA.field(n) for n in FEEDBACK_SCHEMA.names[:6]])
 
 SCHEMAS: dict[str, pa.Schema] = {"completions": COMPLETION_SCHEMA, "feedback": FEEDBACK_SCHEMA}
 RECORD_TYPES: dict[str, type[BaseModel]] = {"completions": CompletionRecord, "feedback": FeedbackEvent}
+
+
+def with_added_columns(kind: str, table: pa.Table) -> pa.Table:
+    """A table of `kind` rows (possibly with extra columns, as quarantine files have) written before the feedback
+    schema gained score, thumbs, edit_text and source: those columns appended, null (source 'user')."""
+    if kind != "feedback":
+        return table
+    added = {
+        "score": pa.nulls(table.num_rows, pa.float64()),
+        "thumbs": pa.nulls(table.num_rows, pa.string()),
+        "edit_text": pa.nulls(table.num_rows, pa.string()),
+        "source": pa.array(["user"] * table.num_rows, pa.string()),
+    }
+    for name, column in added.items():
+        if name not in table.column_names:
+            table = table.append_column(FEEDBACK_SCHEMA.field(name), column)
+    return table
+
+
+def upgrade(kind: str, table: pa.Table) -> pa.Table | None:
+    """A table in an earlier stored schema of `kind`, in the current one; None if it is in no known schema."""
+    schema = table.schema.remove_metadata()
+    if schema.equals(SCHEMAS[kind]):
+        return table
+    if kind == "feedback" and schema.equals(FEEDBACK_SCHEMA_V1):
+        return with_added_columns(kind, table).select(FEEDBACK_SCHEMA.names)
+    return None
 
 
 def to_table(kind: str, rows: list[dict]) -> pa.Table:

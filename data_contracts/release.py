@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from data_contracts import quarantine
 from data_contracts.dataset import dataset_prefix, parquet_bytes, put_bytes, quarantine_prefix, read_manifest, read_parquet
 from data_contracts.logs import Batch, KindRows
-from data_contracts.records import SCHEMAS
+from data_contracts.records import SCHEMAS, with_added_columns
 from data_contracts.scope import Watermark
 from tidal.store import ObjectStore, get_json, put_json
 
@@ -112,7 +112,7 @@ def attach(store: ObjectStore, batch: Batch, chosen: list[ReleaseRecord]) -> Bat
             key = f"{release_prefix(r.model, r.release_id)}/{kind}.parquet"
             if not r.rows.get(kind) or not store.exists(key):
                 continue
-            table = read_parquet(store, key).select(SCHEMAS[kind].names).cast(SCHEMAS[kind])
+            table = with_added_columns(kind, read_parquet(store, key)).select(SCHEMAS[kind].names).cast(SCHEMAS[kind])
             tables.append(table)
             sources.append(np.full(table.num_rows, len(batch.files), dtype=np.int32))
             waived.append(np.full(table.num_rows, r.waived_reason, dtype=object))
@@ -163,7 +163,7 @@ def _verdicts_from_logs(store: ObjectStore, model: str, ds_id: str, request_ids:
     for key in manifest.source_files:
         if not key.startswith("logs/feedback/") or not store.exists(key):
             continue
-        t = read_parquet(store, key)
+        t = with_added_columns("feedback", read_parquet(store, key))
         t = t.filter(pc.is_in(t["request_id"], pa.array(sorted(request_ids), pa.string())))
         t = t.filter(pa.array([json.dumps(r) not in skip for r in t.select(IDENTITY).to_pylist()], pa.bool_()))
         if t.num_rows:
@@ -207,7 +207,7 @@ def plan_release(
         table = table.filter(pa.array(chosen & free))
         others.update(r for joined in table.column("reason").to_pylist() for r in joined.split(",") if r and r != reason)
         if table.num_rows:
-            rows[k] = table.select(["dataset_id", *SCHEMAS[k].names, "source_key"])
+            rows[k] = with_added_columns(k, table).select(["dataset_id", *SCHEMAS[k].names, "source_key"])
     from_logs = 0
     if "completions" in rows:
         by_ds: dict[str, set[str]] = {}

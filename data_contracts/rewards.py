@@ -12,16 +12,16 @@ grow with the characters kept (up to a cap), so the rule values what the user ge
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import ClassVar, Literal, get_args
 
 import numpy as np
 from pydantic import Field
 
-from data_contracts.records import FeedbackKind
-from tidal.section import Section
+from data_contracts.records import TabVerdict
+from data_contracts.reward_rules import BaseRewardRule, NoFeedback, Verdicts
 
-NoFeedback = Literal["drop", "ignored"]
-EVENTS = (*get_args(FeedbackKind), "none")  # a feedback event, or none arrived
+EVENTS = (*get_args(TabVerdict), "none")  # a Tab verdict, or none arrived
+__all__ = ["EVENTS", "NoFeedback", "RewardRule", "kept_chars"]
 
 
 def kept_chars(event: np.ndarray, accepted_chars: np.ndarray, completion_chars: np.ndarray) -> np.ndarray:
@@ -38,21 +38,17 @@ def kept_chars(event: np.ndarray, accepted_chars: np.ndarray, completion_chars: 
     return np.clip(kept, 0.0, n_chars)
 
 
-class RewardRule(Section):
+class RewardRule(BaseRewardRule):
+    """The Tab rule (plugin `cursor-tab`): a verdict on a suggestion → its reward; scores, thumbs and edits are not
+    read (a completion with only those counts as no feedback)."""
+
+    reads: ClassVar[tuple[str, ...]] = ("verdict",)
+
+    plugin: Literal["cursor-tab"] = Field("cursor-tab", description="This rule's entry point in `tidal.reward_rules`.")
     name: str = Field("cursor-tab", pattern=r"^[a-z][a-z0-9_-]{0,62}$", description="Rule family name.")
-    version: int = Field(1, ge=1, description="Bumped on any change; datasets record name@version and the rule's JSON.")
     accepted: float = Field(0.75, description="Reward of an accepted completion (the full completion kept).")
     rejected: float = Field(-0.25, description="Reward of a rejected completion.")
     empty: float = Field(0.0, description="Reward of an empty completion (nothing shown), whatever the feedback says.")
-    ignored: float = Field(0.0, description="Reward of a non-empty completion without feedback when no_feedback='ignored'.")
-    no_feedback: NoFeedback = Field(
-        "drop",
-        description=(
-            "A non-empty completion with no feedback within the collection's feedback_timeout_s: 'drop' leaves it out "
-            "of the dataset (counted as no_feedback), 'ignored' keeps it with event 'none' and reward `ignored`. "
-            "Empty completions are always kept: nothing was shown, so no verdict was possible."
-        ),
-    )
     accept_scale_by_chars: bool = Field(
         False,
         description=(
@@ -63,14 +59,13 @@ class RewardRule(Section):
     )
     accept_chars_cap: int = Field(32, ge=1, description="Characters kept at which a scaled accept reward reaches `accepted`.")
 
-    @property
-    def id(self) -> str:
-        return f"{self.name}@{self.version}"
-
     def bounds(self) -> tuple[float, float]:
         """Smallest and largest reward this rule can give (partial rewards lie between 0 and `accepted`)."""
         values = (self.accepted, self.rejected, self.empty, self.ignored, 0.0)
         return min(values), max(values)
+
+    def reward_verdicts(self, v: Verdicts) -> np.ndarray:
+        return self.rewards(v.event, v.accepted_chars, v.completion_chars)
 
     def reward(self, event: str, accepted_chars: int | None, completion_text: str) -> float:
         """One sample's reward (the scalar form of `rewards`, for readers and tests)."""

@@ -15,7 +15,7 @@ from typing import Literal
 import pyarrow as pa
 from pydantic import BaseModel, Field
 
-from data_contracts.records import Arm
+from data_contracts.records import Arm, Thumbs
 
 SampleEvent = Literal["accepted", "rejected", "partial", "none"]
 
@@ -57,7 +57,12 @@ class RewardSample(BaseModel):
     reward: float = Field(description="Terminal reward from the rule named in reward_rule.")
     reward_rule: str = Field(description="Rule that computed the reward, 'name@version'.")
     completion_time_ms: int = Field(description="Unix epoch ms of the completion request.")
-    feedback_time_ms: int | None = Field(None, description="Unix epoch ms of the feedback; None without feedback.")
+    feedback_time_ms: int | None = Field(
+        None, description="Unix epoch ms of the completion's last feedback event; None without feedback."
+    )
+    score: float | None = Field(None, description="The score given, in the model's score_range; None without one.")
+    thumbs: Thumbs | None = Field(None, description="up or down; None without one.")
+    edit_text: str | None = Field(None, description="The text the user finally kept (redacted if it held a secret).")
 
 
 REWARD_SAMPLE_SCHEMA = pa.schema(
@@ -79,8 +84,23 @@ REWARD_SAMPLE_SCHEMA = pa.schema(
         ("reward_rule", pa.string()),
         ("completion_time_ms", pa.int64()),
         ("feedback_time_ms", pa.int64()),
+        ("score", pa.float64()),
+        ("thumbs", pa.string()),
+        ("edit_text", pa.string()),
     ]
 )
+# Columns added after the first datasets were written: a dataset without them is read with them null.
+ADDED_SAMPLE_COLUMNS = ("score", "thumbs", "edit_text")
+
+
+def upgrade_samples(table: pa.Table) -> pa.Table:
+    """A dataset written before ADDED_SAMPLE_COLUMNS existed, with them null; any other table as it is."""
+    missing = [c for c in ADDED_SAMPLE_COLUMNS if c not in table.column_names]
+    if len(missing) != len(ADDED_SAMPLE_COLUMNS) or table.column_names != REWARD_SAMPLE_SCHEMA.names[: -len(missing)]:
+        return table
+    for c in missing:
+        table = table.append_column(REWARD_SAMPLE_SCHEMA.field(c), pa.nulls(table.num_rows, REWARD_SAMPLE_SCHEMA.field(c).type))
+    return table
 
 
 def samples_table(rows: list[dict]) -> pa.Table:

@@ -8,16 +8,17 @@ of data_contracts/derive.py. Bump CONTRACT_VERSION on any change: it is part of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import get_args
 
 import great_expectations as gx
 import great_expectations.expectations as gxe
 
-from data_contracts.records import Arm, FeedbackKind, FinishReason
+from data_contracts.records import Arm, FeedbackKind, FeedbackSource, FinishReason, Thumbs
 from data_contracts.rewards import EVENTS, RewardRule
+from tidal.model_settings import FeedbackPolicy
 
-CONTRACT_VERSION = "1"
+CONTRACT_VERSION = "2"  # 2: scores, thumbs, edits and their source
 # The value sets are the records' own types (data_contracts/records.py), so the suites cannot drift from them.
 ARMS = list(get_args(Arm))
 FINISH_REASONS = list(get_args(FinishReason))
@@ -31,6 +32,7 @@ class ContractParams:
     max_model_len: int  # most prompt+completion tokens
     oldest_ms: int  # start of the collection window
     newest_ms: int  # the run's clock plus the allowed skew
+    feedback: FeedbackPolicy = field(default_factory=FeedbackPolicy)  # the events the model takes, its score range
 
 
 def _meta(reason: str) -> dict:
@@ -150,8 +152,25 @@ def feedback_suite(p: ContractParams) -> gx.ExpectationSuite:
             gxe.ExpectColumnValuesToBeInSet(
                 column="chars_within_completion", value_set=[True], meta=_meta("accepted_chars_over_completion")
             ),
+            *_feedback_fields(p),
         ],
     )
+
+
+def _feedback_fields(p: ContractParams) -> list:
+    """Scores, thumbs and edits: an event the model takes, with its own field, in range; an edit's secrets."""
+    low, high = p.feedback.score_range
+    return [
+        gxe.ExpectColumnValuesToBeInSet(column="event_taken", value_set=[True], meta=_meta("event_not_taken")),
+        gxe.ExpectColumnValuesToBeInSet(column="score_without_value", value_set=[False], meta=_meta("score_without_value")),
+        gxe.ExpectColumnValuesToBeBetween(column="score", min_value=low, max_value=high, meta=_meta("score_out_of_range")),
+        gxe.ExpectColumnValuesToBeInSet(column="thumbs_without_value", value_set=[False], meta=_meta("thumbs_without_value")),
+        gxe.ExpectColumnValuesToBeInSet(column="thumbs", value_set=list(get_args(Thumbs)), meta=_meta("bad_thumbs")),
+        gxe.ExpectColumnValuesToBeInSet(column="edit_without_text", value_set=[False], meta=_meta("edit_without_text")),
+        gxe.ExpectColumnValuesToBeBetween(column="edit_chars", max_value=p.feedback.max_edit_chars, meta=_meta("edit_too_long")),
+        gxe.ExpectColumnValuesToBeInSet(column="edit_secrets", value_set=[""], meta={"reasons_from": "secrets"}),
+        gxe.ExpectColumnValuesToBeInSet(column="source", value_set=list(get_args(FeedbackSource)), meta=_meta("bad_source")),
+    ]
 
 
 def reward_sample_suite(p: ContractParams, rule: RewardRule) -> gx.ExpectationSuite:

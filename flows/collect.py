@@ -59,7 +59,7 @@ def collect(model: str = "tab", include_open_hour: bool = False, driver: Driver 
         )
         return plan.watermark.dataset_id or ""
     versions = read_versions(registry, model)
-    params = contract_params(model, versions, cfg, as_of_ms)
+    params = contract_params(model, versions, cfg, as_of_ms, settings.model(model).feedback)
     encoder = load_encoder(registry, store, settings.data_path / "cache", model, versions, cfg.pii_policy_for(model))
     ds_id = dataset_id(model, plan.watermark, batch.partitions, rule.id, CONTRACT_VERSION)
     with tempfile.TemporaryDirectory(prefix="collect-docs-") as docs:

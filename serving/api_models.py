@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from data_contracts.records import FeedbackKind
+from data_contracts.records import FeedbackKind, Thumbs
 from serving.routes import ArmSpec
 
 
@@ -53,8 +53,15 @@ class FeedbackRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     request_id: str = Field(min_length=1, max_length=256, description="The signed id the completion came with.")
-    event: FeedbackKind = Field(description="accepted, rejected or partial.")
+    event: FeedbackKind = Field(
+        description="accepted, rejected, partial, score, thumbs or edit: those the model's feedback.events lists."
+    )
     accepted_chars: int | None = Field(None, ge=0, le=1_000_000, description="Characters kept; required for partial.")
+    score: float | None = Field(None, allow_inf_nan=False, description="Required for 'score': within the model's score_range.")
+    thumbs: Thumbs | None = Field(None, description="Required for 'thumbs': up or down.")
+    edit_text: str | None = Field(
+        None, max_length=200_000, description="Required for 'edit': the text kept (at most the model's max_edit_chars)."
+    )
 
 
 class FeedbackResponse(BaseModel):

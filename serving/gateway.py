@@ -7,21 +7,23 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 import orjson
 
-from data_contracts.records import FeedbackEvent, SamplingParams
+from data_contracts.records import FeedbackEvent, SamplingParams, feedback_group
 from data_contracts.suggestion_filter import withholds
 from serving.api_models import ChatRequest, CompletionRequest, FeedbackRequest
 from serving.completion_formats import CHAT, TEXT
 from serving.engine_http import BrokenOff, ConnectFailed, EngineClient, EngineResponse, StaleConnection
+from serving.feedback_checks import claim_key, feedback_problem
 from serving.feedback_ledger import CompletionLengths, FeedbackLedger
 from serving.request_ids import InvalidRequestId, RequestIdSigner
 from serving.routes import ArmSpec, ModelRoutes, RouteTable, arm_key, assign, assignment_key, user_hash, user_hash_key
 from serving.upstream import Endpoint, NoReplica, ReplicaPool, Saturated, describe_failure
 from tidal.clock import now_ms
+from tidal.model_settings import FeedbackPolicy
 
 log = logging.getLogger("tidal.gateway")
 WATCHDOG_PERIOD_S = 1.0  # how often the canary watchdog looks: a missed deadline costs at most this much more
@@ -44,6 +46,7 @@ class Limits:
     connect_timeout_s: float = 2.0
     first_byte_timeout_s: float = 30.0
     wal_append_timeout_s: float = 10.0
+    feedback: dict[str, FeedbackPolicy] = field(default_factory=dict)  # model → the events it takes (default: Tab's)
 
 
 @dataclass
@@ -93,7 +96,7 @@ class Gateway:
         """What a restart must not forget, read back from the WAL: the verdicts given (duplicates stay refused) and
         the suggestions' lengths (an `accepted` verdict still counts its characters)."""
         for rec in self.sink.iter_recent("feedback"):
-            self.feedback_seen.claim(rec["request_id"], rec["time_ms"])
+            self.feedback_seen.claim(claim_key(rec["request_id"], rec["event"]), rec["time_ms"])
         for rec in self.sink.iter_recent("completions"):
             self.lengths.add(rec["request_id"], len(rec.get("completion_text") or ""), rec["time_ms"])
 
@@ -420,11 +423,20 @@ class Gateway:
                 f"feedback window closed: the completion is {(now - claims.time_ms) / 1000:.0f} s old, "
                 f"the window is {self.limits.feedback_window_ms / 1000:.0f} s",
             )
-        if req.event == "partial" and req.accepted_chars is None:
-            raise GatewayError(422, "event 'partial' needs accepted_chars")
-        if not self.feedback_seen.claim(req.request_id, now):  # claimed before the await: a concurrent duplicate sees it
+        policy = self.limits.feedback.get(claims.model) or FeedbackPolicy()
+        problem = feedback_problem(req, claims.model, policy)
+        if problem is not None:
+            self.metrics.feedback.labels("rejected_invalid").inc()
+            raise GatewayError(422, problem)
+        key = claim_key(req.request_id, req.event)
+        if not self.feedback_seen.claim(key, now):  # claimed before the await: a concurrent duplicate sees it
             self.metrics.feedback.labels("rejected_duplicate").inc()
-            raise GatewayError(409, "feedback for this request id was already recorded (one verdict per completion)")
+            group = feedback_group(req.event)
+            raise GatewayError(
+                409,
+                f"a '{group}' event for this request id was already recorded (one per completion: a Tab verdict, a "
+                "score, a thumbs and an edit)",
+            )
         event = FeedbackEvent(
             request_id=req.request_id,
             time_ms=now,
@@ -432,15 +444,19 @@ class Gateway:
             event=req.event,
             accepted_chars=req.accepted_chars,
             client_id=client_id,
+            score=req.score,
+            thumbs=req.thumbs,
+            edit_text=req.edit_text,
         )
         try:
             await self.durable("feedback", event.model_dump())
         except GatewayError:  # not durable in time, but still being written: the verdict stays claimed
             raise
         except BaseException:
-            self.feedback_seen.release(req.request_id)
+            self.feedback_seen.release(key)
             raise
         self.metrics.feedback.labels(req.event).inc()
-        length = self.lengths.pop(req.request_id)
-        self.metrics.verdict(claims.model, claims.version, claims.arm, req.event, req.accepted_chars, length)
+        if feedback_group(req.event) == "verdict":  # the Tab metrics: accept rate, characters kept, the rule's reward
+            length = self.lengths.pop(req.request_id)
+            self.metrics.verdict(claims.model, claims.version, claims.arm, req.event, req.accepted_chars, length)
         return event

@@ -253,6 +253,7 @@ def build_gateway(settings: ServingSettings) -> tuple[CompletionPlane, ServingSe
             g.connect_timeout_s,
             g.first_byte_timeout_s,
             g.wal_append_timeout_s,
+            {m.name: m.feedback for m in settings.models},
         ),
         metrics=metrics,
     )

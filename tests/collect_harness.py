@@ -14,6 +14,7 @@ from data_contracts.collect_settings import CollectSettings
 from data_contracts.manifest import DatasetManifest
 from data_contracts.pipeline import Encoder, VersionSource
 from data_contracts.suites import CONTRACT_VERSION
+from tidal.model_settings import FeedbackPolicy
 from tidal.store import ObjectStore
 
 
@@ -35,13 +36,15 @@ def collect_once(
     include_open_hour: bool = False,
     encoder: Encoder | None = None,
     docs_dir: Path | None = None,
+    feedback: FeedbackPolicy | None = None,
 ) -> CollectResult:
+    """feedback: the model's `models[].feedback` (None: Tab's events)."""
     plan = pipeline.find_partitions(store, model, cfg, as_of_ms, include_open_hour)
     batch = pipeline.load_logs(store, plan)
     if batch.empty:
         return CollectResult(plan.watermark.dataset_id or "", new=False)
     versions = pipeline.registry_versions(registry, model)
-    rule, params = cfg.rule_for(model), pipeline.contract_params(model, versions, cfg, as_of_ms)
+    rule, params = cfg.rule_for(model), pipeline.contract_params(model, versions, cfg, as_of_ms, feedback)
     ds_id = dataset.dataset_id(model, plan.watermark, batch.partitions, rule.id, CONTRACT_VERSION)
     work = pipeline.validate_logs(batch, params, cfg.pii_policy_for(model), encoder, docs_dir)
     quarantine = dataset.write_quarantine(store, batch, {"completions": work.completions, "feedback": work.feedback}, ds_id)

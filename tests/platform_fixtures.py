@@ -24,7 +24,13 @@ def settings(tmp_path_factory) -> TidalSettings:
     # byo is a team's own model (tests/llama_checkpoint.py: a Llama with a tokenizer of another kind), imported as its
     # champion by the `champion` fixture; it serves nothing until a test scales it up (tests/integration/test_own_model.py).
     models = [
-        {"name": "tab", "replicas": 2, "update_strategy": "lora"},
+        {
+            "name": "tab",
+            "replicas": 2,
+            "update_strategy": "lora",
+            # scores and thumbs beside the Tab verdicts (test_collect.py sends both; its rule reads only the verdicts)
+            "feedback": {"events": ["accepted", "rejected", "partial", "score", "thumbs"], "score_range": [1, 5]},
+        },
         {"name": "tabfull", "replicas": 1, "update_strategy": "restart"},
         {"name": "byo", "replicas": 0, "update_strategy": "lora", "checkpoint": str(build_llama_checkpoint(root / "llama"))},
     ]

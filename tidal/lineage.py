@@ -20,6 +20,7 @@ MLFLOW_RUN = "tidal.mlflow_run"  # the MLflow run of that training
 DATASET_ID = "tidal.dataset_id"
 DATASET_DIGEST = "tidal.dataset_digest"
 REWARD_RULE = "tidal.reward_rule"  # the dataset's reward rule id
+REWARD_RULE_PLUGIN = "tidal.reward_rule.plugin"  # its plugin and the package that provided it: 'feedback-blend (tidal-rl 0.1.0)'
 CONTRACT_VERSION = "tidal.contract_version"  # of the data contracts that built the dataset
 CODE_REVISION = "tidal.code_revision"
 HPARAMS = "tidal.hparams"  # the PPO configuration, as JSON
@@ -57,3 +58,10 @@ def read_flag(value: str | None) -> bool | None:
 
 def read_json(value: str | None) -> dict | None:
     return None if value is None else json.loads(value)
+
+
+def rule_plugin_tag(plugin: str | None, package: str | None) -> str:
+    """The REWARD_RULE_PLUGIN value of a dataset's rule ('unrecorded' for datasets older than the field)."""
+    if plugin is None:
+        return "unrecorded"
+    return f"{plugin} ({package})" if package else plugin

@@ -6,7 +6,9 @@ A leaf module, so that serving and the release plane share the declaration witho
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, model_validator
 
 from tidal.section import Section
 from tidal.strategy import UpdateStrategy
@@ -89,6 +91,43 @@ class ServingCapacity(Section):
     )
 
 
+FeedbackEventName = Literal["accepted", "rejected", "partial", "score", "thumbs", "edit"]  # records.FeedbackKind
+TAB_EVENTS: list[FeedbackEventName] = ["accepted", "rejected", "partial"]
+
+
+class FeedbackPolicy(Section):
+    """Which feedback events the model's clients may send (`models[].feedback`): the gateway refuses others with 422
+    naming the field, and the collection's contract quarantines any that reach the logs another way."""
+
+    events: list[FeedbackEventName] = Field(
+        default_factory=lambda: list(TAB_EVENTS),
+        min_length=1,
+        description=(
+            "Events taken: the Tab verdicts (accepted, rejected, partial with its characters), 'score' (a number in "
+            "score_range), 'thumbs' (up or down), 'edit' (the text the user finally kept: listing it is the opt-in to "
+            "storing that text, which the collection scrubs like prompts). One of each group per completion."
+        ),
+    )
+    score_range: tuple[float, float] = Field(
+        (1.0, 5.0), description="[low, high] of a 'score' (inclusive); rules see it rescaled to [0, 1]."
+    )
+    max_edit_chars: int = Field(8000, ge=1, description="Longest edit text taken, in characters.")
+
+    @model_validator(mode="after")
+    def _check(self) -> FeedbackPolicy:
+        low, high = self.score_range
+        if not low < high:
+            raise ValueError(f"feedback.score_range=[{low:g}, {high:g}]: low must be below high")
+        if len(set(self.events)) != len(self.events):
+            raise ValueError(f"feedback.events lists an event twice: {self.events}")
+        return self
+
+    def score01(self, score: float) -> float:
+        """A score in score_range → [0, 1]."""
+        low, high = self.score_range
+        return (score - low) / (high - low)
+
+
 class ModelSettings(Section):
     name: str = Field(..., pattern=r"^[a-z][a-z0-9_-]{0,62}$", description="Registered model name; also the served name prefix.")
     replicas: int = Field(1, ge=0, description="Replicas the fleet keeps running.")
@@ -114,6 +153,9 @@ class ModelSettings(Section):
     capacity: ServingCapacity = Field(
         default_factory=ServingCapacity,
         description="Replicas the capacity scheduler may give the model under `capacity.mode: tidal` (capacity/).",
+    )
+    feedback: FeedbackPolicy = Field(
+        default_factory=FeedbackPolicy, description="Feedback events the model's clients may send (default: Tab's)."
     )
     canary_margins: Margins | None = Field(
         None, description=("This model's guardrail non-inferiority margins for its canaries; None = canary.margins.")

@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from capacity.settings import CapacitySettings, capacity_problems
+from data_contracts.records import feedback_group
 from release.policy import CanaryConfig
 from release.webhook_settings import RegistryWebhookSettings
 from serving.settings import ServingSettings
@@ -100,9 +101,36 @@ class TidalSettings(ServingSettings):
                         "the model's text in corpus.source"
                     )
         problems += capacity_problems(self.capacity, self.models)
+        problems += self._rule_problems()
         if problems:
             raise ValueError("settings disagree:" + "".join(f"\n    - {p}" for p in problems))
         return self
+
+    def _rule_problems(self) -> list[str]:
+        """Each model's reward rule must read an event the model takes, and the Tab-only training aids need a Tab rule."""
+        problems = []
+        names = {m.name for m in self.models}
+        for unknown in sorted(set(self.collect.reward_rules) - names):
+            problems.append(f"collect.reward_rules names {unknown!r}, which is no model ({sorted(names)}); fix the name")
+        for m in self.models:
+            rule = self.collect.rule_for(m.name)
+            taken = {feedback_group(e) for e in m.feedback.events}
+            if not taken & set(rule.reads):
+                problems.append(
+                    f"model {m.name}'s reward rule {rule.id} (plugin {rule.plugin}) reads {list(rule.reads)} feedback but "
+                    f"the model takes only {m.feedback.events} (models[].feedback.events): no completion could be "
+                    "rewarded; add an event the rule reads, or choose another rule"
+                )
+            for section, ppo in (("train", self.train.ppo), ("demo.train", self.demo.train.ppo)):
+                tab_aids = ppo.hindsight_partials or ppo.partial_credit != "last_token" or ppo.stop_credit_coef > 0
+                if rule.plugin != "cursor-tab" and tab_aids:
+                    problems.append(
+                        f"model {m.name}'s reward rule {rule.id} is not the Tab rule (plugin {rule.plugin}), but "
+                        f"{section}.ppo asks for hindsight rows, split credit or stop credit, which value partial "
+                        f"suggestions by it; set {section}.ppo.hindsight_partials=false, partial_credit=last_token and "
+                        "stop_credit_coef=0, or reward the model with plugin cursor-tab"
+                    )
+        return problems
 
 
 def load_settings(**overrides) -> TidalSettings:

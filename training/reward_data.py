@@ -22,7 +22,7 @@ from data_contracts.corpus import unit_hash
 from data_contracts.dataset import ManifestError, dataset_prefix, read_manifest, read_watermark
 from data_contracts.manifest import DatasetManifest
 from data_contracts.rewards import RewardRule
-from data_contracts.samples import REWARD_SAMPLE_SCHEMA, WITHHELD_SCHEMA, RewardSample, WithheldSample
+from data_contracts.samples import REWARD_SAMPLE_SCHEMA, WITHHELD_SCHEMA, RewardSample, WithheldSample, upgrade_samples
 from tidal.store import ObjectStore
 
 
@@ -36,7 +36,8 @@ class RewardDataset:
     digest: str  # "sha256:<hex>" of the Parquet file, as in the manifest
     reward_rule: str  # "name@version"
     samples: list[RewardSample]
-    rule: RewardRule | None  # the rule that computed the rewards, as the manifest recorded it (collect always does)
+    # the Tab rule that computed the rewards, as the manifest recorded it; None for another plugin's rule (or none recorded)
+    rule: RewardRule | None
     withheld: dict[int, int] = field(default_factory=dict)  # {version: completions its suggestion filter withheld}
     # The withheld completions themselves (withheld.parquet); None: the dataset predates the file, only counts remain
     withheld_samples: list[WithheldSample] | None = field(default_factory=list)
@@ -60,7 +61,7 @@ def load_dataset(store: ObjectStore, model: str, ds_id: str) -> RewardDataset:
         manifest = read_manifest(store, model, ds_id)
     except ManifestError as e:
         raise DatasetError(f"dataset {ds_id}: {e}") from None
-    table = read_checked(store, manifest.data_key, manifest.digest, ds_id, "data")
+    table = upgrade_samples(read_checked(store, manifest.data_key, manifest.digest, ds_id, "data"))
     want = {f.name: _type_name(f.type) for f in REWARD_SAMPLE_SCHEMA}
     got = {f.name: _type_name(f.type) for f in table.schema}
     if want != got:
@@ -89,15 +90,20 @@ def load_dataset(store: ObjectStore, model: str, ds_id: str) -> RewardDataset:
     rules = {s.reward_rule for s in samples}
     rule = None
     if (recorded := manifest.reward_rule.rule) is not None:
-        try:
-            rule = RewardRule.model_validate(recorded)
-        except ValidationError as e:
-            raise DatasetError(
-                f"dataset {ds_id}: the manifest's reward_rule.rule is not a RewardRule: "
-                f"{e.errors()[0]['msg']} at {e.errors()[0]['loc']}"
-            ) from None
-        if rules != {rule.id}:
-            raise DatasetError(f"dataset {ds_id}: rows were rewarded by {sorted(rules)}, the manifest names {rule.id}")
+        # The Tab rule is rebuilt here: hindsight rows, split credit and stop credit value their cuts by it. A
+        # plugin's rule is not loaded in the trainer (its package need not be installed there): rule stays None.
+        recorded_id = f"{recorded.get('name')}@{recorded.get('version', 1)}"
+        if recorded.get("plugin", "cursor-tab") == "cursor-tab":
+            try:
+                rule = RewardRule.model_validate({**recorded, "plugin": "cursor-tab"})
+            except ValidationError as e:
+                raise DatasetError(
+                    f"dataset {ds_id}: the manifest's reward_rule.rule is not a RewardRule: "
+                    f"{e.errors()[0]['msg']} at {e.errors()[0]['loc']}"
+                ) from None
+            recorded_id = rule.id
+        if rules != {recorded_id}:
+            raise DatasetError(f"dataset {ds_id}: rows were rewarded by {sorted(rules)}, the manifest names {recorded_id}")
     return RewardDataset(
         ds_id,
         manifest.digest,

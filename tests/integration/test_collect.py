@@ -109,6 +109,19 @@ def test_collect_turns_gateway_traffic_into_a_reconciled_dataset(settings, gatew
         if v is not None:
             assert post(gateway, keys["alice"], "/v1/feedback", {"request_id": a["id"], **v})["recorded"]
             sent[a["id"]] = v
+            if i % 3 == 0:  # a thumbs and a score beside the verdict: one event of each group per completion
+                thumbs = "up" if v["event"] == "accepted" else "down"
+                assert post(gateway, keys["alice"], "/v1/feedback", {"request_id": a["id"], "event": "thumbs", "thumbs": thumbs})
+                assert post(gateway, keys["alice"], "/v1/feedback", {"request_id": a["id"], "event": "score", "score": 1 + i % 5})
+                sent[a["id"]] |= {"thumbs": thumbs, "score": float(1 + i % 5)}
+    some = next(iter(sent))
+    refused = httpx.post(
+        f"{gateway}/v1/feedback",
+        json={"request_id": some, "event": "score", "score": 6},
+        headers={"Authorization": f"Bearer {keys['alice']}"},
+        timeout=30,
+    )
+    assert refused.status_code == 422 and "score_range [1, 5]" in refused.text, refused.text
     logged = {
         r["request_id"]: r for r in wait_stored(store, "completions", set(answers), model="tab") if r["request_id"] in answers
     }
@@ -132,6 +145,7 @@ def test_collect_turns_gateway_traffic_into_a_reconciled_dataset(settings, gatew
         assert s["behaviour_logprobs"] == pytest.approx(a["choices"][0]["logprobs"]["token_logprobs"], abs=1e-5)
         v = sent.get(rid, {"event": "none"})
         assert s["event"] == v["event"] and s["accepted_chars"] == v.get("accepted_chars")
+        assert (s["thumbs"], s["score"]) == (v.get("thumbs"), v.get("score"))
         assert s["reward"] == pytest.approx(rule.reward(v["event"], v.get("accepted_chars"), s["completion_text"]))
         assert s["reward_rule"] == rule.id
         assert (s["temperature"], s["top_p"]) == (log["sampling"]["temperature"], log["sampling"]["top_p"]) in SAMPLING
@@ -151,6 +165,7 @@ def test_collect_turns_gateway_traffic_into_a_reconciled_dataset(settings, gatew
     exp = registry.client.get_experiment_by_name("tab/collect")
     [run] = registry.client.search_runs([exp.experiment_id], f"tags.`tidal.dataset_id` = '{ds_id}'")
     [inp] = run.inputs.dataset_inputs
+    assert run.data.tags["tidal.reward_rule.plugin"].startswith("cursor-tab (tidal-rl ")  # the rule's plugin and package
     assert inp.dataset.name == ds_id and inp.dataset.digest == manifest["digest"].removeprefix("sha256:")[:16]
     # reports: Data Docs in the store, artifacts in Prefect
     assert store.exists(f"reports/data_docs/model=tab/{ds_id}/index.html")

@@ -77,6 +77,7 @@ def test_train_survives_a_killed_trainer_and_registers_one_gated_candidate(
     assert info.tags["tidal.parent_version"] == str(champion.version)
     assert info.tags["tidal.dataset_id"] == dataset_id and info.tags["tidal.dataset_digest"] == manifest_digest
     assert info.tags["tidal.reward_rule"] == settings.collect.rule_for("tab").id
+    assert info.tags["tidal.reward_rule.plugin"].startswith("cursor-tab (tidal-rl ")
     assert info.tags["tidal.gate.passed"] == "true" and info.tags["tidal.gate.kl"].startswith("pass")
     assert float(info.tags["tidal.gate.figure.kl_per_token"]) <= settings.train.gate.max_kl
     assert "learning_rate" in info.tags["tidal.hparams"] and info.tags["tidal.code_revision"]

@@ -71,8 +71,9 @@ def completion(
 
 
 def feedback(
-    c: dict, event: str = "accepted", after_ms: int = 2_000, chars: int | None = None, client: str | None = None
+    c: dict, event: str = "accepted", after_ms: int = 2_000, chars: int | None = None, client: str | None = None, **fields
 ) -> dict:
+    """fields: score, thumbs, edit_text or source of the event."""
     return FeedbackEvent(
         request_id=c["request_id"],
         time_ms=c["time_ms"] + after_ms,
@@ -80,6 +81,7 @@ def feedback(
         event=event,
         accepted_chars=chars,
         client_id=client or c["client_id"],
+        **fields,
     ).model_dump()
 
 

@@ -54,7 +54,7 @@ def test_the_wal_keeps_feedback_over_its_cap_and_a_short_retention_is_refused(tm
     from tidal.settings import load_settings
     from tidal.store import LocalStore
 
-    cfg = LogSinkSettings(segment_max_age_s=0.05, upload_interval_s=0.05, wal_cap_bytes=2_000)
+    cfg = LogSinkSettings(segment_max_age_s=0.05, upload_interval_s=0.05, wal_cap_bytes=3_000)
     sink = LogSink(tmp_path / "wal", LocalStore(tmp_path / "store"), cfg)
     sink.start()
     try:

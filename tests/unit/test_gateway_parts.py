@@ -554,3 +554,48 @@ def test_verdicts_and_characters_are_counted_per_version_and_arm_across_a_restar
     assert m[("gateway_accepted_chars_unknown_total", (("model", "tab"),))] == 1
     assert m[("gateway_route_weight", (("arm", "control"), ("model", "tab"), ("version", "1")))] == 1.0
     assert m[("gateway_route_changes_total", (("action", "set"), ("by", "test"), ("model", "tab")))] == 1
+
+
+def test_scores_thumbs_and_edits_are_taken_once_each_and_refused_with_the_field_named(tmp_path):
+    """Through the gateway's app: a model's events each once per completion beside its Tab verdict, into the WAL with
+    their fields; what the model does not take gets 422 naming the field; a second of a group gets 409."""
+    import orjson
+    from fastapi.testclient import TestClient
+
+    from serving.gateway import Limits
+    from serving.request_ids import RequestIdSigner
+    from tidal.model_settings import FeedbackPolicy
+
+    policy = FeedbackPolicy(events=["accepted", "rejected", "partial", "score", "thumbs", "edit"], score_range=(0, 10))
+    limits = Limits(1000, 64, 60_000, 5.0, feedback={"tab": policy})
+    app = _app_without_engines(tmp_path, rate=100, burst=100, limits=limits)
+    now = int(time.time() * 1000)
+    rid, plain = (RequestIdSigner(b"k" * 32).issue(m, "alice", now) for m in ("tab", "tabfull"))
+    auth = {"Authorization": "Bearer alice-key-0123456789"}
+    with TestClient(app) as client:
+
+        def post(body: dict, request_id: str = rid):
+            return client.post("/v1/feedback", json={"request_id": request_id, **body}, headers=auth)
+
+        for body in ({"event": "accepted"}, {"event": "score", "score": 7.5}, {"event": "thumbs", "thumbs": "up"}):
+            assert post(body).status_code == 200, post(body).text
+        assert post({"event": "edit", "edit_text": "kept"}).json() == {"request_id": rid, "event": "edit", "recorded": True}
+        again = post({"event": "score", "score": 2})
+        assert again.status_code == 409 and "a 'score' event for this request id was already recorded" in again.text
+        assert post({"event": "partial", "accepted_chars": 1}).status_code == 409  # one Tab verdict
+        out_of_range = post({"event": "score", "score": 11}, plain)
+        assert out_of_range.status_code == 422 and "event: 'score' is not an event model 'tabfull' takes" in out_of_range.text
+        assert (
+            "score_range [0, 10]"
+            in post({"event": "score", "score": -1}, RequestIdSigner(b"k" * 32).issue("tab", "alice", now + 1)).text
+        )
+    written = sorted(
+        (orjson.loads(line) for p in (tmp_path / "wal" / "feedback").iterdir() for line in p.read_bytes().splitlines()),
+        key=lambda r: ["accepted", "score", "thumbs", "edit"].index(r["event"]),
+    )
+    assert [(r["event"], r["score"], r["thumbs"], r["edit_text"], r["source"]) for r in written] == [
+        ("accepted", None, None, None, "user"),
+        ("score", 7.5, None, None, "user"),
+        ("thumbs", None, "up", None, "user"),
+        ("edit", None, None, "kept", "user"),
+    ]

@@ -128,7 +128,7 @@ def test_size_and_age_rotation_upload_in_the_background(tmp_path: Path, sinks) -
         assert time.monotonic() < deadline, "background uploader did not upload within 2.5 s"
         time.sleep(0.02)
     objects = parquet_objects(tmp_path / "store", "feedback")
-    assert len(objects) >= 2  # 8 × ~110 bytes over 400-byte segments
+    assert len(objects) >= 2  # 8 × ~186 bytes over 900-byte segments
     assert sorted(r["time_ms"] for rows in objects.values() for r in rows) == [T0 + i for i in range(8)]
 
 
@@ -137,10 +137,10 @@ def test_size_and_age_rotation_upload_in_the_background(tmp_path: Path, sinks) -
 
 def test_crash_recovery_uploads_acknowledged_records_once_and_drops_torn_line(tmp_path: Path, sinks) -> None:
     wal, store = tmp_path / "wal", LocalStore(tmp_path / "store")
-    crashed = LogSink(wal, store, settings(segment_max_bytes=1000))  # never stopped: the "crash"
+    crashed = LogSink(wal, store, settings(segment_max_bytes=1500))  # never stopped: the "crash"
     crashed.start()
     acked = [feedback(i, T0 + i) for i in range(27)]
-    for chunk in range(0, 27, 5):  # batches of ~550 bytes → two closed segments plus an open one
+    for chunk in range(0, 27, 5):  # batches of ~930 bytes → two closed segments plus an open one
         asyncio.run(append_all(crashed, "feedback", acked[chunk : chunk + 5]))
     assert wal_files(wal, "feedback", ".closed.jsonl")
     [open_segment] = wal_files(wal, "feedback", ".jsonl")
@@ -203,7 +203,7 @@ def test_two_gateways_of_the_same_pid_never_write_the_same_object(tmp_path: Path
 
 
 def test_iter_recent_reads_uploaded_closed_and_open_segments_oldest_first(tmp_path: Path, sinks) -> None:
-    sink = start(sinks, tmp_path / "wal", LocalStore(tmp_path / "store"), segment_max_bytes=600)
+    sink = start(sinks, tmp_path / "wal", LocalStore(tmp_path / "store"), segment_max_bytes=900)
     records = [feedback(i, T0 + i) for i in range(12)]
     asyncio.run(append_all(sink, "feedback", records[:4]))
     assert sink.flush_now(timeout_s=10)  # → uploaded, retained

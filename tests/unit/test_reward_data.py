@@ -221,3 +221,25 @@ def test_the_manifest_is_read_back_as_itself_and_a_damaged_one_is_named(store) -
     (store.root / key).write_text(json.dumps({**stored, "digest": None}))
     with pytest.raises(DatasetError, match=r"ds-typed: .*manifest.json is not a dataset manifest .* at digest"):
         load_dataset(store, "tab", "ds-typed")
+
+
+def test_a_dataset_written_before_scores_thumbs_and_edits_loads_with_them_empty(store) -> None:
+    from data_contracts.samples import ADDED_SAMPLE_COLUMNS
+
+    old = samples_table([row(0)]).drop_columns(list(ADDED_SAMPLE_COLUMNS))
+    write_dataset(store, "tab", "ds-old", old, collect_record())
+    [s] = load_dataset(store, "tab", "ds-old").samples
+    assert (s.score, s.thumbs, s.edit_text) == (None, None, None)
+
+
+def test_a_plugin_rules_dataset_loads_without_its_plugin_and_without_a_tab_rule(store) -> None:
+    rule = {"plugin": "acme-nowhere", "name": "acme", "version": 2, "weight": 3}
+    write_dataset(
+        store,
+        "tab",
+        "ds-p",
+        samples_table([row(0, reward_rule="acme@2")]),
+        collect_record(reward_rule={"id": "acme@2", "rule": rule}),
+    )
+    data = load_dataset(store, "tab", "ds-p")
+    assert data.rule is None and data.reward_rule == "acme@2"  # the Tab-only aids refuse it by name (training/job.py)
