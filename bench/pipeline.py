@@ -5,7 +5,9 @@
 Generates CompletionRecord/FeedbackEvent rows written like the gateway's uploader does (records.to_table,
 Parquet, partition keys) into a local store, then times the collection steps (generation and loading
 are reported apart). Also runs every row check of the suites as plain pandas on the same frames, so
-`ge_over_pandas` = Great Expectations validation time / the same checks in pandas. Prints one JSON line.
+`ge_over_pandas` = Great Expectations validation time / the same checks in pandas. Runs twice over the same
+completions, side by side: Tab verdicts alone, then with scores, thumbs and edits in the mix (under the blend rule,
+which reads them all): `records_per_s` and `records_per_s_with_new_events`. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import get_args
 
 import numpy as np
 import pandas as pd
@@ -34,18 +37,20 @@ from data_contracts.pipeline import (
     reconcile,
     validate_logs,
 )
-from data_contracts.records import to_table
+from data_contracts.records import FeedbackKind, to_table
 from data_contracts.suites import completion_suite, feedback_suite
 from data_contracts.validate import validate_frames
 from serving.request_ids import RequestIdSigner
+from tidal.model_settings import FeedbackPolicy
 from tidal.store import LocalStore
 
 HOUR = 3_600_000
 T0 = 1_767_225_600_000  # 2026-01-01T00:00Z
 
 
-def generate(store: LocalStore, rows: int, partitions: int, feedback_share: float, seed: int) -> int:
-    """`partitions` hours of completions (and feedback for a share of them), one object per hour each."""
+def generate(store: LocalStore, rows: int, partitions: int, feedback_share: float, seed: int, mix: bool = False) -> int:
+    """`partitions` hours of completions (and feedback for a share of them), one object per hour each. mix: besides
+    the Tab verdicts, a score on every 4th completion with feedback, a thumbs on every 3rd and an edit on every 10th."""
     rng, signer = np.random.default_rng(seed), RequestIdSigner(b"bench-request-id-secret")
     per = rows // partitions
     n_feedback = 0
@@ -92,6 +97,8 @@ def generate(store: LocalStore, rows: int, partitions: int, feedback_share: floa
                             "client_id": "alice",
                         }
                     )
+                    if mix:
+                        fbs.extend(new_events(rid, t, i))
             for kind, batch in (("completions", comps), ("feedback", fbs)):
                 local = Path(tmp) / f"{kind}.parquet"
                 pq.write_table(to_table(kind, batch), local)  # the uploader's writing path
@@ -99,6 +106,19 @@ def generate(store: LocalStore, rows: int, partitions: int, feedback_share: floa
                 store.put_file(local, partition_key(kind, ("tab", f"{d:%Y-%m-%d}", f"{d:%H}"), f"{p:012d}"))
             n_feedback += len(fbs)
     return n_feedback
+
+
+def new_events(rid: str, t: int, i: int) -> list[dict]:
+    """Scores, thumbs and edits on some completions (the mix of a chat model's feedback)."""
+    base = {"request_id": rid, "model": "tab", "accepted_chars": None, "client_id": "alice"}
+    out = []
+    if i % 4 == 0:
+        out.append(base | {"time_ms": t + 2000, "event": "score", "score": float(1 + i % 5)})
+    if i % 3 == 0:
+        out.append(base | {"time_ms": t + 2500, "event": "thumbs", "thumbs": "up" if i % 2 else "down"})
+    if i % 10 == 0:
+        out.append(base | {"time_ms": t + 3000, "event": "edit", "edit_text": "    return x * " + str(i % 89)})
+    return out
 
 
 def pandas_failures(suite, frame: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -127,27 +147,25 @@ def pandas_failures(suite, frame: pd.DataFrame) -> dict[str, np.ndarray]:
     return out
 
 
-def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=1_000_000, help="completions (feedback comes on top)")
-    ap.add_argument("--partitions", type=int, default=10, help="hours (one Parquet object per kind each)")
-    ap.add_argument("--feedback-share", type=float, default=0.8, help="share of completions with a verdict")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    cfg = CollectSettings(window_s=30 * 86400)
+def measure(rows: int, partitions: int, feedback_share: float, seed: int, mix: bool) -> dict:
+    """One collection over generated logs, timed step by step. mix: the new events too, under the blend rule (which
+    reads them all), for a model that takes them; else Tab verdicts under the Tab rule."""
+    rule_spec = {"plugin": "feedback-blend"} if mix else {}
+    cfg = CollectSettings(window_s=30 * 86400, reward_rule=rule_spec)
+    policy = FeedbackPolicy(events=list(get_args(FeedbackKind))) if mix else FeedbackPolicy()
     versions = Versions([1, 2, 3], champion=2)
-    as_of = T0 + (args.partitions + 1) * HOUR
+    as_of = T0 + (partitions + 1) * HOUR
     with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
         store = LocalStore(Path(tmp))
         t = time.perf_counter()
-        n_feedback = generate(store, args.rows, args.partitions, args.feedback_share, args.seed)
+        n_feedback = generate(store, rows, partitions, feedback_share, seed, mix)
         t_generate = time.perf_counter() - t
 
         t = time.perf_counter()
         batch = load_logs(store, find_partitions(store, "tab", cfg, as_of, include_open_hour=False))
         t_load = time.perf_counter() - t
 
-        params, rule = contract_params("tab", versions, cfg, as_of), cfg.rule_for("tab")
+        params, rule = contract_params("tab", versions, cfg, as_of, policy), cfg.rule_for("tab")
         t, cpu = time.perf_counter(), time.process_time()
         work = validate_logs(batch, params)
         t_validate = time.perf_counter() - t
@@ -160,7 +178,7 @@ def main(argv: list[str] | None = None) -> dict:
         # GE against plain pandas, same frames and checks
         t = time.perf_counter()
         c_frame, _ = completion_frame(batch.completions.table)
-        f_frame, _ = feedback_frame(batch.feedback.table, batch.feedback.joinable, batch.completions.table)
+        f_frame, _ = feedback_frame(batch.feedback.table, batch.feedback.joinable, batch.completions.table, tuple(policy.events))
         t_derive = time.perf_counter() - t
         checks = [(completion_suite(params), c_frame), (feedback_suite(params), f_frame)]
         t = time.perf_counter()
@@ -173,10 +191,10 @@ def main(argv: list[str] | None = None) -> dict:
         pandas_rows = [set(np.concatenate(list(p.values())).tolist()) for p in plain]
 
     seconds = t_validate + t_assemble
-    result = {
-        "bench": "pipeline",
+    return {
         "completions": batch.completions.table.num_rows,
         "feedback": n_feedback,
+        "reward_rule": rule.id,
         "records_per_s": round(batch.completions.table.num_rows / seconds),
         "log_rows_per_s": round((batch.completions.table.num_rows + n_feedback) / seconds),
         "records_per_cpu_s": round(batch.completions.table.num_rows / cpu),
@@ -194,6 +212,25 @@ def main(argv: list[str] | None = None) -> dict:
         "rows_in": counts["total"]["in"],
         "kept": counts["total"]["kept"],
         "filtered": counts["total"]["filtered"],
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=1_000_000, help="completions (feedback comes on top)")
+    ap.add_argument("--partitions", type=int, default=10, help="hours (one Parquet object per kind each)")
+    ap.add_argument("--feedback-share", type=float, default=0.8, help="share of completions with a verdict")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    # the same completions twice, side by side: Tab verdicts alone, then with scores, thumbs and edits in the mix
+    tab = measure(args.rows, args.partitions, args.feedback_share, args.seed, mix=False)
+    mixed = measure(args.rows, args.partitions, args.feedback_share, args.seed, mix=True)
+    result = {
+        "bench": "pipeline",
+        **tab,
+        "records_per_s_with_new_events": mixed["records_per_s"],
+        "with_new_events": mixed,
+        "with_over_without": round(mixed["records_per_s"] / tab["records_per_s"], 2),
         "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
     }
     print(json.dumps(result), flush=True)
