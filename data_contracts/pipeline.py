@@ -34,7 +34,7 @@ from data_contracts.derive import completion_frame, feedback_frame, sample_frame
 from data_contracts.ledger import Ledger, ReconciliationError
 from data_contracts.logs import Batch, LogFile, find_log_files, load_batch
 from data_contracts.manifest import CollectRecord, DatasetManifest
-from data_contracts.reward_rules import BaseRewardRule as RewardRule
+from data_contracts.reward_rules import BaseRewardRule
 from data_contracts.scope import Range, Watermark, advance, initial_watermark, next_range
 from data_contracts.suites import CONTRACT_VERSION, ContractParams, completion_suite, feedback_suite, reward_sample_suite
 from data_contracts.validate import ContractError, validate_frames
@@ -173,7 +173,7 @@ def scrub_prompts(work: Work, encoder: Encoder | None) -> Work:
     return work
 
 
-def check_samples(samples: pa.Table, params: ContractParams, rule: RewardRule) -> None:
+def check_samples(samples: pa.Table, params: ContractParams, rule: BaseRewardRule) -> None:
     """The dataset about to be written must meet the RewardSample contract (else a bug: nothing is written)."""
     outcome = validate_frames([(reward_sample_suite(params, rule), sample_frame(samples))])["reward_samples"]
     if outcome.reasons:
@@ -196,7 +196,7 @@ def collect_record(
     batch: Batch,
     work: Work,
     samples: pa.Table,
-    rule: RewardRule,
+    rule: BaseRewardRule,
     cfg: CollectSettings,
     versions: Versions,
     wm_after: Watermark,
@@ -248,7 +248,7 @@ def withheld_by_version(work: Work) -> dict[int, int]:
 
 
 def assemble_samples(
-    work: Work, rule: RewardRule, versions: Versions, max_stale: int, params: ContractParams
+    work: Work, rule: BaseRewardRule, versions: Versions, max_stale: int, params: ContractParams
 ) -> tuple[Work, pa.Table]:
     """Validated logs → RewardSample rows: join verdicts → reward → drop stale → dedupe and settle →
     samples (a withheld completion is never one), which must meet the RewardSample contract (else nothing is written)."""
@@ -264,7 +264,7 @@ def write_version(
     plan: Plan,
     work: Work,
     samples: pa.Table,
-    rule: RewardRule,
+    rule: BaseRewardRule,
     cfg: CollectSettings,
     versions: Versions,
     quarantine: dict,
@@ -279,7 +279,7 @@ def write_version(
     return manifest, wm_after
 
 
-def summarize(samples: pa.Table, rule: RewardRule) -> dict:
+def summarize(samples: pa.Table, rule: BaseRewardRule) -> dict:
     """Reward distribution and accept rate by (version, arm), for reports and the manifest."""
     df = samples.select(["version", "arm", "event", "reward"]).to_pandas()
     low, high = rule.bounds()

@@ -15,7 +15,8 @@ import great_expectations as gx
 import great_expectations.expectations as gxe
 
 from data_contracts.records import Arm, FeedbackKind, FeedbackSource, FinishReason, Thumbs
-from data_contracts.rewards import EVENTS, RewardRule
+from data_contracts.reward_rules import BaseRewardRule
+from data_contracts.rewards import EVENTS
 from tidal.model_settings import FeedbackPolicy
 
 CONTRACT_VERSION = "2"  # 2: scores, thumbs, edits and their source
@@ -173,7 +174,7 @@ def _feedback_fields(p: ContractParams) -> list:
     ]
 
 
-def reward_sample_suite(p: ContractParams, rule: RewardRule) -> gx.ExpectationSuite:
+def reward_sample_suite(p: ContractParams, rule: BaseRewardRule) -> gx.ExpectationSuite:
     """RewardSample as written to a dataset (frame: derive.sample_frame). A failure here is a bug in the
     collection code, not bad input: the dataset is not written."""
     low, high = rule.bounds()

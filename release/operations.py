@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from data_contracts.rewards import RewardRule
+from data_contracts.reward_rules import BaseRewardRule
 from release.canary_records import ArmHealth, History, histories
 from release.live_state import reconcile
 from release.outcomes import LogReader, read_outcomes
@@ -151,7 +151,7 @@ def user_histories(
     model: str,
     champion: int,
     cfg: CanaryConfig,
-    rule: RewardRule,
+    rule: BaseRewardRule,
     start_ms: int,
     log_segment_span_s: float | None,
 ) -> dict[str, History]:

@@ -19,7 +19,8 @@ import pyarrow.parquet as pq
 
 from data_contracts.log_layout import key_segment_id, segment_opened_ms
 from data_contracts.records import TabVerdict
-from data_contracts.rewards import RewardRule, kept_chars
+from data_contracts.reward_rules import BaseRewardRule
+from data_contracts.rewards import kept_chars
 from data_contracts.scope import floor_hour, parse_key
 from release.canary_records import History, Outcome
 from tidal.store import ObjectStore
@@ -74,7 +75,7 @@ def request_kind(prompt_text: str) -> str:
 def read_outcomes(
     logs: LogReader,
     versions: dict[str, int],
-    rule: RewardRule,
+    rule: BaseRewardRule,
     feedback_wait_s: float,
     now_ms: int,
     history: dict[str, History] | None = None,

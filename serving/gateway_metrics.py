@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from data_contracts.reward_rules import BaseRewardRule
 from data_contracts.rewards import RewardRule
 
 LATENCY_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000)
@@ -26,7 +27,7 @@ RouteWeights = Callable[[], list[tuple[str, str, int, float]]]
 
 
 class GatewayMetrics:
-    def __init__(self, sink_metrics, rule_for: Callable[[str], RewardRule] = lambda _model: RewardRule()):
+    def __init__(self, sink_metrics, rule_for: Callable[[str], BaseRewardRule] = lambda _model: RewardRule()):
         """rule_for: model → its reward rule (the app passes the settings' `collect.rule_for`)."""
         self.rule_for = rule_for
         self.registry = CollectorRegistry()

@@ -24,7 +24,7 @@ from data_contracts.logs import Batch
 from data_contracts.manifest import DatasetManifest
 from data_contracts.pipeline import Encoder, Plan, Versions
 from data_contracts.report import quarantine_rows, report_markdown
-from data_contracts.rewards import RewardRule
+from data_contracts.reward_rules import BaseRewardRule
 from data_contracts.scope import Watermark
 from data_contracts.suites import CONTRACT_VERSION, ContractParams
 from tidal import lineage
@@ -116,7 +116,7 @@ def publish_data_docs(store: ObjectStore, docs_dir: Path, model: str, ds_id: str
 
 @task(cache_policy=NO_CACHE)
 def assemble_samples(
-    work: Work, rule: RewardRule, versions: Versions, max_stale: int, params: ContractParams
+    work: Work, rule: BaseRewardRule, versions: Versions, max_stale: int, params: ContractParams
 ) -> tuple[Work, pa.Table]:
     work, samples = pipeline.assemble_samples(work, rule, versions, max_stale, params)
     get_run_logger().info("%s: %s reward samples under rule %s", work.batch.model, f"{samples.num_rows:,}", rule.id)
@@ -129,7 +129,7 @@ def write_dataset_version(
     plan: Plan,
     work: Work,
     samples: pa.Table,
-    rule: RewardRule,
+    rule: BaseRewardRule,
     cfg: CollectSettings,
     versions: Versions,
     quarantine: dict,

@@ -14,7 +14,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from data_contracts.rewards import RewardRule
+from data_contracts.reward_rules import BaseRewardRule
 from release.live_state import LiveState, reconcile
 from release.operations import (
     Release,
@@ -104,7 +104,7 @@ def run_canary(
     fleet: FleetClient,
     registry: Registry,
     store: ObjectStore,
-    rule: RewardRule,
+    rule: BaseRewardRule,
     gateway_url: str,
     log_segment_span_s: float | None = None,
     margins: Margins | None = None,
