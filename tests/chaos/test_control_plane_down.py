@@ -24,6 +24,7 @@ pytestmark = pytest.mark.slow
 EXPECTED = {"mlflow": "MLflow at http", "prefect": "Prefect at http"}  # each outage's error names the server
 
 
+@pytest.mark.long  # two minute-long outages under load (~110 s): the suite keeps its 35 minutes
 def test_mlflow_and_prefect_outages_leave_serving_untouched(
     settings, platform, gateway, keys, champion, checkpoints, chaos_report
 ):

@@ -257,6 +257,7 @@ def test_unusable_datasets_and_a_diverging_learning_rate_register_nothing(settin
     assert set(registry.versions("tab")) == before
 
 
+@pytest.mark.long  # ~46 s; the shards against the HF model and PPO on them are tests/unit/test_megatron_backend.py
 def test_the_megatron_backend_trains_tensor_parallel_shards_into_one_gated_candidate(settings, registry, checkpoints, dataset_id):
     """train.ppo.backend=megatron, tensor_parallel=2, two local trainer processes (torchrun over gloo): the flow
     registers one full-weight candidate gathered from both shards, gated like any other, whose served-weight probe

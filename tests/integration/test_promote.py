@@ -121,6 +121,7 @@ def neutral_ramp_at_step_1(registry, checkpoints, neutral_adapter, users, tmp_pa
     return info, promote
 
 
+@pytest.mark.long  # ~50 s; alias moves through the real webhook stay in test_registry_webhooks.py
 def test_a_candidate_set_in_the_registry_ramps_until_an_operator_rolls_it_back(
     settings, registry, checkpoints, neutral_adapter, users, platform
 ):
