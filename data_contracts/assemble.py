@@ -13,9 +13,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from data_contracts.derive import TAB_EVENTS
 from data_contracts.ledger import Ledger
 from data_contracts.logs import Batch
+from data_contracts.records import TAB_EVENTS
 from data_contracts.reward_rules import BaseRewardRule, Verdicts
 from data_contracts.samples import REWARD_SAMPLE_SCHEMA, WITHHELD_SCHEMA
 from data_contracts.validate import Outcome
@@ -88,7 +88,7 @@ def join_feedback(work: Work, policy: FeedbackPolicy | None = None) -> Work:
         event=joined(verdict, events, "none", object),
         accepted_chars=joined(verdict, work.f_frame["accepted_chars"].to_numpy(), np.nan, np.float64),
         completion_chars=np.nan_to_num(work.c_frame["completion_chars"].to_numpy(dtype=np.float64), nan=0.0),
-        score=(work.score - policy.score_range[0]) / (policy.score_range[1] - policy.score_range[0]),
+        score=policy.score01(work.score),
         thumbs=joined(events == "thumbs", np.where(thumbs == "up", 1.0, np.where(thumbs == "down", -1.0, 0.0)), 0.0, np.float64),
         edit_text=joined(events == "edit", edit_text, None, object),
         completion_text=work.batch.completions.table["completion_text"].to_numpy(zero_copy_only=False).astype(object),

@@ -34,10 +34,18 @@ class BlendRule(BaseRewardRule):
     scale: float = Field(1.0, gt=0, description="Reward of a completion whose every signal is +1.")
     empty: float = Field(0.0, description="Reward of an empty completion (nothing shown), whatever the feedback says.")
 
+    def weights(self) -> dict[str, float]:
+        """feedback group → its weight."""
+        return {
+            "verdict": self.verdict_weight,
+            "score": self.score_weight,
+            "thumbs": self.thumbs_weight,
+            "edit": self.edit_weight,
+        }
+
     @property
     def reads(self) -> tuple[str, ...]:  # a group weighted 0 does not reward a row
-        weights = {"verdict": self.verdict_weight, "score": self.score_weight, "thumbs": self.thumbs_weight}
-        return tuple(g for g, w in {**weights, "edit": self.edit_weight}.items() if w > 0)
+        return tuple(g for g, w in self.weights().items() if w > 0)
 
     def bounds(self) -> tuple[float, float]:
         values = (-self.scale, self.scale, self.empty, self.ignored)
@@ -61,8 +69,7 @@ class BlendRule(BaseRewardRule):
         }
 
     def reward_verdicts(self, v: Verdicts) -> np.ndarray:
-        weights = {"verdict": self.verdict_weight, "score": self.score_weight, "thumbs": self.thumbs_weight}
-        weights["edit"] = self.edit_weight
+        weights = self.weights()
         total, weight = np.zeros(len(v)), np.zeros(len(v))
         for group, (signal, present) in self.signals(v).items():
             w = weights[group] * present

@@ -11,18 +11,14 @@ computed once here.
 
 from __future__ import annotations
 
-from typing import get_args
-
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from data_contracts import secrets
-from data_contracts.records import FeedbackKind, TabVerdict
+from data_contracts.records import FEEDBACK_EVENTS, TAB_EVENTS
 
-TAB_EVENTS: tuple[str, ...] = get_args(TabVerdict)
-FEEDBACK_EVENTS: tuple[str, ...] = get_args(FeedbackKind)
 COMPLETION_SCALARS = [
     "request_id",
     "time_ms",

@@ -6,7 +6,7 @@ stored form (the Great Expectations suites check exactly these columns).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import pyarrow as pa
 from pydantic import BaseModel, Field
@@ -15,6 +15,8 @@ Arm = Literal["control", "canary"]
 FinishReason = Literal["stop", "length", "abort", "error", "withheld"]  # withheld: the suggestion filter showed nothing
 TabVerdict = Literal["accepted", "rejected", "partial"]  # the Tab events: one verdict on what was shown
 FeedbackKind = Literal["accepted", "rejected", "partial", "score", "thumbs", "edit"]
+TAB_EVENTS: tuple[str, ...] = get_args(TabVerdict)
+FEEDBACK_EVENTS: tuple[str, ...] = get_args(FeedbackKind)
 Thumbs = Literal["up", "down"]
 FeedbackSource = Literal["user", "judge"]  # who gave it: the client's user, or a judge model (its own flow stage)
 # A completion takes at most one event of each group: one Tab verdict, one score, one thumbs, one edit (a second

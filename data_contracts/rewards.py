@@ -12,15 +12,15 @@ grow with the characters kept (up to a cap), so the rule values what the user ge
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal, get_args
+from typing import ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
 
-from data_contracts.records import TabVerdict
+from data_contracts.records import TAB_EVENTS
 from data_contracts.reward_rules import BaseRewardRule, NoFeedback, Verdicts
 
-EVENTS = (*get_args(TabVerdict), "none")  # a Tab verdict, or none arrived
+EVENTS = (*TAB_EVENTS, "none")  # a Tab verdict, or none arrived
 __all__ = ["EVENTS", "NoFeedback", "RewardRule", "kept_chars"]
 
 

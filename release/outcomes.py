@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import get_args
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from data_contracts.log_layout import key_segment_id, segment_opened_ms
-from data_contracts.records import TabVerdict
+from data_contracts.records import TAB_EVENTS
 from data_contracts.reward_rules import BaseRewardRule
 from data_contracts.rewards import kept_chars
 from data_contracts.scope import floor_hour, parse_key
@@ -63,9 +62,6 @@ class LogReader:
         return pa.concat_tables(list(seen.values())) if seen else None
 
 
-TAB_VERDICTS = frozenset(get_args(TabVerdict))
-
-
 def request_kind(prompt_text: str) -> str:
     """A Tab request's kind, a stratum of the canary's comparison: 'line_start' when only indentation precedes
     the cursor on its line (the next statement is to be guessed), else 'mid_line' (a line is to be finished)."""
@@ -94,7 +90,7 @@ def read_outcomes(
         order = np.argsort(np.asarray(fb["time_ms"]), kind="stable")  # the first verdict counts (the gateway refuses repeats)
         rids, events, chars = fb["request_id"].to_pylist(), fb["event"].to_pylist(), fb["accepted_chars"].to_pylist()
         for i in order:
-            if events[i] in TAB_VERDICTS:  # scores, thumbs and edits are not what this canary compares
+            if events[i] in TAB_EVENTS:  # scores, thumbs and edits are not what this canary compares
                 verdicts.setdefault(rids[i], (events[i], chars[i]))
     wait_ms = int(feedback_wait_s * 1000)
     rows, picked = done.to_pylist(), []

@@ -122,8 +122,8 @@ class FeedbackPolicy(Section):
             raise ValueError(f"feedback.events lists an event twice: {self.events}")
         return self
 
-    def score01(self, score: float) -> float:
-        """A score in score_range → [0, 1]."""
+    def score01(self, score):
+        """A score (or an array of them) in score_range → [0, 1]."""
         low, high = self.score_range
         return (score - low) / (high - low)
 
