@@ -59,7 +59,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from release.policy import CanaryConfig, look
+from release.canary_config import CanaryConfig
+from release.policy import look
 from release.ramp_simulation import ArmModel, Population, RampResult, run_ramp, sample
 
 P_CONTROL, RELATIVE_CHANGE = 0.30, 0.20

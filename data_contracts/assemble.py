@@ -6,7 +6,7 @@ Every step takes and returns the run's `Work`, recording each row's fate in its 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -103,15 +103,10 @@ def assign_rewards(work: Work, rule: BaseRewardRule) -> Work:
     v, live = work.verdicts, work.completions.live
     work.reward = np.full(work.completions.rows, np.nan)
     rows = np.flatnonzero(live)
-    work.reward[rows] = rule.reward_verdicts(take(v, rows))
+    work.reward[rows] = rule.reward_verdicts(v.take(rows))
     if rule.no_feedback == "drop":
         work.completions.filter(~rule.rewarded(v) & (v.completion_chars > 0), "no_feedback")
     return work
-
-
-def take(v: Verdicts, rows: np.ndarray) -> Verdicts:
-    """The verdicts of some rows."""
-    return Verdicts(*(getattr(v, f.name)[rows] for f in fields(Verdicts)))
 
 
 def drop_withheld(work: Work) -> Work:

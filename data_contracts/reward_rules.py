@@ -12,7 +12,7 @@ the rule's JSON, so every reward can be recomputed by the same code.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from importlib.metadata import entry_points
 from typing import Any, ClassVar, Literal
 
@@ -68,6 +68,10 @@ class Verdicts:
 
     def __len__(self) -> int:
         return len(self.event)
+
+    def take(self, rows: np.ndarray) -> Verdicts:
+        """The verdicts of some rows (indices or a mask)."""
+        return Verdicts(*(getattr(self, f.name)[rows] for f in fields(self)))
 
     def present(self, group: str) -> np.ndarray:
         """(N,) bool: the rows with an event of `group` (verdict, score, thumbs or edit)."""

@@ -57,6 +57,8 @@ def promote(model: str = "tab", candidate: str = "@candidate", require_gate: boo
             gateway_url,
             log_segment_span_s=span_s,
             margins=settings.model(model).canary_margins,
+            metrics=settings.model(model).canary,
+            policy=settings.model(model).feedback,
         )
         if needs_human(look, cfg):  # the canary holds its weight until a human answers the typed form
             answer = ask_human(release, look, cfg, routes, registry, key=look.action)

@@ -8,24 +8,35 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import get_args
 
 import numpy as np
 
 from release.stats import Summary
+from tidal.model_settings import CanaryMetric
 
-Metric = Literal["reward", "accepted", "accepted_chars"]
-METRICS: tuple[Metric, ...] = ("reward", "accepted", "accepted_chars")
+Metric = CanaryMetric
+METRICS: tuple[Metric, ...] = get_args(CanaryMetric)  # tidal.model_settings.CANARY_METRICS says what each is
 
 
 @dataclass(frozen=True)
 class History:
-    """One user's outcomes of the control version before the ramp: CUPED's covariates (means per request)."""
+    """One user's outcomes of the control version before the ramp: CUPED's covariates (means per request; NaN for a
+    metric none of their requests had, such as a score never given)."""
 
     n: int
     reward: float
     accepted: float
     accepted_chars: float
+    shown_chars: float = math.nan
+    thumbs_up: float = math.nan
+    thumbs_down: float = math.nan
+    score: float = math.nan
+
+
+def _mean(values: list[float]) -> float:
+    known = [v for v in values if not math.isnan(v)]
+    return math.fsum(known) / len(known) if known else math.nan
 
 
 def histories(outcomes: Sequence[Outcome]) -> dict[str, History]:
@@ -33,9 +44,7 @@ def histories(outcomes: Sequence[Outcome]) -> dict[str, History]:
     by_user: dict[str, list[Outcome]] = {}
     for o in outcomes:
         by_user.setdefault(o.user, []).append(o)
-    return {
-        u: History(len(os), *(math.fsum(getattr(o, m) for o in os) / len(os) for m in METRICS)) for u, os in by_user.items() if u
-    }
+    return {u: History(len(os), *(_mean([getattr(o, m) for o in os]) for m in METRICS)) for u, os in by_user.items() if u}
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,10 @@ class Outcome:
     kind: str = ""  # request kind (a stratum): release.outcomes.request_kind
     history: History | None = None  # the user's outcomes before the ramp, if any
     user: str = ""  # the user's hash (groups a user's outcomes into a History)
+    shown_chars: float = 0.0  # characters shown
+    thumbs_up: float = 0.0  # 1.0 thumbs up, else 0.0
+    thumbs_down: float = 0.0  # 1.0 thumbs down, else 0.0
+    score: float = math.nan  # the score rescaled to [0, 1]; NaN: none given (left out of the score's comparison)
 
 
 @dataclass(frozen=True)

@@ -13,14 +13,15 @@ from dataclasses import dataclass
 import httpx
 
 from data_contracts.reward_rules import BaseRewardRule
+from release.canary_config import CanaryConfig
 from release.canary_records import ArmHealth, History, histories
 from release.live_state import reconcile
 from release.outcomes import LogReader, read_outcomes
-from release.policy import CanaryConfig
 from serving.client import AdminError, FleetClient, RoutesClient
 from serving.routes import ArmSpec
 from tidal import lineage
 from tidal.clock import now_ms
+from tidal.model_settings import FeedbackPolicy
 from tidal.registry import Registry, VersionInfo
 from tidal.store import ObjectStore
 
@@ -154,6 +155,7 @@ def user_histories(
     rule: BaseRewardRule,
     start_ms: int,
     log_segment_span_s: float | None,
+    policy: FeedbackPolicy | None = None,
 ) -> dict[str, History]:
     """Each user's outcomes of the champion in the history_s before the canary started: CUPED's covariates."""
     if not cfg.cuped or cfg.history_s <= 0:
@@ -166,12 +168,14 @@ def user_histories(
         cfg.feedback_wait_s,
         start_ms,
         until_ms=start_ms,
+        policy=policy,
     )
     return histories(before)
 
 
-def log_plan(cfg: CanaryConfig, history: dict[str, History], log) -> None:
-    """The power calculation of every step, and the traffic it assumes, in the flow's log."""
+def log_plan(cfg: CanaryConfig, history: dict[str, History], log, primary: str | None = None) -> None:
+    """The power calculation of every step for the model's `primary` (default cfg.primary), and the traffic it
+    assumes, in the flow's log."""
     rate = sum(h.n for h in history.values()) / cfg.history_s if history else None
     for w, p in zip(cfg.steps, cfg.plan()):
         when = f" (~{p.detect_requests / rate:.0f} s at the last hour's {rate:.1f} requests/s)" if rate else ""
@@ -180,7 +184,7 @@ def log_plan(cfg: CanaryConfig, history: dict[str, History], log) -> None:
             "unchanged candidate clears it after ~%d (at advance_risk %g)",
             w * 100,
             cfg.detect_regression_sd,
-            cfg.primary,
+            primary or cfg.primary,
             p.detect_requests,
             when,
             p.clear_requests,

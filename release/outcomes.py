@@ -17,12 +17,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from data_contracts.log_layout import key_segment_id, segment_opened_ms
-from data_contracts.records import TAB_EVENTS
-from data_contracts.reward_rules import BaseRewardRule
+from data_contracts.records import TAB_EVENTS, feedback_group, with_added_columns
+from data_contracts.reward_rules import BaseRewardRule, Verdicts
 from data_contracts.rewards import kept_chars
 from data_contracts.scope import floor_hour, parse_key
 from release.canary_records import History, Outcome
+from tidal.model_settings import FeedbackPolicy
 from tidal.store import ObjectStore
+
+FEEDBACK_COLUMNS = ("request_id", "time_ms", "event", "accepted_chars", "score", "thumbs", "edit_text", "source")
 
 
 class LogReader:
@@ -57,7 +60,9 @@ class LogReader:
                     continue
                 local = Path(tmp) / "part.parquet"
                 self.store.get_file(key, local)
-                t = pq.read_table(local, columns=columns)
+                # feedback written before the schema gained score, thumbs, edit_text and source reads them as null
+                t = pq.read_table(local, columns=None if kind == "feedback" else columns)
+                t = with_added_columns(kind, t).select(columns)
                 seen[key] = t.filter(pa.compute.greater_equal(t["time_ms"], self.since_ms))
         return pa.concat_tables(list(seen.values())) if seen else None
 
@@ -68,6 +73,33 @@ def request_kind(prompt_text: str) -> str:
     return "mid_line" if prompt_text.rsplit("\n", 1)[-1].strip() else "line_start"
 
 
+def _verdicts(fb: pa.Table | None, rids: list[str], texts: list[str], policy: FeedbackPolicy) -> Verdicts:
+    """What users said about each of the requests `rids` (shown `texts`): the first event of each group (the
+    gateway refuses a second one). Judges' scores are left out: a canary measures its users."""
+    n = len(rids)
+    v = Verdicts.tab(np.full(n, "none", dtype=object), np.full(n, np.nan), [len(t) for t in texts], texts)
+    if fb is None or fb.num_rows == 0:
+        return v
+    row_of = {rid: i for i, rid in enumerate(rids)}
+    cols = {c: fb[c].to_pylist() for c in ("request_id", "event", "accepted_chars", "score", "thumbs", "edit_text", "source")}
+    seen: set[tuple[int, str]] = set()
+    for i in np.argsort(np.asarray(fb["time_ms"]), kind="stable"):
+        row, event = row_of.get(cols["request_id"][i]), cols["event"][i]
+        if row is None or cols["source"][i] == "judge" or (row, feedback_group(event)) in seen:
+            continue
+        seen.add((row, feedback_group(event)))
+        if event in TAB_EVENTS:
+            v.event[row] = event
+            v.accepted_chars[row] = np.nan if cols["accepted_chars"][i] is None else cols["accepted_chars"][i]
+        elif event == "score" and cols["score"][i] is not None:
+            v.score[row] = policy.score01(cols["score"][i])
+        elif event == "thumbs":
+            v.thumbs[row] = {"up": 1.0, "down": -1.0}.get(cols["thumbs"][i], 0.0)
+        elif event == "edit":
+            v.edit_text[row] = cols["edit_text"][i]
+    return v
+
+
 def read_outcomes(
     logs: LogReader,
     versions: dict[str, int],
@@ -76,50 +108,52 @@ def read_outcomes(
     now_ms: int,
     history: dict[str, History] | None = None,
     until_ms: int | None = None,
+    policy: FeedbackPolicy | None = None,
 ) -> list[Outcome]:
     """Resolved outcomes of requests to `versions` ({"control": v, "canary": w}) served since the reader's start
-    (and before until_ms, if given), each with its request kind, its user, and that user's `history`."""
+    (and before until_ms, if given), each with its request kind, its user, and that user's `history`. A request
+    resolves once an event the rule reads arrived (later events of other groups update it at the next look), when
+    nothing was shown, or after feedback_wait_s. policy: the model's feedback policy (its score range)."""
     done = logs.table(
         "completions", ["request_id", "time_ms", "version", "arm", "completion_text", "latency_ms", "prompt_text", "user_hash"]
     )
     if done is None or done.num_rows == 0:
         return []
-    fb = logs.table("feedback", ["request_id", "time_ms", "event", "accepted_chars"])
-    verdicts: dict[str, tuple[str, int | None]] = {}
-    if fb is not None:
-        order = np.argsort(np.asarray(fb["time_ms"]), kind="stable")  # the first verdict counts (the gateway refuses repeats)
-        rids, events, chars = fb["request_id"].to_pylist(), fb["event"].to_pylist(), fb["accepted_chars"].to_pylist()
-        for i in order:
-            if events[i] in TAB_EVENTS:  # scores, thumbs and edits are not what this canary compares
-                verdicts.setdefault(rids[i], (events[i], chars[i]))
-    wait_ms = int(feedback_wait_s * 1000)
-    rows, picked = done.to_pylist(), []
-    for r in rows:
-        if versions.get(r["arm"]) != r["version"] or (until_ms is not None and r["time_ms"] >= until_ms):
-            continue
-        verdict = verdicts.get(r["request_id"])
-        if verdict is None and r["completion_text"] and now_ms - r["time_ms"] < wait_ms:
-            continue  # a verdict may still come
-        picked.append((r, verdict or ("none", None)))
-    if not picked:
-        return []
-    events = np.array([v[0] for _, v in picked], dtype=object)
-    chars = np.array([np.nan if v[1] is None else v[1] for _, v in picked], dtype=np.float64)
-    lengths = np.array([len(r["completion_text"]) for r, _ in picked])
-    rewards = rule.rewards(events, chars, lengths)
-    kept = kept_chars(events, chars, lengths)
-    history = history or {}
-    return [
-        Outcome(
-            arm=r["arm"],
-            reward=float(rw),
-            accepted=float(ev == "accepted"),
-            accepted_chars=float(k),
-            latency_ms=float(r["latency_ms"]),
-            time_ms=int(r["time_ms"]),
-            kind=request_kind(r["prompt_text"]),
-            history=history.get(r["user_hash"]),
-            user=r["user_hash"],
-        )
-        for (r, _), rw, ev, k in zip(picked, rewards, events, kept)
+    rows = [
+        r for r in done.to_pylist() if versions.get(r["arm"]) == r["version"] and (until_ms is None or r["time_ms"] < until_ms)
     ]
+    fb = logs.table("feedback", list(FEEDBACK_COLUMNS))
+    texts = [r["completion_text"] or "" for r in rows]
+    v = _verdicts(fb, [r["request_id"] for r in rows], texts, policy or FeedbackPolicy())
+    told = rule.rewarded(v)
+    wait_ms = int(feedback_wait_s * 1000)
+    # a shown completion without an event the rule reads waits for one until feedback_wait_s
+    keep = np.array([bool(told[i] or not texts[i] or now_ms - r["time_ms"] >= wait_ms) for i, r in enumerate(rows)], bool)
+    if not keep.any():
+        return []
+    picked = np.flatnonzero(keep)
+    v = v.take(picked)
+    rewards = rule.reward_verdicts(v)
+    kept = kept_chars(v.event, v.accepted_chars, v.completion_chars)
+    history = history or {}
+    out = []
+    for j, i in enumerate(picked):
+        r = rows[i]
+        out.append(
+            Outcome(
+                arm=r["arm"],
+                reward=float(rewards[j]),
+                accepted=float(v.event[j] == "accepted"),
+                accepted_chars=float(kept[j]),
+                latency_ms=float(r["latency_ms"]),
+                time_ms=int(r["time_ms"]),
+                kind=request_kind(r["prompt_text"]),
+                history=history.get(r["user_hash"]),
+                user=r["user_hash"],
+                shown_chars=float(v.completion_chars[j]),
+                thumbs_up=float(v.thumbs[j] > 0),
+                thumbs_down=float(v.thumbs[j] < 0),
+                score=float(v.score[j]),
+            )
+        )
+    return out

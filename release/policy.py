@@ -10,11 +10,13 @@ on canary − control: shown worse by more than the margin, shown not worse by m
 
     1. guardrails (any one shown worse than its margin → roll back): served-weight check, error rate
        (absolute margin), p99 latency (the share of canary requests slower than max_p99_ratio × control's
-       p99 + p99_slack_ms, above control's share; the margin is the 1% a p99 allows), accepted characters per
-       request (a relative margin: a model that stops suggesting must not win)
-    2. primary metric (reward per request by default): significantly lower → roll back
+       p99 + p99_slack_ms, above control's share; the margin is the 1% a p99 allows), and the model's own
+       (models[].canary.guardrails; by default accepted characters per request, a relative margin: a model
+       that stops suggesting must not win)
+    2. primary metric (models[].canary.primary, else canary.primary: reward per request by default):
+       significantly lower → roll back
     3. a step that is not the last advances once it has >= min_samples canary outcomes and the primary and
-       accepted characters per request are each shown not worse than control by detect_regression_sd pooled
+       every model guardrail are each shown not worse than control by detect_regression_sd pooled
        standard deviations at level advance_risk: each step decides the regression it must catch before more
        users see the candidate (`plan()` sizes it by power). Advancing releases nothing, so it is tested at the
        exposure risk one accepts (the chance a candidate worse by that much reaches the next step, where it is
@@ -25,12 +27,12 @@ on canary − control: shown worse by more than the margin, shown not worse by m
 
 Error budget: the A/A false-alarm rate (a rollback for a regression, or a promotion, when both arms
 serve the same weights) is at most alpha by a union bound: the primary test runs at alpha/2 and the
-three statistical guardrails (accepted chars, error rate, latency) at alpha/6 each; each is an
-always-valid mSPRT (release/stats.py), so looking after every batch costs nothing, and none
+k + 2 statistical guardrails (the model's k, error rate, latency) at alpha/(2(k + 2)) each (alpha/6 with
+the default's one); each is an always-valid mSPRT (release/stats.py), so looking after every batch costs nothing, and none
 counts before both arms have min_test_samples outcomes. The latency guardrail is a test, not a
 comparison of two sample p99s: a p99 of a few hundred outcomes is their second or third largest, and a
 fresh engine's two slow requests would fail a candidate that is as fast as control everywhere else.
-Accept rate is reported, not acted on.
+Watched metrics (models[].canary.watch; accept rate by default) are reported, not acted on.
 """
 
 from __future__ import annotations
@@ -41,147 +43,13 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
-from pydantic import Field, model_validator
 
-from release.canary_records import METRICS, ArmHealth, Columns, Metric, Outcome, blocks
-from release.stats import Comparison, StepPlan, Summary, cuped, msprt, plan_step, pooled, stratified_msprt
-from tidal.model_settings import Margins
-from tidal.section import Section
+from release.canary_config import CanaryConfig
+from release.canary_records import ArmHealth, Columns, Outcome, blocks
+from release.stats import Comparison, Summary, cuped, msprt, pooled, stratified_msprt
+from tidal.model_settings import CanaryMetrics, Guardrail, Margins
 
 Action = Literal["wait", "advance", "promote", "rollback", "inconclusive"]
-
-
-class CanaryConfig(Section):
-    steps: list[float] = Field(
-        default_factory=lambda: [0.05, 0.25, 0.5],
-        description=("Canary traffic share of each step, increasing; passing the last step promotes to 100%."),
-    )
-    min_samples: int = Field(
-        50,
-        ge=10,
-        description=(
-            "Canary outcomes a step needs before it may end (a floor: the tests decide when it does; at 5% of traffic 50 "
-            "holds the first step for 1,000 requests, 200 would hold it for 4,000, longer than a clear improvement needs)."
-        ),
-    )
-    min_test_samples: int = Field(30, ge=2, description="Outcomes per arm before any sequential test may decide (small-n guard).")
-    max_step_s: float = Field(1800.0, gt=0, description="A step without a decision by then is inconclusive.")
-    alpha: float = Field(0.05, gt=0, lt=1, description="A/A false-alarm budget of the whole ramp (rollbacks + promotions).")
-    primary: Metric = Field("reward", description="Metric that must improve significantly for promotion.")
-    mixture_sd: float = Field(
-        0.2,
-        gt=0,
-        description=(
-            "mSPRT mixture scale, in pooled standard deviations: the effect size the tests are tuned to "
-            "(release.stats.fit_mixture_sd fits it to past canaries' effects)."
-        ),
-    )
-    detect_regression_sd: float = Field(
-        0.13,
-        gt=0,
-        description=(
-            "A step before the last advances only once the primary is shown not worse than control by this many pooled "
-            "standard deviations: the regression each step must decide (0.13 ~ an accept rate 20% lower at 0.30 under the "
-            "default reward rule). Smaller catches smaller regressions at the first step and makes every step longer."
-        ),
-    )
-    advance_risk: float = Field(
-        0.2,
-        gt=0,
-        lt=1,
-        description=(
-            "Level of the test that lets a step advance: the chance that a candidate worse by detect_regression_sd is "
-            "let through to the next step (it is still tested there). Advancing is not a release decision and spends "
-            "none of alpha; larger advances a good candidate sooner and lets more regressions reach the next step."
-        ),
-    )
-    stratify: bool = Field(
-        True,
-        description=(
-            "Compare the arms within strata (ramp step x request kind; kinds weighted by their share of traffic, steps by "
-            "precision); false pools everything "
-            "since the canary started (biased by any trend while the weight rises, and noisier when kinds differ)."
-        ),
-    )
-    cuped: bool = Field(
-        True,
-        description=(
-            "Adjust each outcome by its user's outcomes of the control version before the ramp (CUPED); users without "
-            "history are left as they are."
-        ),
-    )
-    margins: Margins = Field(
-        default_factory=Margins, description="Non-inferiority margins of the guardrails (models may override)."
-    )
-    max_p99_ratio: float = Field(1.5, ge=1, description="Canary p99 latency may be this many times control's p99 ...")
-    p99_slack_ms: float = Field(
-        50.0,
-        ge=0,
-        description=(
-            "... plus this many ms: a request slower than that counts as slow for the latency guardrail (margins.slow_share)."
-        ),
-    )
-    on_inconclusive: Literal["rollback", "ask"] = Field(
-        "rollback", description="At max_step_s: roll back, or pause the flow for a human decision."
-    )
-    approve_before: list[float] = Field(
-        default_factory=list,
-        description=(
-            "Steps that wait for a typed human approval before traffic moves to them: any of `steps`, or 1.0 for the "
-            "promotion itself ([1.0]: always ask before 100%). The canary holds its current weight meanwhile."
-        ),
-    )
-    approval_timeout_s: float = Field(
-        86400.0,
-        gt=0,
-        le=28 * 86400,
-        description="How long a pause for a human ('ask', approve_before) waits before the flow fails.",
-    )
-    approval_poll_s: int = Field(
-        2,
-        ge=1,
-        description="How often a paused release asks Prefect whether the human answered (Prefect's own default: 10 s).",
-    )
-    feedback_wait_s: float = Field(30.0, ge=0, description="A completion without feedback counts (as 'ignored') once this old.")
-    history_s: float = Field(
-        3600.0, ge=0, description=("How far before the canary's start its users' outcomes are read for CUPED (0 = none).")
-    )
-    poll_s: float = Field(5.0, gt=0, description="Seconds between looks.")
-    unload_grace_s: float = Field(
-        60.0, ge=0, description="After promotion, the old champion stays loaded this long (instant rollback)."
-    )
-    watchdog_s: float = Field(
-        60.0,
-        gt=0,
-        description=(
-            "The release checks in with the gateway at every look; a canary whose release has not checked in for this "
-            "long (its run was killed, crashed or lost the gateway) is rolled back by the gateway itself."
-        ),
-    )
-
-    @model_validator(mode="after")
-    def _check(self) -> CanaryConfig:
-        s = self.steps
-        if not s or any(not 0 < w < 1 for w in s) or any(b <= a for a, b in zip(s, s[1:])):
-            raise ValueError(f"canary.steps={s}: need increasing shares in (0, 1), e.g. [0.05, 0.25, 0.5]")
-        if self.watchdog_s < 3 * self.poll_s:
-            raise ValueError(
-                f"canary.watchdog_s={self.watchdog_s} is under 3 × canary.poll_s={self.poll_s}: a slow look "
-                f"would have a healthy release rolled back; raise watchdog_s to at least {3 * self.poll_s:g}"
-            )
-        if stray := [w for w in self.approve_before if w != 1.0 and w not in s]:
-            raise ValueError(
-                f"canary.approve_before={self.approve_before}: {stray} is not a step; use weights from "
-                f"canary.steps={s}, or 1.0 for the promotion"
-            )
-        return self
-
-    def plan(self) -> list[StepPlan]:
-        """Each step's requests to roll back a detect_regression_sd regression (power 0.8), or to clear it (median)."""
-        return [
-            plan_step(w, self.detect_regression_sd, self.alpha / 2, self.mixture_sd, clear_alpha=self.advance_risk)
-            for w in self.steps
-        ]
 
 
 @dataclass
@@ -217,17 +85,22 @@ def _compare(
     cfg: CanaryConfig,
     name: str,
     values: np.ndarray,
-    cols: Columns,
+    canary: np.ndarray,
     strata: tuple[np.ndarray, np.ndarray],
     alpha: float,
     covariate: np.ndarray | None = None,
 ) -> Comparison:
     """The stratified test of one metric on its CUPED-adjusted values; the arms' summaries reported are the raw ones.
-    strata: (step served in, request kind) codes per outcome."""
+    strata: (step served in, request kind) codes per outcome. Outcomes without a value (NaN: no score given) are
+    left out of this metric's comparison."""
+    known = ~np.isnan(values)
+    if not known.all():
+        values, canary, strata = values[known], canary[known], (strata[0][known], strata[1][known])
+        covariate = None if covariate is None else covariate[known]
     tested = cuped(values, covariate) if cfg.cuped and covariate is not None else values
     c = stratified_msprt(
         name,
-        blocks(tested, cols.canary, *strata),
+        blocks(tested, canary, *strata),
         alpha,
         cfg.mixture_sd,
         cfg.min_test_samples,
@@ -235,9 +108,56 @@ def _compare(
     )
     raw = [
         Summary(len(v), float(v.mean()) if len(v) else 0.0, float(v.var(ddof=1)) if len(v) > 1 else 0.0)
-        for v in (values[~cols.canary], values[cols.canary])
+        for v in (values[~canary], values[canary])
     ]
     return replace(c, control=raw[0], canary=raw[1])
+
+
+LABELS = {"accepted_chars": "accepted chars", "shown_chars": "shown chars", "thumbs_up": "thumbs-up rate"}
+LABELS |= {"thumbs_down": "thumbs-down rate", "accepted": "accept rate"}
+
+
+@dataclass(frozen=True)
+class Guard:
+    """One guardrail at one look: its comparison and its margin in the metric's units."""
+
+    metric: str
+    c: Comparison
+    margin: float
+    lower: bool  # lower is better (a rise is the regression)
+
+    @property
+    def label(self) -> str:
+        return LABELS.get(self.metric, self.metric)
+
+    def worse(self) -> bool:
+        """Shown worse than control by more than the margin: roll back."""
+        return self.c.low > self.margin if self.lower else self.c.high < -self.margin
+
+    def unproven(self) -> str:
+        """'' once shown non-inferior, else what is missing (promotion needs it)."""
+        if self.lower:
+            return f"{self.label} delta <= {self.c.high:.3f}, allowed +{self.margin:.3f}" if self.c.high > self.margin else ""
+        return f"{self.label} delta >= {self.c.low:.3f}, allowed -{self.margin:.3f}" if self.c.low < -self.margin else ""
+
+    def bound(self, risk: float) -> float:
+        """The bound that must clear a step's regression, at `risk`: the upper for lower-is-better, else the lower."""
+        return self.c.high_at(risk) if self.lower else self.c.low_at(risk)
+
+    def clears(self, risk: float, step_margin: float) -> bool:
+        return self.bound(risk) < step_margin if self.lower else self.bound(risk) > -step_margin
+
+    def step_text(self, risk: float, step_margin: float) -> str:
+        sign = ("<=", "+") if self.lower else (">=", "-")
+        return f"{self.metric} delta {sign[0]} {self.bound(risk):.4f}, allowed {sign[1]}{step_margin:.4f}"
+
+
+def tab_metrics(cfg: CanaryConfig, margins: Margins) -> CanaryMetrics:
+    """The default canary of a model (models[].canary unset): cfg.primary, accepted characters per request guarded
+    within margins.accepted_chars, the other Tab metrics watched."""
+    guards = [] if cfg.primary == "accepted_chars" else [Guardrail(metric="accepted_chars", margin=margins.accepted_chars)]
+    watch = [m for m in ("reward", "accepted", "accepted_chars") if m != cfg.primary]
+    return CanaryMetrics(primary=cfg.primary, guardrails=guards, watch=watch)
 
 
 def look(
@@ -250,20 +170,25 @@ def look(
     probe_ok: bool = True,
     step_starts_ms: Sequence[int] = (),
     margins: Margins | None = None,
+    metrics: CanaryMetrics | None = None,
 ) -> Look:
     """Decide at one look. `outcomes`: both arms since the canary started; `step_canary_n`: canary outcomes
     collected since this step began; `step_starts_ms`: when each step after the first began (the clock of
-    Outcome.time_ms), the strata of the ramp; `margins`: the model's, else cfg.margins."""
+    Outcome.time_ms), the strata of the ramp; `margins`: the model's, else cfg.margins; `metrics`: the model's
+    primary and guardrails (models[].canary), else tab_metrics."""
     weight, margins = cfg.steps[step], margins or cfg.margins
+    metrics = metrics or tab_metrics(cfg, margins)
     cols = outcomes if isinstance(outcomes, Columns) else Columns(outcomes)
     if cfg.stratify:
         strata = (np.searchsorted(np.asarray(step_starts_ms, np.int64), cols.time_ms, side="right"), cols.kind)
     else:
         strata = (np.zeros(cols.n, np.int64), np.zeros(cols.n, np.int64))
-    guard_alpha = cfg.alpha / 6  # three guardrail tests share half the budget; the primary has the other half
+    # the primary has half the A/A budget; the guardrail tests (the model's, error rate, latency) share the other half
+    guard_alpha = cfg.alpha / 2 / (2 + len(metrics.guardrails))
+    name = metrics.primary
     comps = {
-        m: _compare(cfg, m, cols.values[m], cols, strata, cfg.alpha / 2 if m == cfg.primary else guard_alpha, cols.history[m])
-        for m in METRICS
+        m: _compare(cfg, m, cols.values[m], cols.canary, strata, cfg.alpha / 2 if m == name else guard_alpha, cols.history[m])
+        for m in metrics.metrics()
     }
     control_h, canary_h = health.get("control", ArmHealth()), health.get("canary", ArmHealth())
     errors = msprt(
@@ -278,10 +203,17 @@ def look(
     # The canary's p99 is above `slow_ms` exactly when more than 1% of its requests are; control's share is at most
     # 1% (slow_ms >= its p99). So "canary share - control share > margin", with always-valid confidence, shows it.
     slow_ms = cfg.max_p99_ratio * p99_c + cfg.p99_slack_ms
-    slow = _compare(cfg, "slow_share", (cols.latency_ms > slow_ms).astype(float), cols, strata, guard_alpha)
-    chars = comps["accepted_chars"]
-    chars_margin = margins.accepted_chars * abs(chars.control.mean)
-    primary = comps[cfg.primary]
+    slow = _compare(cfg, "slow_share", (cols.latency_ms > slow_ms).astype(float), cols.canary, strata, guard_alpha)
+    guards = [
+        Guard(
+            g.metric,
+            comps[g.metric],
+            g.margin * abs(comps[g.metric].control.mean) if g.relative else g.margin,
+            g.lower_is_better,
+        )
+        for g in metrics.guardrails
+    ]
+    primary = comps[name]
     regression = cfg.detect_regression_sd * math.sqrt(pooled(primary.control, primary.canary).var)
     figures = {
         "n_control": int((~cols.canary).sum()),
@@ -304,8 +236,8 @@ def look(
             {**comps, "error_rate": errors, "slow_share": slow},
             figures,
             {
-                cfg.primary: regression,
-                "accepted_chars": chars_margin,
+                name: regression,
+                **{g.metric: g.margin for g in guards},
                 "error_rate": margins.error_rate,
                 "slow_share": margins.slow_share,
             },
@@ -327,59 +259,60 @@ def look(
             f"control {slow.control.mean:.1%} (excess in [{slow.low:.1%}, {slow.high:.1%}], "
             f"allowed +{margins.slow_share:.0%})",
         )
-    if cfg.primary != "accepted_chars" and chars.high < -chars_margin:
-        return out(
-            "rollback",
-            f"accepted chars per request fell: {chars.canary.mean:.3f} vs {chars.control.mean:.3f} "
-            f"(delta in [{chars.low:.3f}, {chars.high:.3f}], allowed -{chars_margin:.3f})",
-        )
+    for g in guards:
+        if g.worse():
+            c = g.c
+            return out(
+                "rollback",
+                f"{g.label} per request {'rose' if g.lower else 'fell'}: {c.canary.mean:.3f} vs {c.control.mean:.3f} "
+                f"(delta in [{c.low:.3f}, {c.high:.3f}], allowed {'+' if g.lower else '-'}{g.margin:.3f})",
+            )
     if primary.worse:
         return out(
             "rollback",
-            f"{cfg.primary} fell: {primary.canary.mean:.4f} vs {primary.control.mean:.4f} "
+            f"{name} fell: {primary.canary.mean:.4f} vs {primary.control.mean:.4f} "
             f"(delta in [{primary.low:.4f}, {primary.high:.4f}], p={primary.p_value:.4f})",
         )
     last = step + 1 == len(cfg.steps)
     complete = step_canary_n >= cfg.min_samples
     # A step advances once it excludes, at advance_risk, a regression of detect_regression_sd sd in the primary and
-    # in accepted characters per request (else a candidate that wins reward by showing less would reach more users
-    # before the guardrail's alpha/6 test can roll it back).
-    held = {cfg.primary: (primary, regression)}
-    if cfg.primary != "accepted_chars":
-        held["accepted_chars"] = (chars, cfg.detect_regression_sd * math.sqrt(pooled(chars.control, chars.canary).var))
-    lows = {m: c.low_at(cfg.advance_risk) for m, (c, _) in held.items()}
-    if complete and not last and all(lows[m] > -step_margin for m, (_, step_margin) in held.items()):
+    # in every guardrail (else a candidate that wins reward by showing less would reach more users before the
+    # guardrail's own test can roll it back).
+    held = [(Guard(name, primary, regression, False), regression)] + [
+        (g, cfg.detect_regression_sd * math.sqrt(pooled(g.c.control, g.c.canary).var)) for g in guards
+    ]
+    risk = cfg.advance_risk
+    if complete and not last and all(g.clears(risk, m) for g, m in held):
         return out(
             "advance",
-            f"{' and '.join(held)} not worse than control by {cfg.detect_regression_sd} sd at risk {cfg.advance_risk:g} "
-            f"after {step_canary_n} canary outcomes at {weight:.0%} ("
-            + "; ".join(f"{m} delta >= {lows[m]:.4f}, allowed -{step_margin:.4f}" for m, (_, step_margin) in held.items())
+            f"{' and '.join(g.metric for g, _ in held)} not worse than control by {cfg.detect_regression_sd} sd at risk "
+            f"{risk:g} after {step_canary_n} canary outcomes at {weight:.0%} ("
+            + "; ".join(g.step_text(risk, m) for g, m in held)
             + ")",
         )
     unproven = [
         f"error rate excess {errors.high:.2%} > {margins.error_rate:.2%}" if errors.high > margins.error_rate else "",
         f"slow share excess {slow.high:.2%} > {margins.slow_share:.2%}" if slow.high > margins.slow_share else "",
-        f"accepted chars delta >= {chars.low:.3f}, allowed -{chars_margin:.3f}"
-        if cfg.primary != "accepted_chars" and chars.low < -chars_margin
-        else "",
+        *(g.unproven() for g in guards),
     ]
     unproven = [u for u in unproven if u]
     if complete and last and primary.better and not unproven:
+        shown = "; ".join(
+            f"{g.label} delta {'<=' if g.lower else '>='} {g.c.high if g.lower else g.c.low:.3f}, allowed "
+            f"{'+' if g.lower else '-'}{g.margin:.3f}"
+            for g in guards
+        )
         return out(
             "promote",
-            f"{cfg.primary} rose: {primary.canary.mean:.4f} vs {primary.control.mean:.4f} "
+            f"{name} rose: {primary.canary.mean:.4f} vs {primary.control.mean:.4f} "
             f"(delta in [{primary.low:.4f}, {primary.high:.4f}], p={primary.p_value:.4f}); guardrails "
-            f"non-inferior (accepted chars delta >= {chars.low:.3f}, allowed -{chars_margin:.3f})",
+            f"non-inferior ({shown or 'error rate and latency'})",
         )
-    unmet = [
-        f"{m} delta >= {lows[m]:.4f}, allowed -{step_margin:.4f}"
-        for m, (_, step_margin) in held.items()
-        if lows[m] <= -step_margin
-    ]
-    pending = f"{cfg.primary} delta in [{primary.low:.4f}, {primary.high:.4f}], p={primary.p_value:.4f}" + (
+    unmet = [g.step_text(risk, m) for g, m in held if not g.clears(risk, m)]
+    pending = f"{name} delta in [{primary.low:.4f}, {primary.high:.4f}], p={primary.p_value:.4f}" + (
         f"; not shown non-inferior: {'; '.join(unproven)}"
         if unproven and last
-        else f"; step regression not excluded at risk {cfg.advance_risk:g}: {'; '.join(unmet)}"
+        else f"; step regression not excluded at risk {risk:g}: {'; '.join(unmet)}"
         if unmet and not last
         else ""
     )
@@ -411,9 +344,9 @@ class Ramp:
     Only `advance` changes the step; `promote`, `rollback` and `inconclusive` end the ramp.
     """
 
-    def __init__(self, cfg: CanaryConfig, now_s: float, margins: Margins | None = None):
+    def __init__(self, cfg: CanaryConfig, now_s: float, margins: Margins | None = None, metrics: CanaryMetrics | None = None):
         self.cfg, self.step, self.step_started_s, self.step_base_n = cfg, 0, now_s, 0
-        self.margins = margins
+        self.margins, self.metrics = margins, metrics
         self.step_starts_ms: list[int] = []  # when each step after the first began (Outcome.time_ms clock)
         self.looks: list[Look] = []
         self._cols: Columns | None = None
@@ -459,6 +392,7 @@ class Ramp:
             probe_ok,
             self.step_starts_ms,
             self.margins,
+            self.metrics,
         )
         self.looks.append(result)
         if result.action == "advance":

@@ -37,8 +37,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from data_contracts.rewards import RewardRule
+from release.canary_config import CanaryConfig
 from release.canary_records import ArmHealth, History, Outcome
-from release.policy import CanaryConfig, Ramp
+from release.policy import Ramp
 from tidal.model_settings import Margins
 
 LATENCY_MEDIAN_MS = 120.0  # both arms: a typical small-model completion round trip

@@ -82,6 +82,12 @@ class Comparison:
             return -math.inf
         return self.delta - _half_width(self.var, self.tau2, alpha)
 
+    def high_at(self, alpha: float) -> float:
+        """The confidence sequence's upper bound at another level."""
+        if math.isinf(self.var):
+            return math.inf
+        return self.delta + _half_width(self.var, self.tau2, alpha)
+
     @property
     def significant(self) -> bool:
         return self.log_lambda >= math.log(1.0 / self.alpha)

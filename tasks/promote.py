@@ -15,6 +15,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from data_contracts.reward_rules import BaseRewardRule
+from release.canary_config import CanaryConfig
 from release.live_state import LiveState, reconcile
 from release.operations import (
     Release,
@@ -31,7 +32,7 @@ from release.operations import (
     user_histories,
 )
 from release.outcomes import LogReader, read_outcomes
-from release.policy import CanaryConfig, Look, Ramp
+from release.policy import Look, Ramp
 from release.report import canary_key, canary_record
 from serving.client import FleetClient, RoutesClient, fleet_client, routes_client
 from serving.fleet_replies import DeployReply
@@ -39,7 +40,7 @@ from serving.settings import ServingSettings
 from tasks.promote_approval import ask_human
 from tidal import lineage
 from tidal.flywheel_pause import paused
-from tidal.model_settings import Margins
+from tidal.model_settings import CanaryMetrics, FeedbackPolicy, Margins
 from tidal.registry import Registry
 from tidal.store import ObjectStore, put_json
 
@@ -108,17 +109,20 @@ def run_canary(
     gateway_url: str,
     log_segment_span_s: float | None = None,
     margins: Margins | None = None,
+    metrics: CanaryMetrics | None = None,
+    policy: FeedbackPolicy | None = None,
 ) -> Look:
     """Walk the ramp until it promotes, rolls back or is inconclusive; one look every poll_s. log_segment_span_s:
     the longest a gateway log segment stays open, with slack (LogReader skips segments closed before the start).
-    margins: the model's guardrail margins (default cfg.margins). The step table goes to the store (canary_key)."""
+    margins: the model's guardrail margins (default cfg.margins); metrics: its primary and guardrails (default the Tab
+    set); policy: its feedback policy (the score range). The step table goes to the store (canary_key)."""
     log = get_run_logger()
     model, cand, champ = release.model, release.candidate, release.champion
     versions = {"control": champ.version, "canary": cand.version}
     start_ms, base = now_ms(), arm_counters(gateway_url, model)
-    history = user_histories(store, model, champ.version, cfg, rule, start_ms, log_segment_span_s)
-    log_plan(cfg, history, log)
-    ramp, logs = Ramp(cfg, time.monotonic(), margins), LogReader(store, model, start_ms, log_segment_span_s)
+    history = user_histories(store, model, champ.version, cfg, rule, start_ms, log_segment_span_s, policy)
+    log_plan(cfg, history, log, metrics.primary if metrics else cfg.primary)
+    ramp, logs = Ramp(cfg, time.monotonic(), margins, metrics), LogReader(store, model, start_ms, log_segment_span_s)
     route_when_served(routes, model, cand.version, ramp.weight, f"canary step 1 at {ramp.weight:.0%}", cfg.watchdog_s)
     audit(registry, cand, "step_1", weight=ramp.weight, users_with_history=len(history))
     try:
@@ -129,7 +133,7 @@ def run_canary(
                 return Look("rollback", gone, ramp.step, ramp.weight, figures={})
             if stop := paused(store, model):  # `tidal pause`: traffic back to control now
                 return Look("rollback", f"flywheel paused: {stop.describe()}", ramp.step, ramp.weight, figures={})
-            outcomes = read_outcomes(logs, versions, rule, cfg.feedback_wait_s, now_ms(), history)
+            outcomes = read_outcomes(logs, versions, rule, cfg.feedback_wait_s, now_ms(), history, policy=policy)
             step = ramp.step
             result = ramp.observe(
                 outcomes,

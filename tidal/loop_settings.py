@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from capacity.settings import CapacitySettings, ForecastSettings, LeaseSettings
-from release.policy import CanaryConfig
+from release.canary_config import CanaryConfig
 from sim.daily_curve import DailyCurve
 from sim.users import SimUsersConfig
 from tidal.kube import unpinned

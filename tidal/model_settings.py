@@ -128,6 +128,76 @@ class FeedbackPolicy(Section):
         return (score - low) / (high - low)
 
 
+CanaryMetric = Literal["reward", "accepted", "accepted_chars", "shown_chars", "thumbs_up", "thumbs_down", "score"]
+# What each canary metric is per resolved request (release/outcomes.py computes them), and the feedback event it
+# needs the model to take (None: any model has it).
+CANARY_METRICS: dict[str, tuple[str, FeedbackEventName | None]] = {
+    "reward": ("the model's reward rule over every event of the request", None),
+    "accepted": ("1 if the Tab verdict was 'accepted', else 0 (the accept rate)", "accepted"),
+    "accepted_chars": ("characters the Tab verdict kept (0 without one)", "accepted"),
+    "shown_chars": ("characters shown (the answer's length; 0 when nothing was shown)", None),
+    "thumbs_up": ("1 if the user gave a thumbs up, else 0", "thumbs"),
+    "thumbs_down": ("1 if the user gave a thumbs down, else 0", "thumbs"),
+    "score": ("the user's score rescaled to [0, 1] by feedback.score_range (requests without one left out)", "score"),
+}
+LOWER_IS_BETTER = ("thumbs_down",)
+
+
+class Guardrail(Section):
+    """One metric a candidate may not be shown worse on than control by more than `margin` (non-inferiority):
+    an always-valid upper bound of the regression below -margin rolls back, and promotion needs its lower bound
+    above -margin."""
+
+    metric: CanaryMetric = Field(description="The metric guarded (see CANARY_METRICS).")
+    better: Literal["higher", "lower"] | None = Field(
+        None, description="Which direction is better; None = the metric's own (lower for thumbs_down, else higher)."
+    )
+    margin: float = Field(0.05, ge=0, description="How much worse the canary may be: a share of control's mean, or absolute.")
+    relative: bool = Field(True, description="margin is a share of control's mean (true) or in the metric's units (false).")
+
+    @property
+    def lower_is_better(self) -> bool:
+        return self.better == "lower" if self.better is not None else self.metric in LOWER_IS_BETTER
+
+
+class CanaryMetrics(Section):
+    """What a model's canaries decide on (`models[].canary`): the primary metric that must improve for promotion and
+    the guardrails that must not regress. The error rate, latency and served-weight guardrails hold for every model
+    (their margins: canary_margins). Not given: the Tab set, `canary.primary` guarded by accepted characters per
+    request within canary_margins.accepted_chars (a model that stops suggesting must not win)."""
+
+    primary: CanaryMetric = Field("reward", description="Must be significantly higher on the canary to promote.")
+    guardrails: list[Guardrail] = Field(
+        default_factory=lambda: [Guardrail(metric="accepted_chars")],
+        description=(
+            "Metrics the canary must be shown non-inferior on. Leave out what the model's users do not care about: a "
+            "chat model without a shown_chars guardrail is not rolled back for shorter answers."
+        ),
+    )
+    watch: list[CanaryMetric] = Field(
+        default_factory=list, description="Metrics reported at every look and not acted on (the Tab set watches 'accepted')."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> CanaryMetrics:
+        if self.primary in LOWER_IS_BETTER:
+            raise ValueError(
+                f"canary.primary={self.primary!r}: the primary must be a metric where higher is better; guard "
+                f"{self.primary} with a guardrail instead (better: lower)"
+            )
+        named = [g.metric for g in self.guardrails]
+        if self.primary in named:
+            raise ValueError(f"canary.guardrails lists the primary {self.primary!r}: it is tested as the primary already")
+        if len(set(named)) != len(named):
+            raise ValueError(f"canary.guardrails lists a metric twice: {named}")
+        return self
+
+    def metrics(self) -> list[str]:
+        """Every metric a look compares: the primary, the guardrails, then the watched ones."""
+        out = [self.primary, *(g.metric for g in self.guardrails)]
+        return out + [m for m in self.watch if m not in out]
+
+
 class ModelSettings(Section):
     name: str = Field(..., pattern=r"^[a-z][a-z0-9_-]{0,62}$", description="Registered model name; also the served name prefix.")
     replicas: int = Field(1, ge=0, description="Replicas the fleet keeps running.")
@@ -160,3 +230,30 @@ class ModelSettings(Section):
     canary_margins: Margins | None = Field(
         None, description=("This model's guardrail non-inferiority margins for its canaries; None = canary.margins.")
     )
+    canary: CanaryMetrics | None = Field(
+        None,
+        description=(
+            "The primary metric and the guardrails this model's canaries decide on; None = the Tab set (canary.primary, "
+            "accepted characters guarded within the model's accepted_chars margin)."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _check_canary(self) -> ModelSettings:
+        if self.canary is None:
+            if not set(TAB_EVENTS) & set(self.feedback.events):
+                raise ValueError(
+                    f"models[{self.name}]: feedback.events={self.feedback.events} takes no Tab verdict, so the default "
+                    "canary (accepted characters guarded) cannot judge its candidates: set models[].canary, e.g. "
+                    "{primary: reward, guardrails: [{metric: thumbs_down}]}"
+                )
+            return self
+        for metric in self.canary.metrics():
+            needs = CANARY_METRICS[metric][1]
+            if needs is not None and needs not in self.feedback.events:
+                raise ValueError(
+                    f"models[{self.name}].canary uses {metric!r}, which needs the '{needs}' event, and "
+                    f"models[{self.name}].feedback.events={self.feedback.events} does not take it: add '{needs}' to "
+                    f"feedback.events or drop {metric!r} from the canary"
+                )
+        return self

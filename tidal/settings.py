@@ -14,7 +14,7 @@ from pydantic_settings import SettingsConfigDict
 
 from capacity.settings import CapacitySettings, capacity_problems
 from data_contracts.records import feedback_group
-from release.policy import CanaryConfig
+from release.canary_config import CanaryConfig
 from release.webhook_settings import RegistryWebhookSettings
 from serving.settings import ServingSettings
 from tidal.core_settings import load_root

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from data_contracts.rewards import RewardRule
-from release.policy import CanaryConfig, look
+from release.canary_config import CanaryConfig
+from release.policy import look
 from release.ramp_simulation import ArmModel, Population, RampResult, _serve, run_ramp, sample
 
 RATE_RPS = 20.0  # assumed traffic; looks every 100 requests = the default poll_s (5 s) at this rate

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 
+from release.canary_config import CanaryConfig
 from release.canary_records import ArmHealth
-from release.policy import CanaryConfig, Ramp
+from release.policy import Ramp
 from release.report import CanaryRecord, canary_key, canary_record, step_table
 from tests.unit.test_canary_stats import outcomes
 

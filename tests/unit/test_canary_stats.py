@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from release.canary_config import CanaryConfig
 from release.canary_records import ArmHealth, Outcome
-from release.policy import CanaryConfig, Ramp, look
+from release.policy import Ramp, look
 from release.stats import Summary, cuped, fit_mixture_sd, msprt, plan_step, stratified_msprt
 from tidal.model_settings import Margins
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from release.policy import CanaryConfig, Ramp
+from release.canary_config import CanaryConfig
+from release.policy import Ramp
 from tidal.flywheel_pause import FlywheelPaused, ensure_running, latest_pause, pause_prefix, paused, record_pause
 from tidal.store import LocalStore
 

@@ -7,7 +7,8 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from release.policy import CanaryConfig, Look
+from release.canary_config import CanaryConfig
+from release.policy import Look
 from tasks.promote_approval import Approval, StepApproval, go_on_decision, needs_human
 
 
