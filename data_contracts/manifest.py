@@ -109,6 +109,10 @@ class CollectRecord(Record):
         ),
     )
 
+    rescored_from: str | None = Field(
+        None, description="The dataset whose logs this one re-scored under another rule (data_contracts/rescore.py)."
+    )
+    rescored_from_rule: RuleRef | None = Field(None, description="That dataset's rule.")
     releases: list[str] = Field(
         default_factory=list,
         description=(

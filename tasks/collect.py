@@ -153,6 +153,7 @@ def log_to_mlflow(tracking_uri: str, manifest: DatasetManifest, samples: pa.Tabl
                 lineage.REWARD_RULE: manifest.reward_rule.id,
                 lineage.REWARD_RULE_PLUGIN: lineage.rule_plugin_tag(manifest.reward_rule.plugin, manifest.reward_rule.package),
                 lineage.CONTRACT_VERSION: CONTRACT_VERSION,
+                **lineage.rescore_tags(manifest.rescored_from, manifest.rescored_from_rule),
             }
         )
         mlflow.log_params(

@@ -309,6 +309,7 @@ def register_candidate(
         lineage.DATASET_DIGEST: spec.dataset_digest,
         lineage.REWARD_RULE: plan.manifest.reward_rule.id,
         lineage.REWARD_RULE_PLUGIN: lineage.rule_plugin_tag(plan.manifest.reward_rule.plugin, plan.manifest.reward_rule.package),
+        **lineage.rescore_tags(plan.manifest.rescored_from, plan.manifest.rescored_from_rule),
         lineage.CODE_REVISION: code_revision(PROJECT_ROOT),
         lineage.HPARAMS: spec.train.ppo.model_dump_json(),
         lineage.MLFLOW_RUN: spec.mlflow_run_id,

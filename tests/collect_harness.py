@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from data_contracts import dataset, pipeline
+from data_contracts import dataset, pipeline, rescore
 from data_contracts.assemble import Work
 from data_contracts.collect_settings import CollectSettings
 from data_contracts.manifest import DatasetManifest
 from data_contracts.pipeline import Encoder, VersionSource
+from data_contracts.reward_rules import BaseRewardRule
 from data_contracts.suites import CONTRACT_VERSION
 from tidal.model_settings import FeedbackPolicy
 from tidal.store import ObjectStore
@@ -51,4 +52,26 @@ def collect_once(
     work, samples = pipeline.assemble_samples(work, rule, versions, cfg.max_stale_versions, params)
     manifest, watermark = pipeline.write_version(store, plan, work, samples, rule, cfg, versions, quarantine, ds_id, as_of_ms)
     dataset.write_watermark(store, watermark)  # only once the dataset is complete
+    return CollectResult(ds_id, True, manifest, samples, work)
+
+
+def rescore_once(
+    store: ObjectStore,
+    model: str,
+    source_id: str,
+    rule_spec: str,
+    configured: BaseRewardRule,
+    feedback: FeedbackPolicy | None = None,
+) -> CollectResult:
+    """flows/rescore.py's data steps: dataset `source_id` re-scored under `rule_spec`."""
+    src = dataset.read_manifest(store, model, source_id)
+    rule = rescore.resolve_rule(rule_spec, configured)
+    cfg, versions = rescore.source_settings(src), rescore.source_versions(src)
+    plan = rescore.source_plan(store, src, cfg)
+    batch = rescore.load_source_logs(store, plan, src)
+    params = pipeline.contract_params(model, versions, cfg, src.created_ms, feedback)
+    ds_id = rescore.rescore_id(src, plan, batch, rule, CONTRACT_VERSION)
+    work = pipeline.validate_logs(batch, params, cfg.pii_policy_for(model))
+    work, samples = pipeline.assemble_samples(work, rule, versions, cfg.max_stale_versions, params)
+    manifest = rescore.write_rescored(store, plan, work, samples, rule, cfg, versions, src, ds_id)
     return CollectResult(ds_id, True, manifest, samples, work)

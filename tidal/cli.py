@@ -98,6 +98,13 @@ def cmd_collect(settings: TidalSettings, args) -> None:
     _platform(settings).up_servers()
     from flows.collect import collect  # after up_servers: Prefect reads its API URL on import
 
+    if args.rule is not None:  # re-scoring: one model's stored dataset under another rule
+        if len(names) != 1 or args.include_open_hour:
+            raise SystemExit("tidal collect --rule re-scores one model's dataset: name one model, without --include-open-hour")
+        from flows.rescore import rescore
+
+        print(names[0], rescore(model=names[0], rule=args.rule, source=args.source))
+        return
     for name in names:
         print(name, collect(model=name, include_open_hour=args.include_open_hour))
 
@@ -248,6 +255,13 @@ def build_parser() -> argparse.ArgumentParser:
     co = sub.add_parser("collect", help="validate logs since the watermark into a reward dataset")
     co.add_argument("models", nargs="*")
     co.add_argument("--include-open-hour", action="store_true", help="also take the hour still in progress")
+    co.add_argument(
+        "--rule",
+        default=None,
+        help="re-score a stored dataset under this rule (NAME@VERSION, or the rule as JSON) into a new dataset version; "
+        "the watermark does not move",
+    )
+    co.add_argument("--from", dest="source", default=None, help="with --rule: the dataset to re-score (default: the latest)")
     co.set_defaults(func=cmd_collect)
     tr = sub.add_parser("train", help="PPO from the champion on a reward dataset; registers a gated candidate")
     tr.add_argument("model")

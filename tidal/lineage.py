@@ -21,6 +21,8 @@ DATASET_ID = "tidal.dataset_id"
 DATASET_DIGEST = "tidal.dataset_digest"
 REWARD_RULE = "tidal.reward_rule"  # the dataset's reward rule id
 REWARD_RULE_PLUGIN = "tidal.reward_rule.plugin"  # its plugin and the package that provided it: 'feedback-blend (tidal-rl 0.1.0)'
+RESCORED_FROM = "tidal.rescored_from"  # a re-scored dataset's source dataset id (data_contracts/rescore.py)
+RESCORED_FROM_RULE = "tidal.rescored_from.rule"  # that source's reward rule id
 CONTRACT_VERSION = "tidal.contract_version"  # of the data contracts that built the dataset
 CODE_REVISION = "tidal.code_revision"
 HPARAMS = "tidal.hparams"  # the PPO configuration, as JSON
@@ -65,3 +67,11 @@ def rule_plugin_tag(plugin: str | None, package: str | None) -> str:
     if plugin is None:
         return "unrecorded"
     return f"{plugin} ({package})" if package else plugin
+
+
+def rescore_tags(source_id: str | None, source_rule) -> dict[str, str]:
+    """RESCORED_FROM and RESCORED_FROM_RULE of a re-scored dataset's run or candidate ({} for a collection from the
+    watermark). source_rule: the source's RuleRef (anything with an `id`), or None."""
+    if source_id is None:
+        return {}
+    return {RESCORED_FROM: source_id, RESCORED_FROM_RULE: source_rule.id if source_rule is not None else "unrecorded"}

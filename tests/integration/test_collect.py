@@ -188,3 +188,25 @@ def test_collect_turns_gateway_traffic_into_a_reconciled_dataset(settings, gatew
     assert read_watermark(store, "tab").dataset_id == ds_id
     assert collect(model="tab", include_open_hour=True) == ds_id
     assert {k.split("/")[2] for k in store.list("datasets/model=tab/")} == {ds_id}
+
+    # re-scoring: the same logs under the blend rule, a second dataset version; the watermark stays
+    from flows.rescore import rescore
+
+    blend_id = rescore(model="tab", rule="feedback-blend@1", source=ds_id)
+    blend = read_manifest(store, "tab", blend_id)
+    assert blend_id != ds_id and blend.rescored_from == ds_id and blend.reward_rule.id == "feedback-blend@1"
+    assert read_watermark(store, "tab").dataset_id == ds_id
+    for kind in ("completions", "feedback"):
+        a, b = counts[kind], getattr(blend.counts, kind)
+        assert (b.in_, b.quarantined) == (a["in"], a["quarantined"]) and b.in_ == b.kept + b.quarantined + b.filtered
+    rescored = {r["request_id"]: r for r in read_parquet(store, blend.data_key).to_pylist()}
+    both = [rid for rid in expected if "thumbs" in sent.get(rid, {})]
+    assert both and all(rid in rescored for rid in both)
+    for rid in both:  # accepted (+1), thumbs up (+1) and the score rescaled to [-1, 1], averaged (blend_rule.py)
+        s, v = rescored[rid], sent[rid]
+        assert (v["event"], v["thumbs"]) == ("accepted", "up") and (s["thumbs"], s["score"]) == ("up", v["score"])
+        assert s["reward_rule"] == "feedback-blend@1"
+        assert s["reward"] == pytest.approx((1 + 1 + (2 * (v["score"] - 1) / 4 - 1)) / 3)
+    [blend_run] = registry.client.search_runs([exp.experiment_id], f"tags.`tidal.dataset_id` = '{blend_id}'")
+    assert blend_run.data.tags["tidal.rescored_from"] == ds_id
+    assert blend_run.data.tags["tidal.rescored_from.rule"] == rule.id
