@@ -41,6 +41,7 @@ class Work:
     feedback_time: np.ndarray | None = None  # (N,) float, time of the last of its events, NaN = no feedback
     verdict_of: np.ndarray | None = None  # (F,) completion row each feedback row became an event of, -1 if none
     reward: np.ndarray | None = None  # (N,) float, set by assign_rewards
+    credited_from: np.ndarray | None = None  # (N,) object: the later turn a reward was credited from (assign_rewards)
 
     @property
     def event(self) -> np.ndarray:  # (N,) object: the Tab verdict, accepted | rejected | partial | none
@@ -98,15 +99,43 @@ def join_feedback(work: Work, policy: FeedbackPolicy | None = None) -> Work:
 
 
 def assign_rewards(work: Work, rule: BaseRewardRule) -> Work:
-    """Reward every live completion; without an event the rule reads, `rule.no_feedback` decides (empty ones are
-    always kept)."""
+    """Reward every live completion; a conversation's turn without an event the rule reads may take a later turn's,
+    discounted (rule.turn_discount); else `rule.no_feedback` decides (empty ones are always kept)."""
     v, live = work.verdicts, work.completions.live
     work.reward = np.full(work.completions.rows, np.nan)
     rows = np.flatnonzero(live)
     work.reward[rows] = rule.reward_verdicts(v.take(rows))
+    told = rule.rewarded(v)
+    if rule.turn_discount > 0:
+        told |= credit_turns(work, told & live, rule.turn_discount)
     if rule.no_feedback == "drop":
-        work.completions.filter(~rule.rewarded(v) & (v.completion_chars > 0), "no_feedback")
+        work.completions.filter(~told & (v.completion_chars > 0), "no_feedback")
     return work
+
+
+def credit_turns(work: Work, told: np.ndarray, discount: float) -> np.ndarray:
+    """Each live turn without feedback of its own (told: (N,) bool) takes the reward of the nearest later turn of its
+    conversation with feedback, x discount per turn between them; sets work.credited_from (N,) object (that turn's
+    request id, None where the reward is the row's own) and returns (N,) bool: the rows credited."""
+    table = work.batch.completions.table
+    conv = table["conversation_id"].to_numpy(zero_copy_only=False).astype(object)
+    turn = work.c_frame["turn"].to_numpy(dtype=np.float64)
+    rids = table["request_id"].to_numpy(zero_copy_only=False).astype(object)
+    work.credited_from = np.full(len(conv), None, dtype=object)
+    credited = np.zeros(len(conv), dtype=bool)
+    rows = np.flatnonzero(work.completions.live & np.not_equal(conv, None) & ~np.isnan(turn))
+    by_conv: dict[str, list[int]] = {}
+    for r in rows[np.lexsort((-turn[rows], conv[rows].astype(str)))]:  # each conversation's turns, last first
+        by_conv.setdefault(conv[r], []).append(int(r))
+    for turns in by_conv.values():
+        later = None  # the nearest later turn with feedback
+        for r in turns:
+            if told[r]:
+                later = r
+            elif later is not None and turn[later] > turn[r]:
+                work.reward[r] = work.reward[later] * discount ** (turn[later] - turn[r])
+                work.credited_from[r], credited[r] = rids[later], True
+    return credited
 
 
 def drop_withheld(work: Work) -> Work:
@@ -205,6 +234,11 @@ def build_samples(work: Work, rule: BaseRewardRule) -> pa.Table:
             "score": pa.array(work.score[rows], pa.float64(), mask=np.isnan(work.score[rows])),
             "thumbs": pa.array(np.where(thumbs > 0, "up", "down").astype(object), pa.string(), mask=thumbs == 0),
             "edit_text": pa.array(work.verdicts.edit_text[rows].tolist(), pa.string()),
+            "conversation_id": src["conversation_id"],
+            "turn": src["turn"],
+            "credited_from": pa.array(
+                [None] * len(rows) if work.credited_from is None else work.credited_from[rows].tolist(), pa.string()
+            ),
         },
         schema=REWARD_SAMPLE_SCHEMA,
     )

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from data_contracts import secrets
 from data_contracts.records import FEEDBACK_EVENTS, TAB_EVENTS
+from data_contracts.scope import rid_owner
 
 COMPLETION_SCALARS = [
     "request_id",
@@ -31,6 +32,7 @@ COMPLETION_SCALARS = [
     "finish_reason",
     "latency_ms",
     "replica",
+    "turn",
 ]
 FEEDBACK_SCALARS = ["request_id", "time_ms", "model", "event", "accepted_chars", "client_id", "score", "thumbs", "source"]
 SAMPLE_SCALARS = [
@@ -122,6 +124,21 @@ def replays(table: pa.Table, keys: pa.Array | None = None) -> tuple[pd.Series, n
     return pd.Series(distinct.to_pandas(), dtype="str"), replay, np.where(has_id, first, np.arange(n))
 
 
+def conversation_owned(table: pa.Table) -> pd.arrays.BooleanArray:
+    """(N,) whether a chat turn's conversation id (its first turn's request id) names the row's own model and
+    client (missing outside conversations): a turn cannot join another client's conversation."""
+    conv = _col(table, "conversation_id")
+    valid = pc.is_valid(conv).to_numpy(zero_copy_only=False)
+    ok = np.zeros(table.num_rows, dtype=bool)
+    rows = np.flatnonzero(valid)
+    if len(rows):
+        ids = conv.take(pa.array(rows)).to_pylist()
+        models = _col(table, "model").take(pa.array(rows)).to_pylist()
+        clients = _col(table, "client_id").take(pa.array(rows)).to_pylist()
+        ok[rows] = [rid_owner(c) == (m, k) for c, m, k in zip(ids, models, clients)]
+    return nullable_bool(ok, valid)
+
+
 def completion_frame(table: pa.Table) -> tuple[pd.DataFrame, np.ndarray]:
     """(GE frame, replay mask) of completions in the stored schema."""
     n = table.num_rows
@@ -146,6 +163,7 @@ def completion_frame(table: pa.Table) -> tuple[pd.DataFrame, np.ndarray]:
     frame["served_name_matches"] = nullable_bool(
         pc.fill_null(same, False).to_numpy(zero_copy_only=False), pc.is_valid(same).to_numpy(zero_copy_only=False)
     )
+    frame["conversation_owned"] = conversation_owned(table)
     frame["prompt_secrets"] = secrets.detect(_col(table, "prompt_text")).to_pandas()
     frame["completion_secrets"] = secrets.detect(_col(table, "completion_text")).to_pandas()
     frame["distinct_record_id"], replay, frame["_first_row"] = replays(table)

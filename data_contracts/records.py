@@ -63,6 +63,16 @@ class CompletionRecord(BaseModel):
     finish_reason: FinishReason = Field(description="Why generation stopped, or 'withheld' by the suggestion filter.")
     latency_ms: float = Field(description="Gateway receive → last byte sent.")
     replica: str = Field(description="Engine replica that served it.")
+    conversation_id: str | None = Field(
+        None,
+        description=(
+            "A chat turn's conversation: the request id of its first turn (the first turn's own id); None outside "
+            "a conversation (plain completions)."
+        ),
+    )
+    turn: int | None = Field(
+        None, ge=0, description="Assistant replies before this one in the conversation (0: the first turn); None outside one."
+    )
 
 
 class FeedbackEvent(BaseModel):
@@ -116,8 +126,12 @@ COMPLETION_SCHEMA = pa.schema(
         ("finish_reason", pa.string()),
         ("latency_ms", pa.float64()),
         ("replica", pa.string()),
+        ("conversation_id", pa.string()),
+        ("turn", pa.int64()),
     ]
 )
+# The completion schema before conversations: files written in it are read with conversation_id and turn null.
+COMPLETION_SCHEMA_V1 = pa.schema([COMPLETION_SCHEMA.field(n) for n in COMPLETION_SCHEMA.names[:17]])
 
 FEEDBACK_SCHEMA = pa.schema(
     [
@@ -142,20 +156,26 @@ RECORD_TYPES: dict[str, type[BaseModel]] = {"completions": CompletionRecord, "fe
 
 
 def with_added_columns(kind: str, table: pa.Table) -> pa.Table:
-    """A table of `kind` rows (possibly with extra columns, as quarantine files have) written before the feedback
-    schema gained score, thumbs, edit_text and source: those columns appended, null (source 'user')."""
-    if kind != "feedback":
-        return table
-    added = {
-        "score": pa.nulls(table.num_rows, pa.float64()),
-        "thumbs": pa.nulls(table.num_rows, pa.string()),
-        "edit_text": pa.nulls(table.num_rows, pa.string()),
-        "source": pa.array(["user"] * table.num_rows, pa.string()),
-    }
+    """A table of `kind` rows (possibly with extra columns, as quarantine files have) written before its schema
+    gained columns: feedback's score, thumbs, edit_text and source (null; source 'user'), completions'
+    conversation_id and turn (null), appended."""
+    n = table.num_rows
+    if kind == "feedback":
+        added = {
+            "score": pa.nulls(n, pa.float64()),
+            "thumbs": pa.nulls(n, pa.string()),
+            "edit_text": pa.nulls(n, pa.string()),
+            "source": pa.array(["user"] * n, pa.string()),
+        }
+    else:
+        added = {"conversation_id": pa.nulls(n, pa.string()), "turn": pa.nulls(n, pa.int64())}
     for name, column in added.items():
         if name not in table.column_names:
-            table = table.append_column(FEEDBACK_SCHEMA.field(name), column)
+            table = table.append_column(SCHEMAS[kind].field(name), column)
     return table
+
+
+EARLIER_SCHEMAS = {"feedback": FEEDBACK_SCHEMA_V1, "completions": COMPLETION_SCHEMA_V1}
 
 
 def upgrade(kind: str, table: pa.Table) -> pa.Table | None:
@@ -163,8 +183,8 @@ def upgrade(kind: str, table: pa.Table) -> pa.Table | None:
     schema = table.schema.remove_metadata()
     if schema.equals(SCHEMAS[kind]):
         return table
-    if kind == "feedback" and schema.equals(FEEDBACK_SCHEMA_V1):
-        return with_added_columns(kind, table).select(FEEDBACK_SCHEMA.names)
+    if schema.equals(EARLIER_SCHEMAS[kind]):
+        return with_added_columns(kind, table).select(SCHEMAS[kind].names)
     return None
 
 

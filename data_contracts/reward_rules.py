@@ -104,6 +104,16 @@ class BaseRewardRule(Section):
         ),
     )
     ignored: float = Field(0.0, description="Reward of a shown completion without feedback when no_feedback='ignored'.")
+    turn_discount: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description=(
+            "Credit to earlier turns of a conversation: a turn without an event the rule reads takes the reward of the "
+            "nearest later turn with one (in the same collection) x turn_discount per turn between them. 0 = none: "
+            "each turn is rewarded by its own feedback alone."
+        ),
+    )
 
     @property
     def id(self) -> str:

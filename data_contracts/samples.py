@@ -63,6 +63,15 @@ class RewardSample(BaseModel):
     score: float | None = Field(None, description="The score given, in the model's score_range; None without one.")
     thumbs: Thumbs | None = Field(None, description="up or down; None without one.")
     edit_text: str | None = Field(None, description="The text the user finally kept (redacted if it held a secret).")
+    conversation_id: str | None = Field(None, description="A chat turn's conversation (its first turn's request id).")
+    turn: int | None = Field(None, ge=0, description="Assistant replies before this one in its conversation.")
+    credited_from: str | None = Field(
+        None,
+        description=(
+            "The later turn whose feedback this turn's reward was credited from (its reward x the rule's "
+            "turn_discount per turn between them); None: the reward is the turn's own."
+        ),
+    )
 
 
 REWARD_SAMPLE_SCHEMA = pa.schema(
@@ -87,16 +96,21 @@ REWARD_SAMPLE_SCHEMA = pa.schema(
         ("score", pa.float64()),
         ("thumbs", pa.string()),
         ("edit_text", pa.string()),
+        ("conversation_id", pa.string()),
+        ("turn", pa.int64()),
+        ("credited_from", pa.string()),
     ]
 )
-# Columns added after the first datasets were written: a dataset without them is read with them null.
-ADDED_SAMPLE_COLUMNS = ("score", "thumbs", "edit_text")
+# Columns added after the first datasets were written, in order: a dataset written before some of them is read with
+# those null (score, thumbs, edit_text came with feedback beyond Tab; the last three with conversations).
+ADDED_SAMPLE_COLUMNS = ("score", "thumbs", "edit_text", "conversation_id", "turn", "credited_from")
 
 
 def upgrade_samples(table: pa.Table) -> pa.Table:
-    """A dataset written before ADDED_SAMPLE_COLUMNS existed, with them null; any other table as it is."""
-    missing = [c for c in ADDED_SAMPLE_COLUMNS if c not in table.column_names]
-    if len(missing) != len(ADDED_SAMPLE_COLUMNS) or table.column_names != REWARD_SAMPLE_SCHEMA.names[: -len(missing)]:
+    """A dataset written before (a tail of) ADDED_SAMPLE_COLUMNS existed, with them null; any other table as it is."""
+    names = REWARD_SAMPLE_SCHEMA.names
+    missing = [c for c in names if c not in table.column_names]
+    if not missing or tuple(missing) != ADDED_SAMPLE_COLUMNS[-len(missing) :] or table.column_names != names[: -len(missing)]:
         return table
     for c in missing:
         table = table.append_column(REWARD_SAMPLE_SCHEMA.field(c), pa.nulls(table.num_rows, REWARD_SAMPLE_SCHEMA.field(c).type))

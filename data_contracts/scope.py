@@ -24,6 +24,7 @@ Event-time accounting, so that every stored record is counted by exactly one run
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -174,6 +175,25 @@ def rid_time_ms(request_ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
     ok = readable & np.isin(version, ID_FORMATS) & (t < np.uint64(2**62))
     out[np.flatnonzero(full)[ok]] = t[ok].astype(np.int64)
     return out
+
+
+_HEAD_BYTES = {1: 21, 2: 26}  # request id format → bytes before the model's length byte (serving/request_ids.py)
+
+
+def rid_owner(request_id: str | None) -> tuple[str, str] | None:
+    """(model, client id) a signed request id names, or None where it is not readable. The signature is not checked:
+    the gateway verified it when the id came back as a conversation id; the contract checks the row agrees."""
+    payload = (request_id or "").partition(".")[0]
+    try:
+        raw = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
+        i = _HEAD_BYTES[raw[0]]
+        m_end = i + 1 + raw[i]
+        c_end = m_end + 1 + raw[m_end]
+        if c_end != len(raw):
+            return None
+        return raw[i + 1 : m_end].decode(), raw[m_end + 1 : c_end].decode()
+    except (ValueError, IndexError, KeyError):  # binascii.Error and UnicodeDecodeError are ValueErrors
+        return None
 
 
 def _seen(ids: pa.Array | pa.ChunkedArray, seen: dict[str, int]) -> np.ndarray:

@@ -19,7 +19,7 @@ from data_contracts.reward_rules import BaseRewardRule
 from data_contracts.rewards import EVENTS
 from tidal.model_settings import FeedbackPolicy
 
-CONTRACT_VERSION = "2"  # 2: scores, thumbs, edits and their source
+CONTRACT_VERSION = "3"  # 2: scores, thumbs, edits and their source; 3: conversations
 # The value sets are the records' own types (data_contracts/records.py), so the suites cannot drift from them.
 ARMS = list(get_args(Arm))
 FINISH_REASONS = list(get_args(FinishReason))
@@ -121,6 +121,8 @@ def completion_suite(p: ContractParams) -> gx.ExpectationSuite:
             gxe.ExpectColumnValuesToBeInSet(column="version", value_set=list(p.known_versions), meta=_meta("unknown_version")),
             gxe.ExpectColumnValuesToBeInSet(column="served_name_matches", value_set=[True], meta=_meta("served_name_mismatch")),
             gxe.ExpectColumnValuesToBeInSet(column="arm", value_set=ARMS, meta=_meta("bad_arm")),
+            gxe.ExpectColumnValuesToBeInSet(column="conversation_owned", value_set=[True], meta=_meta("foreign_conversation")),
+            gxe.ExpectColumnValuesToBeBetween(column="turn", min_value=0, meta=_meta("negative_turn")),
             gxe.ExpectColumnValuesToBeInSet(column="finish_reason", value_set=FINISH_REASONS, meta=_meta("bad_finish_reason")),
             gxe.ExpectColumnValuesToBeBetween(column="latency_ms", min_value=0, meta=_meta("negative_latency")),
             *_time(p, "time_ms"),

@@ -47,6 +47,15 @@ class ChatRequest(_Request):
     logprobs: bool = Field(False, description="Return per-token log-probs.")
     top_logprobs: int | None = Field(None, ge=0, le=5, description="Top alternatives per token, with logprobs.")
     max_completion_tokens: int | None = Field(None, ge=0, description="OpenAI's newer name for max_tokens.")
+    conversation_id: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description=(
+            "For every turn after the first: the conversation's id, which the first turn's reply carries "
+            "(`tidal.conversation_id`, the first turn's request id). With the OpenAI SDK: extra_body={'conversation_id': ...}."
+        ),
+    )
 
 
 class FeedbackRequest(BaseModel):

@@ -1,11 +1,13 @@
 """What a feedback event must be to be taken: an event the model lists, the fields its event carries and no
 other, a score within the model's range, an edit within its length; and the ledger key that makes a second event of
-the same group a duplicate. The gateway answers a problem with 422 naming the field."""
+the same group a duplicate. The gateway answers a problem with 422 naming the field. Also a chat turn's
+conversation id: one this gateway started, of the turn's own client and model."""
 
 from __future__ import annotations
 
 from data_contracts.records import feedback_group
 from serving.api_models import FeedbackRequest
+from serving.request_ids import InvalidRequestId, RequestIdSigner
 from tidal.model_settings import FeedbackPolicy
 
 
@@ -48,4 +50,25 @@ def feedback_problem(req: FeedbackRequest, model: str, policy: FeedbackPolicy) -
         return f"score: {req.score:g} is outside model '{model}''s score_range [{low:g}, {high:g}]"
     if req.edit_text is not None and len(req.edit_text) > policy.max_edit_chars:
         return f"edit_text: {len(req.edit_text)} characters, more than model '{model}''s max_edit_chars {policy.max_edit_chars}"
+    return None
+
+
+def conversation_problem(
+    signer: RequestIdSigner, conversation_id: str | None, model: str, client_id: str
+) -> tuple[int, str] | None:
+    """(HTTP status, message naming the field) if a chat turn's conversation id is not one this gateway started (a
+    first turn's request id), for this model, of this client; None if it is, or if there is none (a first turn)."""
+    if conversation_id is None:
+        return None
+    try:
+        claims = signer.verify(conversation_id)
+    except InvalidRequestId as e:
+        return 422, (
+            f"conversation_id: not a conversation this gateway started ({e.reason}); pass the first turn's id "
+            "(its reply's tidal.conversation_id)"
+        )
+    if claims.client_id != client_id:
+        return 403, "conversation_id: the conversation belongs to another client"
+    if claims.model != model:
+        return 422, f"conversation_id: the conversation is with model {claims.model!r}, not {model!r}"
     return None

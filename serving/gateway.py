@@ -17,7 +17,7 @@ from data_contracts.suggestion_filter import withholds
 from serving.api_models import ChatRequest, CompletionRequest, FeedbackRequest
 from serving.completion_formats import CHAT, TEXT
 from serving.engine_http import BrokenOff, ConnectFailed, EngineClient, EngineResponse, StaleConnection
-from serving.feedback_checks import claim_key, feedback_problem
+from serving.feedback_checks import claim_key, conversation_problem, feedback_problem
 from serving.feedback_ledger import CompletionLengths, FeedbackLedger
 from serving.request_ids import InvalidRequestId, RequestIdSigner
 from serving.routes import ArmSpec, ModelRoutes, RouteTable, arm_key, assign, assignment_key, user_hash, user_hash_key
@@ -298,6 +298,7 @@ class Gateway:
             raise GatewayError(
                 413, f"prompt has {len(prompt_text)} characters; this gateway accepts at most {self.limits.max_prompt_chars}"
             )
+        conversation = self.conversation(req, client_id) if chat else None
         routed = self.route(req, client_id, (req.max_completion_tokens or req.max_tokens) if chat else req.max_tokens)
         fmt = CHAT if chat else TEXT
         if chat:
@@ -319,8 +320,13 @@ class Gateway:
             raise
         rid = self.signer.issue(req.model, client_id, routed.t0_ms, version=routed.arm.version, arm=routed.arm.name)
         record = self.new_record(req, routed, client_id, rid, ep, prompt_text)
+        if chat:  # a turn of a conversation: the first turn's id names it, the assistant replies so far its turn
+            conversation = conversation or rid
+            record.update(conversation_id=conversation, turn=sum(m.role == "assistant" for m in req.messages))
         if req.stream:
             meta = {"X-Tidal-Request-Id": rid, "X-Tidal-Version": str(routed.arm.version)}
+            if chat:
+                meta["X-Tidal-Conversation-Id"] = conversation
             return self.stream(resp, req, routed, record, fmt, ep, token), meta
         choice = data["choices"][0]
         text, ids, lps = fmt.extract(choice)
@@ -341,6 +347,8 @@ class Gateway:
         if not getattr(req, "return_token_ids", False):
             data.pop("prompt_token_ids", None)
         data["tidal"] = {"request_id": rid, "version": routed.arm.version, "arm": routed.arm.name, "withheld": withheld}
+        if chat:
+            data["tidal"]["conversation_id"] = conversation
         return data
 
     async def stream(
@@ -404,6 +412,13 @@ class Gateway:
         yield b"data: [DONE]\n\n"
 
     # ---- feedback ------------------------------------------------------------------------------
+    def conversation(self, req: ChatRequest, client_id: str) -> str | None:
+        """The turn's conversation id, checked (serving/feedback_checks.py); None: the turn starts one."""
+        problem = conversation_problem(self.signer, req.conversation_id, req.model, client_id)
+        if problem is not None:
+            raise GatewayError(*problem)
+        return req.conversation_id
+
     async def feedback(self, req: FeedbackRequest, client_id: str) -> FeedbackEvent:
         try:
             claims = self.signer.verify(req.request_id)

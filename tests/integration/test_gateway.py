@@ -71,6 +71,32 @@ def test_openai_sdk_completions_streaming_and_chat(gateway, keys, canary, checkp
     assert len(rows[chat.id]["behaviour_logprobs"]) == len(rows[chat.id]["completion_token_ids"]) > 0
 
 
+def test_a_chat_conversation_is_logged_turn_by_turn_and_only_its_client_may_continue_it(gateway, keys, checkpoints):
+    import openai
+
+    alice = openai.OpenAI(base_url=gateway + "/v1", api_key=keys["alice"], max_retries=0)
+    bob = openai.OpenAI(base_url=gateway + "/v1", api_key=keys["bob"], max_retries=0)
+    history = [{"role": "user", "content": "write a loop"}]
+    first = alice.chat.completions.create(model="tab", messages=history, max_tokens=6)
+    conv = first.model_extra["tidal"]["conversation_id"]
+    assert conv == first.id  # a conversation is named by its first turn
+    history += [{"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "again"}]
+    second = alice.chat.completions.create(model="tab", messages=history, max_tokens=6, extra_body={"conversation_id": conv})
+    assert second.model_extra["tidal"]["conversation_id"] == conv and second.id != conv
+    with pytest.raises(openai.PermissionDeniedError, match="conversation_id: the conversation belongs to another client"):
+        bob.chat.completions.create(model="tab", messages=history, max_tokens=4, extra_body={"conversation_id": conv})
+    with pytest.raises(openai.UnprocessableEntityError, match="conversation_id: not a conversation this gateway started"):
+        alice.chat.completions.create(model="tab", messages=history, max_tokens=4, extra_body={"conversation_id": "mine"})
+    rows = {r["request_id"]: r for r in wait_stored(checkpoints.store, "completions", {first.id, second.id})}
+    assert (rows[first.id]["conversation_id"], rows[first.id]["turn"]) == (conv, 0)
+    assert (rows[second.id]["conversation_id"], rows[second.id]["turn"]) == (conv, 1)
+    # the second turn is trained on the engine's own tokens of the whole conversation so far
+    assert len(rows[second.id]["prompt_token_ids"]) > len(rows[first.id]["prompt_token_ids"])
+    plain = alice.completions.create(model="tab", prompt=PROMPT, max_tokens=4)
+    row = {r["request_id"]: r for r in wait_stored(checkpoints.store, "completions", {plain.id})}[plain.id]
+    assert (row["conversation_id"], row["turn"]) == (None, None) and "conversation_id" not in plain.model_extra["tidal"]
+
+
 def test_canary_split_is_sticky_and_every_record_names_its_version(gateway, keys, canary, checkpoints, settings):
     version, routes = canary  # the ModelRoutes the gateway answered the canary change with
     # The split itself is the gateway's own hash over 2000 users (cheap); 250 of them go through
