@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 
 from release.canary_records import Metric
 from release.stats import StepPlan, plan_step
-from tidal.model_settings import Margins
+from tidal.model_settings import LOWER_IS_BETTER, Margins
 from tidal.section import Section
 
 
@@ -130,6 +130,11 @@ class CanaryConfig(Section):
             raise ValueError(
                 f"canary.watchdog_s={self.watchdog_s} is under 3 × canary.poll_s={self.poll_s}: a slow look "
                 f"would have a healthy release rolled back; raise watchdog_s to at least {3 * self.poll_s:g}"
+            )
+        if self.primary in LOWER_IS_BETTER:
+            raise ValueError(
+                f"canary.primary={self.primary!r}: the primary must be a metric where higher is better; guard it in "
+                "models[].canary.guardrails instead"
             )
         if stray := [w for w in self.approve_before if w != 1.0 and w not in s]:
             raise ValueError(

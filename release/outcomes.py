@@ -60,7 +60,7 @@ class LogReader:
                     continue
                 local = Path(tmp) / "part.parquet"
                 self.store.get_file(key, local)
-                # feedback written before the schema gained score, thumbs, edit_text and source reads them as null
+                # rows stored before their schema gained columns read them as null (records.with_added_columns)
                 t = pq.read_table(local, columns=None if kind == "feedback" else columns)
                 t = with_added_columns(kind, t).select(columns)
                 seen[key] = t.filter(pa.compute.greater_equal(t["time_ms"], self.since_ms))
@@ -81,7 +81,7 @@ def _verdicts(fb: pa.Table | None, rids: list[str], texts: list[str], policy: Fe
     if fb is None or fb.num_rows == 0:
         return v
     row_of = {rid: i for i, rid in enumerate(rids)}
-    cols = {c: fb[c].to_pylist() for c in ("request_id", "event", "accepted_chars", "score", "thumbs", "edit_text", "source")}
+    cols = {c: fb[c].to_pylist() for c in FEEDBACK_COLUMNS if c != "time_ms"}
     seen: set[tuple[int, str]] = set()
     for i in np.argsort(np.asarray(fb["time_ms"]), kind="stable"):
         row, event = row_of.get(cols["request_id"][i]), cols["event"][i]

@@ -19,6 +19,7 @@ from release.webhook_settings import RegistryWebhookSettings
 from serving.settings import ServingSettings
 from tidal.core_settings import load_root
 from tidal.loop_settings import DemoSettings, FlywheelSettings
+from tidal.model_settings import CANARY_METRICS
 from tidal.prometheus import PrometheusSettings
 from training.train_settings import BootstrapSettings, LaunchSettings, TrainSettings
 
@@ -107,14 +108,26 @@ class TidalSettings(ServingSettings):
         return self
 
     def _rule_problems(self) -> list[str]:
-        """Each model's reward rule must read an event the model takes, and the Tab-only training aids need a Tab rule."""
+        """Each model's reward rule must read an event the model takes (its judge's scores count), a judge on the fleet
+        must be a model of it, and the Tab-only training aids need a Tab rule."""
         problems = []
         names = {m.name for m in self.models}
         for unknown in sorted(set(self.collect.reward_rules) - names):
             problems.append(f"collect.reward_rules names {unknown!r}, which is no model ({sorted(names)}); fix the name")
         for m in self.models:
             rule = self.collect.rule_for(m.name)
-            taken = {feedback_group(e) for e in m.feedback.events}
+            taken = {feedback_group(e) for e in m.feedback.events} | ({"judge"} if m.judge is not None else set())
+            needs = CANARY_METRICS[self.canary.primary][1]
+            if m.canary is None and needs is not None and needs not in m.feedback.events:
+                problems.append(
+                    f"canary.primary={self.canary.primary!r} needs the '{needs}' event, which model {m.name} does not "
+                    f"take (models[].feedback.events={m.feedback.events}): set models[].canary for it, or another primary"
+                )
+            if m.judge is not None and m.judge.endpoint == "fleet" and m.judge.model not in names:
+                problems.append(
+                    f"model {m.name}'s judge {m.judge.id} is a model on the fleet, {m.judge.model!r}, which is no model "
+                    f"({sorted(names)}): name one in models[].judge.model, or give the judge's endpoint URL"
+                )
             if not taken & set(rule.reads):
                 problems.append(
                     f"model {m.name}'s reward rule {rule.id} (plugin {rule.plugin}) reads {list(rule.reads)} feedback but "

@@ -192,3 +192,12 @@ def test_the_guardrails_share_half_the_budget_and_the_default_is_the_tab_set() -
     assert default.row() == look(CFG, 0, outs, 100, 1.0, {}, metrics=tab_metrics(CFG, CFG.margins)).row()
     chars_first = CanaryConfig(primary="accepted_chars")
     assert tab_metrics(chars_first, Margins()).guardrails == [] and "reward" in tab_metrics(chars_first, Margins()).watch
+
+
+def test_start_up_refuses_a_global_primary_a_model_cannot_give(monkeypatch, tmp_path) -> None:
+    from tests.unit.test_reward_plugins import _settings_error
+
+    err = _settings_error(monkeypatch, tmp_path, "canary:\n  primary: thumbs_up\n")
+    assert "canary.primary='thumbs_up' needs the 'thumbs' event, which model tab does not take" in err
+    with pytest.raises(ValidationError, match="the primary must be a metric where higher is better"):
+        CanaryConfig(primary="thumbs_down")
