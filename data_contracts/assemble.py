@@ -37,7 +37,8 @@ class Work:
     edits: dict[int, str] = field(default_factory=dict)  # feedback row → its edit text redacted (pii_policy 'scrub')
     # set by join_feedback: what users said about each completion row (records.FEEDBACK_GROUPS, one event each)
     verdicts: Verdicts | None = None
-    score: np.ndarray | None = None  # (N,) float, the score as given (in the model's range), NaN = none
+    score: np.ndarray | None = None  # (N,) float, the user's score as given (in the model's range), NaN = none
+    judge_score: np.ndarray | None = None  # (N,) float, the judge's score (rescaled into the model's range), NaN = none
     feedback_time: np.ndarray | None = None  # (N,) float, time of the last of its events, NaN = no feedback
     verdict_of: np.ndarray | None = None  # (F,) completion row each feedback row became an event of, -1 if none
     reward: np.ndarray | None = None  # (N,) float, set by assign_rewards
@@ -84,12 +85,16 @@ def join_feedback(work: Work, policy: FeedbackPolicy | None = None) -> Work:
         edit_text[row] = text
     when = np.full(n, np.nan)
     np.fmax.at(when, target[use], work.f_frame["time_ms"].to_numpy(dtype=np.float64)[use])
-    work.score = joined(events == "score", work.f_frame["score"].to_numpy(dtype=np.float64), np.nan, np.float64)
+    by_judge = (work.f_frame["source"] == "judge").fillna(False).to_numpy()
+    scores = work.f_frame["score"].to_numpy(dtype=np.float64)
+    work.score = joined((events == "score") & ~by_judge, scores, np.nan, np.float64)
+    work.judge_score = joined((events == "score") & by_judge, scores, np.nan, np.float64)
     work.verdicts = Verdicts(
         event=joined(verdict, events, "none", object),
         accepted_chars=joined(verdict, work.f_frame["accepted_chars"].to_numpy(), np.nan, np.float64),
         completion_chars=np.nan_to_num(work.c_frame["completion_chars"].to_numpy(dtype=np.float64), nan=0.0),
         score=policy.score01(work.score),
+        judge_score=policy.score01(work.judge_score),
         thumbs=joined(events == "thumbs", np.where(thumbs == "up", 1.0, np.where(thumbs == "down", -1.0, 0.0)), 0.0, np.float64),
         edit_text=joined(events == "edit", edit_text, None, object),
         completion_text=work.batch.completions.table["completion_text"].to_numpy(zero_copy_only=False).astype(object),
@@ -234,6 +239,7 @@ def build_samples(work: Work, rule: BaseRewardRule) -> pa.Table:
             "score": pa.array(work.score[rows], pa.float64(), mask=np.isnan(work.score[rows])),
             "thumbs": pa.array(np.where(thumbs > 0, "up", "down").astype(object), pa.string(), mask=thumbs == 0),
             "edit_text": pa.array(work.verdicts.edit_text[rows].tolist(), pa.string()),
+            "judge_score": pa.array(work.judge_score[rows], pa.float64(), mask=np.isnan(work.judge_score[rows])),
             "conversation_id": src["conversation_id"],
             "turn": src["turn"],
             "credited_from": pa.array(

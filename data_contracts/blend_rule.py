@@ -7,7 +7,8 @@ Signals (a completion lacking one simply has no such term):
   score    2 x score01 - 1 (score01: the score rescaled from the model's score_range to [0, 1]);
   thumbs   up +1, down -1;
   edit     2 x similarity(edit, completion) - 1: how much of the completion the user kept
-           (difflib's ratio: 1 = kept as shown, 0 = rewritten).
+           (difflib's ratio: 1 = kept as shown, 0 = rewritten);
+  judge    2 x the judge's score01 - 1 (the model's judge, data_contracts/judge.py; weight 0 by default).
 reward = scale x (sum of weight x signal over the signals present) / (sum of their weights);
 a shown completion with no signal is no feedback (`no_feedback`), an empty one earns `empty`.
 """
@@ -31,6 +32,7 @@ class BlendRule(BaseRewardRule):
     score_weight: float = Field(1.0, ge=0, description="Weight of a score's signal.")
     thumbs_weight: float = Field(1.0, ge=0, description="Weight of a thumbs' signal.")
     edit_weight: float = Field(1.0, ge=0, description="Weight of an edit's signal.")
+    judge_weight: float = Field(0.0, ge=0, description="Weight of the model's judge's score (0: judges are not read).")
     scale: float = Field(1.0, gt=0, description="Reward of a completion whose every signal is +1.")
     empty: float = Field(0.0, description="Reward of an empty completion (nothing shown), whatever the feedback says.")
 
@@ -41,6 +43,7 @@ class BlendRule(BaseRewardRule):
             "score": self.score_weight,
             "thumbs": self.thumbs_weight,
             "edit": self.edit_weight,
+            "judge": self.judge_weight,
         }
 
     @property
@@ -66,6 +69,7 @@ class BlendRule(BaseRewardRule):
             "score": (2 * np.nan_to_num(v.score) - 1, v.present("score")),
             "thumbs": (np.sign(v.thumbs), v.present("thumbs")),
             "edit": (edit, has_edit),
+            "judge": (2 * np.nan_to_num(v.judge_score) - 1, v.present("judge")),
         }
 
     def reward_verdicts(self, v: Verdicts) -> np.ndarray:

@@ -190,7 +190,9 @@ def feedback_frame(
     frame["edit_chars"] = _float(pc.utf8_length(edit_text))
     frame["edit_secrets"] = secrets.detect(edit_text).to_pandas()
     # an event the model does not take; unknown and null events are the contract's bad_event and null:event alone
-    frame["event_taken"] = nullable_bool(event.isin(policy_events).to_numpy(), event.isin(FEEDBACK_EVENTS).to_numpy())
+    # a judge's score is taken whatever users may send: the model's judge is its opt-in (data_contracts/judge.py)
+    judge = (frame["source"] == "judge").fillna(False).to_numpy() & (event == "score").fillna(False).to_numpy()
+    frame["event_taken"] = nullable_bool(event.isin(policy_events).to_numpy() | judge, event.isin(FEEDBACK_EVENTS).to_numpy())
     # Look-ups into this run's completions (the first row of an id; conflicting duplicates are quarantined anyway).
     pos = first_index(_col(table, "request_id"), _col(completions, "request_id"))
     found = pos >= 0
@@ -203,7 +205,9 @@ def feedback_frame(
         shown = _float(pc.take(pc.utf8_length(_col(completions, "completion_text")), at))
     else:
         same_client, shown = np.zeros(len(frame), dtype=bool), np.full(len(frame), np.nan)
-    frame["client_matches"] = nullable_bool(matched & same_client, matched)
+    # feedback comes from the completion's client, or from a judge (written by the judge stage, not the gateway)
+    by_judge = judge & frame["client_id"].str.startswith("judge:").fillna(False).to_numpy()
+    frame["client_matches"] = nullable_bool(matched & (same_client | by_judge), matched)
     kept = frame["accepted_chars"].to_numpy()
     known = matched & ~np.isnan(kept) & ~np.isnan(shown)
     frame["chars_within_completion"] = nullable_bool(known & (kept <= shown), known)
@@ -214,10 +218,13 @@ def feedback_frame(
 
 def group_ids(table: pa.Table) -> pa.Array:
     """(N,) '<request id>#<group>' of feedback rows: one event of each group per completion (records.FEEDBACK_GROUPS),
-    so a Tab verdict and a score on one completion are two records, two verdicts are a conflict."""
+    so a Tab verdict and a score on one completion are two records, two verdicts are a conflict; a judge's score is
+    a group of its own ('score@judge'), beside the user's."""
     event = _col(table, "event")
     verdict = pc.fill_null(pc.is_in(event, value_set=pa.array(list(TAB_EVENTS))), False)
     group = pc.if_else(verdict, pa.scalar("verdict"), event)
+    judged = pc.fill_null(pc.equal(_col(table, "source"), "judge"), False)
+    group = pc.if_else(judged, pc.binary_join_element_wise(group, pa.scalar("judge"), "@"), group)
     return pc.binary_join_element_wise(_col(table, "request_id"), group, "#")
 
 

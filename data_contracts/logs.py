@@ -87,6 +87,7 @@ class Batch:
     bad_files: list[BadFile]
     future: dict[str, dict[str, int]] = field(default_factory=dict)  # kind → request id → time of future rows owned
     releases: list[str] = field(default_factory=list)  # ids of the releases appended (data_contracts/release.py)
+    judged: dict[str, int] = field(default_factory=dict)  # judge id → its score rows appended (data_contracts/judgements.py)
 
     @property
     def partitions(self) -> list[str]:

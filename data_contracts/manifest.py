@@ -109,6 +109,9 @@ class CollectRecord(Record):
         ),
     )
 
+    judged: dict[str, int] = Field(
+        default_factory=dict, description="Judge id → the judge's score rows the run attached (counted under feedback)."
+    )
     rescored_from: str | None = Field(
         None, description="The dataset whose logs this one re-scored under another rule (data_contracts/rescore.py)."
     )

@@ -17,7 +17,7 @@ from typing import Protocol
 import numpy as np
 import pyarrow as pa
 
-from data_contracts import dataset, release, secrets
+from data_contracts import dataset, judgements, release, secrets
 from data_contracts.assemble import (
     Work,
     assign_rewards,
@@ -79,10 +79,12 @@ def find_partitions(store: ObjectStore, model: str, cfg: CollectSettings, as_of_
     return Plan(model, wm, rng, listing.files, listing.listed_from_ms, listing.listed_recent)
 
 
-def load_logs(store: ObjectStore, plan: Plan) -> Batch:
-    """The rows the run owns, plus the rows of pending releases (`tidal quarantine release`)."""
+def load_logs(store: ObjectStore, plan: Plan, judge_id: str | None = None) -> Batch:
+    """The rows the run owns, plus the rows of pending releases (`tidal quarantine release`) and the scores the
+    model's judge (`judge_id`, None: no judge) gave its completions."""
     batch = load_batch(store, plan.model, plan.rng, plan.watermark, plan.files)
-    return release.attach(store, batch, release.pending(store, plan.model, plan.watermark))
+    batch = release.attach(store, batch, release.pending(store, plan.model, plan.watermark))
+    return judgements.attach(store, batch, plan.model, judge_id)
 
 
 def registry_versions(source: VersionSource, model: str) -> Versions:
@@ -235,6 +237,7 @@ def collect_record(
             "summary": summarize(samples, rule),
             "withheld_by_version": withheld_by_version(work),
             "releases": batch.releases,
+            "judged": batch.judged,
         }
     )
 

@@ -16,7 +16,7 @@ import json
 
 import pyarrow as pa
 
-from data_contracts import dataset, pipeline, release
+from data_contracts import dataset, judgements, pipeline, release
 from data_contracts.assemble import Work, build_withheld
 from data_contracts.collect_settings import CollectSettings
 from data_contracts.logs import Batch, find_log_files, load_batch
@@ -79,7 +79,8 @@ def source_plan(store, source: DatasetManifest, cfg: CollectSettings) -> Plan:
         source.created_ms + int(cfg.max_clock_skew_s * 1000),
         int(cfg.feedback_timeout_s * 1000),
     )
-    wanted = set(source.source_files) | {b.key for b in source.schema_quarantined_files}
+    # the log objects it read (its source files also name the releases and judgements it attached)
+    wanted = {k for k in source.source_files if k.startswith("logs/")} | {b.key for b in source.schema_quarantined_files}
     listing = find_log_files(store, source.model, rng, before, after.listed_from_ms or source.created_ms)
     files = [f for f in listing.files if f.key in wanted]
     missing = sorted(wanted - {f.key for f in files})
@@ -91,22 +92,25 @@ def source_plan(store, source: DatasetManifest, cfg: CollectSettings) -> Plan:
     return Plan(source.model, before, rng, files)
 
 
-def load_source_logs(store, plan: Plan, source: DatasetManifest) -> Batch:
-    """The rows the source owned, with the releases it took (and no other: pending ones belong to the next run)."""
+def load_source_logs(store, plan: Plan, source: DatasetManifest, judge_id: str | None = None) -> Batch:
+    """The rows the source owned, with the releases it took (and no other: pending ones belong to the next run), and
+    the scores the model's judge (`judge_id`) has given its completions by now (the judge may have run since)."""
     batch = load_batch(store, plan.model, plan.rng, plan.watermark, plan.files)
     taken = [r for r, _ in release.releases(store, plan.model) if r.release_id in set(source.releases)]
     if len(taken) != len(source.releases):
         raise RescoreError(f"dataset {source.dataset_id}: releases {source.releases} are not all in the store any more")
-    return release.attach(store, batch, taken)
+    return judgements.attach(store, release.attach(store, batch, taken), plan.model, judge_id)
 
 
 def check_same_rows(work: Work, source: DatasetManifest) -> None:
-    """The replay read and quarantined what the source did, kind by kind; raises RescoreError naming the difference."""
+    """The replay read and quarantined what the source did, kind by kind (judges' rows aside: a judge may have run
+    since); raises RescoreError naming the difference."""
     counts = pipeline.reconcile(work)
     for kind in ("completions", "feedback"):
         was = getattr(source.counts, kind)
         now = counts[kind]
-        if (now["in"], now["quarantined"]) != (was.in_, was.quarantined):
+        judged = (sum(work.batch.judged.values()), sum(source.judged.values())) if kind == "feedback" else (0, 0)
+        if (now["in"] - judged[0], now["quarantined"]) != (was.in_ - judged[1], was.quarantined):
             raise RescoreError(
                 f"dataset {source.dataset_id}: re-reading its {kind} gave {now['in']} rows in, {now['quarantined']} "
                 f"quarantined; the source had {was.in_} and {was.quarantined} (its log objects or the contracts changed "
@@ -127,10 +131,17 @@ def write_rescored(
     return dataset.write_dataset(store, plan.model, ds_id, samples, record, build_withheld(work))
 
 
-def rescore_id(source: DatasetManifest, plan: Plan, batch: Batch, rule: BaseRewardRule, contract_version: str) -> str:
+def rescore_id(store, source: DatasetManifest, plan: Plan, batch: Batch, rule: BaseRewardRule, contract_version: str) -> str:
+    """The new dataset's id (the source's inputs under the new rule's id); refused if that dataset exists already."""
     if rule.id == source.reward_rule.id:
         raise RescoreError(f"dataset {source.dataset_id} is already under {rule.id}: name another rule (or version)")
-    return dataset.dataset_id(source.model, plan.watermark, batch.partitions, rule.id, contract_version)
+    ds_id = dataset.dataset_id(source.model, plan.watermark, batch.partitions, rule.id, contract_version)
+    if store.exists(f"{dataset.dataset_prefix(source.model, ds_id)}/manifest.json"):
+        raise RescoreError(
+            f"dataset {source.dataset_id} was re-scored under {rule.id} already (dataset {ds_id}): a rule with other "
+            "constants needs another version"
+        )
+    return ds_id
 
 
 def source_versions(source: DatasetManifest) -> Versions:

@@ -23,7 +23,7 @@ from tidal.section import Section
 
 GROUP = "tidal.reward_rules"
 NoFeedback = Literal["drop", "ignored"]
-ALL_GROUPS = ("verdict", "score", "thumbs", "edit")
+ALL_GROUPS = ("verdict", "score", "thumbs", "edit", "judge")
 
 
 class RuleError(ValueError):
@@ -40,7 +40,8 @@ class Verdicts:
     score: (N,) float in [0, 1], the score rescaled from the model's score_range, NaN when none;
     thumbs: (N,) float, +1 up, -1 down, 0 none;
     edit_text: (N,) object, the text the user finally kept, None when none;
-    completion_text: (N,) object, what was shown (for rules that compare an edit with it)."""
+    completion_text: (N,) object, what was shown (for rules that compare an edit with it);
+    judge_score: (N,) float in [0, 1], the model's judge's score rescaled like `score`, NaN when none (group 'judge')."""
 
     event: np.ndarray
     accepted_chars: np.ndarray
@@ -49,6 +50,11 @@ class Verdicts:
     thumbs: np.ndarray
     edit_text: np.ndarray
     completion_text: np.ndarray
+    judge_score: np.ndarray | None = None  # None: (N,) NaN, set in __post_init__
+
+    def __post_init__(self) -> None:
+        if self.judge_score is None:
+            self.judge_score = np.full(len(self.event), np.nan)
 
     @classmethod
     def tab(cls, event, accepted_chars, completion_chars, completion_text=None) -> Verdicts:
@@ -83,6 +89,8 @@ class Verdicts:
             return self.thumbs != 0
         if group == "edit":
             return np.not_equal(self.edit_text, None)
+        if group == "judge":
+            return ~np.isnan(self.judge_score)
         raise ValueError(f"unknown feedback group {group!r}; expected one of {ALL_GROUPS}")
 
 

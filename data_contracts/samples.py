@@ -63,6 +63,9 @@ class RewardSample(BaseModel):
     score: float | None = Field(None, description="The score given, in the model's score_range; None without one.")
     thumbs: Thumbs | None = Field(None, description="up or down; None without one.")
     edit_text: str | None = Field(None, description="The text the user finally kept (redacted if it held a secret).")
+    judge_score: float | None = Field(
+        None, description="The model's judge's score, rescaled into its score_range; None without one."
+    )
     conversation_id: str | None = Field(None, description="A chat turn's conversation (its first turn's request id).")
     turn: int | None = Field(None, ge=0, description="Assistant replies before this one in its conversation.")
     credited_from: str | None = Field(
@@ -96,14 +99,15 @@ REWARD_SAMPLE_SCHEMA = pa.schema(
         ("score", pa.float64()),
         ("thumbs", pa.string()),
         ("edit_text", pa.string()),
+        ("judge_score", pa.float64()),
         ("conversation_id", pa.string()),
         ("turn", pa.int64()),
         ("credited_from", pa.string()),
     ]
 )
 # Columns added after the first datasets were written, in order: a dataset written before some of them is read with
-# those null (score, thumbs, edit_text came with feedback beyond Tab; the last three with conversations).
-ADDED_SAMPLE_COLUMNS = ("score", "thumbs", "edit_text", "conversation_id", "turn", "credited_from")
+# those null (score, thumbs, edit_text came with feedback beyond Tab; judge_score and the last three together).
+ADDED_SAMPLE_COLUMNS = ("score", "thumbs", "edit_text", "judge_score", "conversation_id", "turn", "credited_from")
 
 
 def upgrade_samples(table: pa.Table) -> pa.Table:

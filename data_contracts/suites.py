@@ -19,7 +19,7 @@ from data_contracts.reward_rules import BaseRewardRule
 from data_contracts.rewards import EVENTS
 from tidal.model_settings import FeedbackPolicy
 
-CONTRACT_VERSION = "3"  # 2: scores, thumbs, edits and their source; 3: conversations
+CONTRACT_VERSION = "3"  # 2: scores, thumbs, edits and their source; 3: conversations, judges' scores
 # The value sets are the records' own types (data_contracts/records.py), so the suites cannot drift from them.
 ARMS = list(get_args(Arm))
 FINISH_REASONS = list(get_args(FinishReason))

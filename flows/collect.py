@@ -36,6 +36,7 @@ from tasks.collect import (
 from tasks.events import Driver
 from tidal.clock import now_ms
 from tidal.flywheel_pause import ensure_running
+from tidal.judge_settings import judge_of
 from tidal.registry import Registry
 from tidal.settings import load_settings
 from tidal.store import open_store
@@ -52,7 +53,7 @@ def collect(model: str = "tab", include_open_hour: bool = False, driver: Driver 
     rule, as_of_ms = cfg.rule_for(model), now_ms()
 
     plan = find_new_partitions(store, model, cfg, as_of_ms, include_open_hour)
-    batch = load_logs(store, plan)
+    batch = load_logs(store, plan, judge_of(settings.model(model)))
     if batch.empty:
         get_run_logger().info(
             "%s: nothing new since the watermark (%s); latest dataset %s", model, plan.watermark.hour, plan.watermark.dataset_id

@@ -7,6 +7,7 @@ Per configured model (`flywheel.loop` picks which schedule and triggers are acti
   promote-<model>   on each `tidal.candidate.registered` event of a standalone train ('chained'), or on demand
   flywheel-<model>  whole cycles on its cron schedule ('flywheel'), or on demand
   rollout-<model>   a champion alias moved by hand in the registry (release/webhook_app.py), or on demand
+  judge-<model>     models with a judge: on its cron schedule (models[].judge.schedule_cron), or on demand
 On demand: the UI, `prefect deployment run <flow>/<deployment>`, or the `tidal` commands.
 
 With `flywheel.work_pool` set, the same deployments are registered on that work pool (the image and each
@@ -37,6 +38,7 @@ def deployments(settings: TidalSettings) -> list:
 
     from flows.collect import collect  # Prefect reads its API URL on import: after the environment is set
     from flows.flywheel import flywheel
+    from flows.judge import judge
     from flows.promote import promote
     from flows.rollout import rollout
     from flows.train import train
@@ -111,6 +113,18 @@ def deployments(settings: TidalSettings) -> list:
                 description=f"Serve the version {name}'s champion alias was moved to by hand (registry webhook).",
             ),
         ]
+        if m.judge is not None:  # its scores reach the next collection when the judge runs before it
+            schedules = [Cron(m.judge.schedule_cron, timezone="UTC")] if m.judge.schedule_cron else []
+            out.append(
+                judge.to_deployment(
+                    name=deployment_name("judge", name),
+                    schedules=schedules,
+                    parameters={"model": name},
+                    tags=tags,
+                    concurrency_limit=1,
+                    description=f"Score {name}'s logged completions with its judge {m.judge.id}.",
+                )
+            )
     return out
 
 

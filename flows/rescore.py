@@ -19,6 +19,7 @@ from data_contracts.rescore import rescore_id, resolve_rule, source_settings, so
 from data_contracts.suites import CONTRACT_VERSION
 from tasks.collect import assemble_samples, load_encoder, log_to_mlflow, validate_logs
 from tasks.rescore import load_source_logs, read_source, replay_plan, write_rescored_version
+from tidal.judge_settings import judge_of
 from tidal.registry import Registry
 from tidal.settings import load_settings
 from tidal.store import open_store
@@ -35,10 +36,10 @@ def rescore(model: str, rule: str, source: str | None = None) -> str:
     src = read_source(store, model, source)
     cfg, versions = source_settings(src), source_versions(src)
     plan = replay_plan(store, src, cfg)
-    batch = load_source_logs(store, plan, src)
+    batch = load_source_logs(store, plan, src, judge_of(settings.model(model)))
     params = contract_params(model, versions, cfg, src.created_ms, settings.model(model).feedback)
     encoder = load_encoder(registry, store, settings.data_path / "cache", model, versions, cfg.pii_policy_for(model))
-    ds_id = rescore_id(src, plan, batch, new_rule, CONTRACT_VERSION)
+    ds_id = rescore_id(store, src, plan, batch, new_rule, CONTRACT_VERSION)
     with tempfile.TemporaryDirectory(prefix="rescore-docs-") as docs:
         work = validate_logs(batch, params, cfg.pii_policy_for(model), encoder, Path(docs))
     work, samples = assemble_samples(work, new_rule, versions, cfg.max_stale_versions, params)

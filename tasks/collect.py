@@ -41,8 +41,8 @@ def find_new_partitions(store: ObjectStore, model: str, cfg: CollectSettings, as
 
 
 @task(cache_policy=NO_CACHE)
-def load_logs(store: ObjectStore, plan: Plan) -> Batch:
-    batch = pipeline.load_logs(store, plan)
+def load_logs(store: ObjectStore, plan: Plan, judge_id: str | None = None) -> Batch:
+    batch = pipeline.load_logs(store, plan, judge_id)
     get_run_logger().info(
         "%s: read %s completion and %s feedback rows from %d log files (%d unreadable, quarantined whole)",
         plan.model,

@@ -36,8 +36,8 @@ def replay_plan(store: ObjectStore, source: DatasetManifest, cfg: CollectSetting
 
 
 @task(cache_policy=NO_CACHE)
-def load_source_logs(store: ObjectStore, plan: Plan, source: DatasetManifest) -> Batch:
-    return rescore.load_source_logs(store, plan, source)
+def load_source_logs(store: ObjectStore, plan: Plan, source: DatasetManifest, judge_id: str | None) -> Batch:
+    return rescore.load_source_logs(store, plan, source, judge_id)
 
 
 @task(cache_policy=NO_CACHE)

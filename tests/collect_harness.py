@@ -38,10 +38,11 @@ def collect_once(
     encoder: Encoder | None = None,
     docs_dir: Path | None = None,
     feedback: FeedbackPolicy | None = None,
+    judge_id: str | None = None,
 ) -> CollectResult:
-    """feedback: the model's `models[].feedback` (None: Tab's events)."""
+    """feedback: the model's `models[].feedback` (None: Tab's events); judge_id: its judge's id (None: no judge)."""
     plan = pipeline.find_partitions(store, model, cfg, as_of_ms, include_open_hour)
-    batch = pipeline.load_logs(store, plan)
+    batch = pipeline.load_logs(store, plan, judge_id)
     if batch.empty:
         return CollectResult(plan.watermark.dataset_id or "", new=False)
     versions = pipeline.registry_versions(registry, model)
@@ -62,15 +63,16 @@ def rescore_once(
     rule_spec: str,
     configured: BaseRewardRule,
     feedback: FeedbackPolicy | None = None,
+    judge_id: str | None = None,
 ) -> CollectResult:
     """flows/rescore.py's data steps: dataset `source_id` re-scored under `rule_spec`."""
     src = dataset.read_manifest(store, model, source_id)
     rule = rescore.resolve_rule(rule_spec, configured)
     cfg, versions = rescore.source_settings(src), rescore.source_versions(src)
     plan = rescore.source_plan(store, src, cfg)
-    batch = rescore.load_source_logs(store, plan, src)
+    batch = rescore.load_source_logs(store, plan, src, judge_id)
     params = pipeline.contract_params(model, versions, cfg, src.created_ms, feedback)
-    ds_id = rescore.rescore_id(src, plan, batch, rule, CONTRACT_VERSION)
+    ds_id = rescore.rescore_id(store, src, plan, batch, rule, CONTRACT_VERSION)
     work = pipeline.validate_logs(batch, params, cfg.pii_policy_for(model))
     work, samples = pipeline.assemble_samples(work, rule, versions, cfg.max_stale_versions, params)
     manifest = rescore.write_rescored(store, plan, work, samples, rule, cfg, versions, src, ds_id)

@@ -30,6 +30,9 @@ def settings(tmp_path_factory) -> TidalSettings:
             "update_strategy": "lora",
             # scores and thumbs beside the Tab verdicts (test_collect.py sends both; its rule reads only the verdicts)
             "feedback": {"events": ["accepted", "rejected", "partial", "score", "thumbs"], "score_range": [1, 5]},
+            # a judge on the fleet (tab judging itself): the small code model answers with code, so its score is the
+            # first digit it writes, on a 0-9 scale (test_collect.py runs the judge stage)
+            "judge": {"name": "critic", "model": "tab", "pattern": r"(\d)", "scale": [0, 9], "max_tokens": 12},
         },
         {"name": "tabfull", "replicas": 1, "update_strategy": "restart"},
         {"name": "byo", "replicas": 0, "update_strategy": "lora", "checkpoint": str(build_llama_checkpoint(root / "llama"))},

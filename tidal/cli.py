@@ -109,6 +109,13 @@ def cmd_collect(settings: TidalSettings, args) -> None:
         print(name, collect(model=name, include_open_hour=args.include_open_hour))
 
 
+def cmd_judge(settings: TidalSettings, args) -> None:
+    _platform(settings).up_servers()
+    from flows.judge import judge  # after up_servers: Prefect reads its API URL on import
+
+    judge(model=args.model, hours=args.hours)
+
+
 def cmd_train(settings: TidalSettings, args) -> None:
     refuse_if_paused(settings, "train", args.model)
     _platform(settings).up_servers()
@@ -263,6 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     co.add_argument("--from", dest="source", default=None, help="with --rule: the dataset to re-score (default: the latest)")
     co.set_defaults(func=cmd_collect)
+    ju = sub.add_parser("judge", help="score the window's logged completions with the model's judge (models[].judge)")
+    ju.add_argument("model")
+    ju.add_argument("--hours", type=float, default=24.0, help="the window: completions of the last this many hours")
+    ju.set_defaults(func=cmd_judge)
     tr = sub.add_parser("train", help="PPO from the champion on a reward dataset; registers a gated candidate")
     tr.add_argument("model")
     tr.add_argument("--dataset", default=None, help="dataset id (default: the latest collected one)")

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from tidal.judge_settings import JudgeSettings
 from tidal.section import Section
 from tidal.strategy import UpdateStrategy
 
@@ -229,6 +230,9 @@ class ModelSettings(Section):
     )
     canary_margins: Margins | None = Field(
         None, description=("This model's guardrail non-inferiority margins for its canaries; None = canary.margins.")
+    )
+    judge: JudgeSettings | None = Field(
+        None, description="The judge that scores this model's logged completions (`tidal judge`); None = no judge."
     )
     canary: CanaryMetrics | None = Field(
         None,

@@ -210,3 +210,23 @@ def test_collect_turns_gateway_traffic_into_a_reconciled_dataset(settings, gatew
     [blend_run] = registry.client.search_runs([exp.experiment_id], f"tags.`tidal.dataset_id` = '{blend_id}'")
     assert blend_run.data.tags["tidal.rescored_from"] == ds_id
     assert blend_run.data.tags["tidal.rescored_from.rule"] == rule.id
+
+    # the judge stage: tab's judge (tab itself, on the fleet) scores the window's completions; re-scoring takes them
+    from flows.judge import judge
+
+    run = judge(model="tab", hours=1.0)
+    judged_now = {r["request_id"] for r in read_parquet(store, run["judgements_key"]).to_pylist()} if run["scored"] else set()
+    assert run["judge"] == "critic@1" and run["judge_model"].startswith("tab@v") and run["asked"] == run["candidates"]
+    assert run["asked"] >= len([a for a in answers.values() if a["choices"][0]["text"]])  # ours at least, all shown
+    assert run["scored"] + run["failed"] == run["asked"] and set(run["failed_by_reason"]) <= {"no_score"}
+    assert run["scored"] > 0 and run["prompt_tokens"] > 0 and run["latency_ms_p50"] > 0
+    if run["failed"]:
+        failed = read_parquet(store, run["quarantine_key"]).to_pylist()
+        assert len(failed) == run["failed"] and all(f["reason"] == "no_score" for f in failed)
+    assert judge(model="tab", hours=1.0)["candidates"] == 0  # each completion is judged once
+    judged = rescore(model="tab", rule='{"plugin": "feedback-blend", "version": 2, "judge_weight": 1.0}', source=ds_id)
+    with_judge = read_manifest(store, "tab", judged)
+    assert set(with_judge.judged) == {"critic@1"} and 0 < with_judge.judged["critic@1"] <= run["scored"]
+    rows = {r["request_id"]: r for r in read_parquet(store, with_judge.data_key).to_pylist()}
+    assert {rid for rid, r in rows.items() if r["judge_score"] is not None} == judged_now & set(rows)
+    assert all(1.0 <= r["judge_score"] <= 5.0 for r in rows.values() if r["judge_score"] is not None)  # tab's score_range

@@ -71,6 +71,8 @@ def test_a_rescore_that_cannot_reproduce_its_source_is_refused(collected) -> Non
     store, first = collected
     with pytest.raises(RescoreError, match="already under cursor-tab@1"):
         rescore_once(store, "tab", first.dataset_id, "cursor-tab@1", TAB, POLICY)
+    with pytest.raises(RescoreError, match=r"re-scored under feedback-blend@1 already \(dataset .*\): a rule with other"):
+        rescore_once(store, "tab", first.dataset_id, '{"plugin": "feedback-blend", "judge_weight": 1}', TAB, POLICY)
     gone = first.manifest.source_files[0]
     (store.root / gone).unlink()  # lost from the store
     with pytest.raises(RescoreError, match=f"1 of its .* log objects are gone from the store \\(first: {gone}\\)"):
