@@ -97,6 +97,27 @@ def test_a_chat_conversation_is_logged_turn_by_turn_and_only_its_client_may_cont
     assert (row["conversation_id"], row["turn"]) == (None, None) and "conversation_id" not in plain.model_extra["tidal"]
 
 
+def test_simulated_chat_users_hold_conversations_and_rate_their_last_turn(gateway, keys, checkpoints, settings):
+    from sim.chat_users import ChatUsersConfig, hold_conversations
+
+    cfg = ChatUsersConfig(conversations=4, max_turns=2, max_tokens=8)
+    tally = hold_conversations(gateway, keys["alice"], "tab", settings.bootstrap.heldout_fraction, cfg)
+    assert tally.summary()["conversations"] == 4 and not tally.errors, tally.summary()
+    ids = {rid for c in tally.conversations for rid in c.request_ids}
+    rows = {r["request_id"]: r for r in wait_stored(checkpoints.store, "completions", ids)}
+    last = {c.request_ids[-1]: c for c in tally.conversations}
+    fb = [r for r in wait_stored(checkpoints.store, "feedback", set(last)) if r["request_id"] in ids]
+    for c in tally.conversations:  # turns linked to the first; a wrong first answer was asked again
+        assert [(rows[rid]["conversation_id"], rows[rid]["turn"]) for rid in c.request_ids] == [
+            (c.request_ids[0], k) for k in range(len(c.request_ids))
+        ]
+        assert len(c.request_ids) == 2 or c.thumbs == "up"
+    # each conversation's thumbs and score, on its last turn only, as the simulator rated it against the true line
+    assert sorted((r["request_id"], r["event"], r["thumbs"] or r["score"]) for r in fb) == sorted(
+        [(rid, "thumbs", c.thumbs) for rid, c in last.items()] + [(rid, "score", c.score) for rid, c in last.items()]
+    )
+
+
 def test_canary_split_is_sticky_and_every_record_names_its_version(gateway, keys, canary, checkpoints, settings):
     version, routes = canary  # the ModelRoutes the gateway answered the canary change with
     # The split itself is the gateway's own hash over 2000 users (cheap); 250 of them go through
