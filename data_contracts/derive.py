@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from data_contracts import secrets
 from data_contracts.records import FEEDBACK_EVENTS, TAB_EVENTS
-from data_contracts.scope import rid_owner
+from data_contracts.scope import rid_owner, rid_time_ms
 
 COMPLETION_SCALARS = [
     "request_id",
@@ -193,6 +193,10 @@ def feedback_frame(
     # a judge's score is taken whatever users may send: the model's judge is its opt-in (data_contracts/judge.py)
     judge = (frame["source"] == "judge").fillna(False).to_numpy() & (event == "score").fillna(False).to_numpy()
     frame["event_taken"] = nullable_bool(event.isin(policy_events).to_numpy() | judge, event.isin(FEEDBACK_EVENTS).to_numpy())
+    # A judge's score is dated when the judge ran, which may be after the collection that takes it (re-scoring a
+    # dataset): the time checks read its completion's time (from the signed id) instead; users' rows their own.
+    signed = rid_time_ms(_col(table, "request_id")).astype(np.float64)
+    frame["dated_ms"] = np.where(judge, np.where(signed >= 0, signed, np.nan), _float(_col(table, "time_ms")))
     # Look-ups into this run's completions (the first row of an id; conflicting duplicates are quarantined anyway).
     pos = first_index(_col(table, "request_id"), _col(completions, "request_id"))
     found = pos >= 0

@@ -149,7 +149,7 @@ def feedback_suite(p: ContractParams) -> gx.ExpectationSuite:
             gxe.ExpectColumnValuesToBeInSet(
                 column="partial_without_chars", value_set=[False], meta=_meta("partial_without_chars")
             ),
-            *_time(p, "time_ms"),
+            *_time(p, "dated_ms"),  # derive.feedback_frame: a judge's score by its completion's time
             gxe.ExpectColumnValuesToBeInSet(column="completion_found", value_set=[True], meta=_meta("orphan_feedback")),
             gxe.ExpectColumnValuesToBeInSet(column="client_matches", value_set=[True], meta=_meta("foreign_feedback")),
             gxe.ExpectColumnValuesToBeInSet(

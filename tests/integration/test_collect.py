@@ -86,7 +86,7 @@ def test_collect_turns_gateway_traffic_into_a_reconciled_dataset(settings, gatew
     from flows.collect import collect  # after the platform is up: Prefect reads its API URL on import
 
     store, cfg = checkpoints.store, settings.collect
-    rule = cfg.rule_for("tab")
+    rule, started = cfg.rule_for("tab"), time.time()
     answers, sent = {}, {}
     for i in range(30):
         temperature, top_p = SAMPLING[i % 3]
@@ -211,10 +211,12 @@ def test_collect_turns_gateway_traffic_into_a_reconciled_dataset(settings, gatew
     assert blend_run.data.tags["tidal.rescored_from"] == ds_id
     assert blend_run.data.tags["tidal.rescored_from.rule"] == rule.id
 
-    # the judge stage: tab's judge (tab itself, on the fleet) scores the window's completions; re-scoring takes them
+    # the judge stage: tab's judge (tab itself, on the fleet) scores the window's completions (this test's: the
+    # session's earlier tests served thousands); re-scoring takes them
     from flows.judge import judge
 
-    run = judge(model="tab", hours=1.0)
+    hours = (time.time() - started + 1) / 3600
+    run = judge(model="tab", hours=hours)
     judged_now = {r["request_id"] for r in read_parquet(store, run["judgements_key"]).to_pylist()} if run["scored"] else set()
     assert run["judge"] == "critic@1" and run["judge_model"].startswith("tab@v") and run["asked"] == run["candidates"]
     assert run["asked"] >= len([a for a in answers.values() if a["choices"][0]["text"]])  # ours at least, all shown
@@ -223,7 +225,7 @@ def test_collect_turns_gateway_traffic_into_a_reconciled_dataset(settings, gatew
     if run["failed"]:
         failed = read_parquet(store, run["quarantine_key"]).to_pylist()
         assert len(failed) == run["failed"] and all(f["reason"] == "no_score" for f in failed)
-    assert judge(model="tab", hours=1.0)["candidates"] == 0  # each completion is judged once
+    assert judge(model="tab", hours=hours)["candidates"] == 0  # each completion is judged once
     judged = rescore(model="tab", rule='{"plugin": "feedback-blend", "version": 2, "judge_weight": 1.0}', source=ds_id)
     with_judge = read_manifest(store, "tab", judged)
     assert set(with_judge.judged) == {"critic@1"} and 0 < with_judge.judged["critic@1"] <= run["scored"]

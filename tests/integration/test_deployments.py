@@ -39,6 +39,10 @@ def test_deployments_are_registered_per_model(platform, settings):
             assert match == [{"tidal.model": [m.name], "tidal.driver": ["standalone"]}], automations.text
             # the session runs loop 'manual' (tests drive the stages): triggers registered, not enabled
             assert [a["enabled"] for a in automations.json()] == [settings.flywheel.loop == "chained"]
+        judge = by_name.get(f"judge-{m.name}")  # models with a judge: on demand (no schedule_cron in the session)
+        assert (judge is not None) == (m.judge is not None)
+        if judge is not None:
+            assert judge["parameters"] == {"model": m.name} and not judge["schedules"]
     assert httpx.get(f"http://{settings.prefect.host}:{settings.prefect.runner_port}/health", timeout=10).is_success
 
 
@@ -100,9 +104,10 @@ def test_with_a_work_pool_the_deployments_are_registered_there_with_image_and_ac
         client.create_work_pool(WorkPoolCreate(name=pool, type="kubernetes", base_job_template=template), overwrite=True)
         try:
             ids = register_on_pool(s, deployments(s))
-            assert len(ids) == 5
+            assert len(ids) == 6
             got = {d.name: d for d in (client.read_deployment(i) for i in ids)}
-            assert set(got) == {f"{stage}-pooltest" for stage in ("collect", "train", "promote", "flywheel", "rollout")}
+            stages = ("collect", "train", "promote", "flywheel", "rollout", "judge")  # tab's copy has a judge
+            assert set(got) == {f"{stage}-pooltest" for stage in stages}
             for name, d in got.items():
                 assert d.work_pool_name == pool and d.job_variables["image"] == image, name
                 train = name.startswith("train-")

@@ -51,11 +51,11 @@ def verdicts(cs: list[dict], scores: list[float | None]) -> list[Verdict]:
     ]
 
 
-def judge_run(store, cs: list[dict], scores: list[float | None], cfg: JudgeSettings = JUDGE):
+def judge_run(store, cs: list[dict], scores: list[float | None], at_ms: int = T0 + 90 * MIN, cfg: JudgeSettings = JUDGE):
     vs = verdicts(cs, scores)
-    record = {"model": "tab", "judge": cfg.id, "judge_model": "tab@v1", "started_ms": T0 + 90 * MIN}
-    record |= {"since_ms": T0, "until_ms": T0 + 90 * MIN, "candidates": len(cs), **summary(vs, cfg)}
-    return judgements.write_run(store, "tab", cfg, vs, CHAT.score_range, record, T0 + 90 * MIN)
+    record = {"model": "tab", "judge": cfg.id, "judge_model": "tab@v1", "started_ms": at_ms}
+    record |= {"since_ms": T0, "until_ms": at_ms, "candidates": len(cs), **summary(vs, cfg)}
+    return judgements.write_run(store, "tab", cfg, vs, CHAT.score_range, record, at_ms)
 
 
 def test_judgements_are_stored_as_judge_feedback_and_each_completion_is_judged_once(tmp_path) -> None:
@@ -87,7 +87,8 @@ def test_judge_scores_reach_a_dataset_beside_users_scores_and_through_re_scoring
     cfg = CollectSettings(reward_rule={"plugin": "cursor-tab"})
     first = collect_once(store, FixedVersions([1], 1), "tab", cfg, T0 + 2 * 3_600_000, feedback=CHAT, judge_id=JUDGE.id)
     assert first.manifest.judged == {}  # the judge has not run yet
-    judge_run(store, cs, [0.0, 10.0, None])  # after the collection: a user's and the judge's score on cs[0]
+    # a day after the collection (its scores dated then, past the source's clock): a user's and the judge's score on cs[0]
+    judge_run(store, cs, [0.0, 10.0, None], at_ms=T0 + 26 * 3_600_000)
     blend = '{"plugin": "feedback-blend", "verdict_weight": 0, "score_weight": 0, "judge_weight": 1}'
     again = rescore_once(store, "tab", first.dataset_id, blend, RewardRule(), CHAT, judge_id=JUDGE.id)
     new = again.manifest
