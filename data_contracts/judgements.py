@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pyarrow as pa
 
 from data_contracts.dataset import parquet_bytes, put_bytes, read_parquet
 from data_contracts.judge import JudgeRun, Verdict, rescale
-from data_contracts.logs import Batch
+from data_contracts.logs import Batch, append_rows
 from data_contracts.records import SCHEMAS, FeedbackEvent, to_table, with_added_columns
 from data_contracts.scope import floor_hour, parse_key
 from tidal.judge_settings import JudgeSettings
@@ -114,24 +113,11 @@ def attach(store: ObjectStore, batch: Batch, model: str, judge_id: str | None) -
     if judge_id is None or batch.completions.table.num_rows == 0:
         return batch
     ids = batch.completions.table["request_id"].combine_chunks()
-    rows = batch.feedback
-    tables, sources = [rows.table], [rows.source]
+    added = 0
     for key in _keys(store, model, judge_id, "part-"):
         table = with_added_columns("feedback", read_parquet(store, key)).select(SCHEMAS["feedback"].names)
         table = table.filter(pa.compute.is_in(table["request_id"], value_set=ids)).cast(SCHEMAS["feedback"])
-        if table.num_rows:
-            tables.append(table)
-            sources.append(np.full(table.num_rows, len(batch.files), dtype=np.int32))
-            batch.files.append(key)
-    added = sum(t.num_rows for t in tables[1:])
-    if not added:
-        return batch
-    rows.table = pa.concat_tables(tables).combine_chunks()
-    rows.source = np.concatenate(sources)
-    rows.joinable = np.concatenate([rows.joinable, np.ones(added, bool)])
-    if rows.late is not None:
-        rows.late = np.concatenate([rows.late, np.zeros(added, bool)])
-    if rows.waived is not None:
-        rows.waived = np.concatenate([rows.waived, np.full(added, None, dtype=object)])
-    batch.judged[judge_id] = added
+        added += append_rows(batch, "feedback", key, table)
+    if added:
+        batch.judged[judge_id] = added
     return batch

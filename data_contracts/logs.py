@@ -99,6 +99,26 @@ class Batch:
         return not (self.completions.table.num_rows or self.feedback.table.num_rows or self.bad_files)
 
 
+def append_rows(batch: Batch, kind: str, key: str, table: pa.Table, waived: str | None = None) -> int:
+    """Rows of another object (`key`: a release's or a judge's, `table` in the stored schema) appended to the batch's
+    `kind`: not late, joinable (feedback), with the reason a release waives for them; returns the rows added."""
+    rows: KindRows = getattr(batch, kind)
+    n, added = rows.table.num_rows, table.num_rows
+    if not added:
+        return 0
+    rows.table = pa.concat_tables([rows.table, table]).combine_chunks()
+    rows.source = np.concatenate([rows.source, np.full(added, len(batch.files), dtype=np.int32)])
+    batch.files.append(key)
+    if waived is not None or rows.waived is not None:
+        before = rows.waived if rows.waived is not None else np.full(n, None, dtype=object)
+        rows.waived = np.concatenate([before, np.full(added, waived, dtype=object)])
+    if rows.late is not None:
+        rows.late = np.concatenate([rows.late, np.zeros(added, bool)])
+    if kind == "feedback":
+        rows.joinable = np.concatenate([rows.joinable, np.ones(added, bool)])
+    return added
+
+
 def find_log_files(store: ObjectStore, model: str, rng: Range, wm: Watermark, listed_from_ms: int) -> Listing:
     """Log objects of hours that may hold rows this run owns (future hours included: their rows fail the contract),
     and objects new since the previous run's listing in any hour (late arrivals). listed_from_ms: the listing's

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from data_contracts import quarantine
 from data_contracts.dataset import dataset_prefix, parquet_bytes, put_bytes, quarantine_prefix, read_manifest, read_parquet
-from data_contracts.logs import Batch, KindRows
+from data_contracts.logs import Batch, append_rows
 from data_contracts.records import SCHEMAS, with_added_columns
 from data_contracts.scope import Watermark
 from tidal.store import ObjectStore, get_json, put_json
@@ -106,26 +106,12 @@ def attach(store: ObjectStore, batch: Batch, chosen: list[ReleaseRecord]) -> Bat
     """The batch with each release's rows appended (in the stored schema, not late, joinable) and the reason each
     row's release waives (KindRows.waived)."""
     for kind in ("completions", "feedback"):
-        rows: KindRows = getattr(batch, kind)
-        tables, sources, waived = [rows.table], [rows.source], [np.full(rows.table.num_rows, None, dtype=object)]
         for r in chosen:
             key = f"{release_prefix(r.model, r.release_id)}/{kind}.parquet"
             if not r.rows.get(kind) or not store.exists(key):
                 continue
             table = with_added_columns(kind, read_parquet(store, key)).select(SCHEMAS[kind].names).cast(SCHEMAS[kind])
-            tables.append(table)
-            sources.append(np.full(table.num_rows, len(batch.files), dtype=np.int32))
-            waived.append(np.full(table.num_rows, r.waived_reason, dtype=object))
-            batch.files.append(key)
-        added = sum(t.num_rows for t in tables[1:])
-        if not added:
-            continue
-        rows.table = pa.concat_tables(tables).combine_chunks()
-        rows.source = np.concatenate(sources)
-        rows.waived = np.concatenate(waived)
-        rows.late = np.concatenate([rows.late, np.zeros(added, bool)]) if rows.late is not None else None
-        if kind == "feedback":
-            rows.joinable = np.concatenate([rows.joinable, np.ones(added, bool)])
+            append_rows(batch, kind, key, table, r.waived_reason)
     batch.releases = [r.release_id for r in chosen]
     return batch
 
