@@ -27,7 +27,7 @@ from tidal.demo_tide import TideWatch, plot_tide, summarize_tide, tidal_updates
 from tidal.heldout_eval import METRIC_NAMES, evaluate_versions, print_eval
 from tidal.loop_settings import DemoSettings, FlywheelSettings
 from tidal.section import SettingsError
-from tidal.settings import TidalSettings
+from tidal.settings import TidalSettings, tab_aids_problem
 from tidal.strategy import model_mismatch
 
 
@@ -48,6 +48,8 @@ def demo_profile(settings: TidalSettings, model: str) -> TidalSettings:
     cycled = next(m for m in models if m.name == model)
     if problem := model_mismatch(cycled.name, cycled.update_strategy, train.ppo.lora, "demo.train.ppo.lora"):
         raise SettingsError(f"{problem}; or set demo.update_strategy")
+    if problem := tab_aids_problem(model, settings.collect.rule_for(model), "demo.train", train.ppo):
+        raise SettingsError(f"the demo cannot cycle {model}: {problem}")
     update = {
         "canary": demo.canary,
         "train": train,

@@ -9,6 +9,8 @@ settings are read from.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
@@ -22,6 +24,10 @@ from tidal.loop_settings import DemoSettings, FlywheelSettings
 from tidal.model_settings import CANARY_METRICS
 from tidal.prometheus import PrometheusSettings
 from training.train_settings import BootstrapSettings, LaunchSettings, TrainSettings
+
+if TYPE_CHECKING:
+    from data_contracts.reward_rules import BaseRewardRule
+    from training.ppo_config import PPOConfig
 
 
 class TidalSettings(ServingSettings):
@@ -109,7 +115,7 @@ class TidalSettings(ServingSettings):
 
     def _rule_problems(self) -> list[str]:
         """Each model's reward rule must read an event the model takes (its judge's scores count), a judge on the fleet
-        must be a model of it, and the Tab-only training aids need a Tab rule."""
+        must be a model of it, and train's Tab-only training aids need a Tab rule."""
         problems = []
         names = {m.name for m in self.models}
         for unknown in sorted(set(self.collect.reward_rules) - names):
@@ -134,16 +140,24 @@ class TidalSettings(ServingSettings):
                     f"the model takes only {m.feedback.events} (models[].feedback.events): no completion could be "
                     "rewarded; add an event the rule reads, or choose another rule"
                 )
-            for section, ppo in (("train", self.train.ppo), ("demo.train", self.demo.train.ppo)):
-                tab_aids = ppo.hindsight_partials or ppo.partial_credit != "last_token" or ppo.stop_credit_coef > 0
-                if rule.plugin != "cursor-tab" and tab_aids:
-                    problems.append(
-                        f"model {m.name}'s reward rule {rule.id} is not the Tab rule (plugin {rule.plugin}), but "
-                        f"{section}.ppo asks for hindsight rows, split credit or stop credit, which value partial "
-                        f"suggestions by it; set {section}.ppo.hindsight_partials=false, partial_credit=last_token and "
-                        "stop_credit_coef=0, or reward the model with plugin cursor-tab"
-                    )
+            # the demo's training is checked for the model it cycles, when it starts (tidal/demo.py: demo_profile)
+            if problem := tab_aids_problem(m.name, rule, "train", self.train.ppo):
+                problems.append(problem)
         return problems
+
+
+def tab_aids_problem(model: str, rule: BaseRewardRule, section: str, ppo: PPOConfig) -> str | None:
+    """Why `section`.ppo cannot train `model` under `rule`, or None: hindsight rows, split credit and stop credit
+    value partial suggestions by the Tab rule, so a model another rule rewards cannot use them."""
+    tab_aids = ppo.hindsight_partials or ppo.partial_credit != "last_token" or ppo.stop_credit_coef > 0
+    if rule.plugin == "cursor-tab" or not tab_aids:
+        return None
+    return (
+        f"model {model}'s reward rule {rule.id} is not the Tab rule (plugin {rule.plugin}), but {section}.ppo asks for "
+        f"hindsight rows, split credit or stop credit, which value partial suggestions by it; set "
+        f"{section}.ppo.hindsight_partials=false, partial_credit=last_token and stop_credit_coef=0, or reward the model "
+        "with plugin cursor-tab"
+    )
 
 
 def load_settings(**overrides) -> TidalSettings:

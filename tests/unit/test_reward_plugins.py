@@ -135,3 +135,26 @@ def test_start_up_refuses_a_rule_that_reads_nothing_the_model_takes(monkeypatch,
         "collect:\n  reward_rule:\n    plugin: feedback-blend\ntrain:\n  ppo:\n    stop_credit_coef: 1.0\n",
     )
     assert "is not the Tab rule (plugin feedback-blend), but train.ppo asks for hindsight rows" in err
+
+
+def test_the_demo_training_aids_are_checked_for_the_model_the_demo_cycles(monkeypatch, tmp_path):
+    """A platform with a chat model under the blend rule starts (train.ppo asks for no Tab aids); the demo's training
+    (which does) is refused for the chat model when the demo is asked to cycle it, and taken for tab."""
+    from tidal.demo import demo_profile
+    from tidal.settings import load_settings
+
+    for name in [k for k in os.environ if k.startswith("TIDAL_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tidal.yaml").write_text(
+        "models:\n- {name: tab}\n- name: chat\n  feedback: {events: [thumbs, score]}\n"
+        "  canary: {guardrails: [{metric: thumbs_down}]}\n"
+        "collect:\n  reward_rules:\n    chat: {plugin: feedback-blend}\n"
+    )
+    settings = load_settings()
+    assert settings.demo.train.ppo.stop_credit_coef > 0  # the demo's default asks for a Tab aid
+    assert demo_profile(settings, "tab").train.ppo == settings.demo.train.ppo
+    with pytest.raises(SettingsError) as exc:
+        demo_profile(settings, "chat")
+    assert "the demo cannot cycle chat: model chat's reward rule feedback-blend@1 is not the Tab rule" in str(exc.value)
+    assert "set demo.train.ppo.hindsight_partials=false" in str(exc.value)
