@@ -13,6 +13,7 @@ rest of the line, `sim/tab_sites.py`):
 from __future__ import annotations
 
 import random
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +74,7 @@ class Conversation:
 class ChatTally:
     conversations: list[Conversation] = field(default_factory=list)
     errors: Counter = field(default_factory=Counter)
+    arms: Counter = field(default_factory=Counter)  # turns served per arm ('control', 'canary'), from each reply
 
     def summary(self) -> dict:
         done = [c for c in self.conversations if c.thumbs]
@@ -82,12 +84,21 @@ class ChatTally:
             "thumbs_up": sum(c.thumbs == "up" for c in done),
             "mean_score": round(sum(c.score for c in done) / len(done), 3) if done else None,
             "errors": dict(self.errors),
+            "arms": dict(self.arms),
         }
 
 
-def hold_conversations(gateway_url: str, api_key: str, model: str, heldout_fraction: float, cfg: ChatUsersConfig) -> ChatTally:
+def hold_conversations(
+    gateway_url: str,
+    api_key: str,
+    model: str,
+    heldout_fraction: float,
+    cfg: ChatUsersConfig,
+    stop: threading.Event | None = None,
+) -> ChatTally:
     """Hold cfg.conversations conversations one after another; each ends with a thumbs and a score on its last
-    turn (POST /v1/feedback: the SDK has no feedback call)."""
+    turn (POST /v1/feedback: the SDK has no feedback call). `stop`, once set, ends the run before the next
+    conversation (a conversation under way is finished and rated)."""
     from openai import OpenAI  # the official SDK, unchanged: the gateway is OpenAI-compatible
 
     root, files = site_files("traffic", heldout_fraction, cfg.eval_fraction, cfg.code_dir)
@@ -96,6 +107,8 @@ def hold_conversations(gateway_url: str, api_key: str, model: str, heldout_fract
     tally = ChatTally()
     with httpx.Client(base_url=gateway_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=30) as http:
         for i, site in enumerate(sites):
+            if stop is not None and stop.is_set():
+                break
             rng, conv = random.Random(f"chat/{cfg.seed}/{i}"), Conversation(site)
             messages = [{"role": "user", "content": ASK.format(prompt=site.prompt)}]
             try:
@@ -111,6 +124,7 @@ def hold_conversations(gateway_url: str, api_key: str, model: str, heldout_fract
                         extra_body=extra,
                     )
                     conv.request_ids.append(r.id)
+                    tally.arms[(r.model_extra or {}).get("tidal", {}).get("arm", "unknown")] += 1
                     reply = r.choices[0].message.content or ""
                     conv.thumbs, conv.score, conv.similarity = rate(first_line(reply, site.prompt), site.intended, cfg.up_at)
                     if conv.thumbs == "up":

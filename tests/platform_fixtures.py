@@ -21,8 +21,8 @@ from tidal.store import open_store
 @pytest.fixture(scope="session")
 def settings(tmp_path_factory) -> TidalSettings:
     root = tmp_path_factory.mktemp("tidal")
-    # byo is a team's own model (tests/llama_checkpoint.py: a Llama with a tokenizer of another kind), imported as its
-    # champion by the `champion` fixture; it serves nothing until a test scales it up (tests/integration/test_own_model.py).
+    # byo is a team's own chat model (tests/llama_checkpoint.py: a Llama with a tokenizer of another kind), imported as
+    # its champion by the `champion` fixture; it serves nothing until a test scales it up (tests/integration/test_own_model.py).
     models = [
         {
             "name": "tab",
@@ -35,7 +35,20 @@ def settings(tmp_path_factory) -> TidalSettings:
             "judge": {"name": "critic", "model": "tab", "pattern": r"(\d)", "scale": [0, 9], "max_tokens": 12},
         },
         {"name": "tabfull", "replicas": 1, "update_strategy": "restart"},
-        {"name": "byo", "replicas": 0, "update_strategy": "lora", "checkpoint": str(build_llama_checkpoint(root / "llama"))},
+        {
+            "name": "byo",
+            "replicas": 0,
+            "update_strategy": "lora",
+            "checkpoint": str(build_llama_checkpoint(root / "llama")),
+            # a chat model: thumbs and scores, no Tab verdicts; its canary decides on the reward with thumbs-down
+            # guarded (absolute margin: a few dozen outcomes per arm), scores and answer lengths watched
+            "feedback": {"events": ["thumbs", "score"], "score_range": [1, 5]},
+            "canary": {
+                "primary": "reward",
+                "guardrails": [{"metric": "thumbs_down", "margin": 0.2, "relative": False}],
+                "watch": ["score", "shown_chars"],
+            },
+        },
     ]
     # Training sized for a test: a short run that checkpoints often (so it can be killed mid-run), a KL penalty
     # strong enough to keep the 25-second base's code modelling within the gate, whose bits/byte tolerance is
@@ -79,6 +92,8 @@ def settings(tmp_path_factory) -> TidalSettings:
         train=train,
         canary=canary,
         flywheel={"loop": "manual"},
+        # byo's rule until test_own_model installs its team's plugin (the built-in blend reads thumbs and scores)
+        collect={"reward_rules": {"byo": {"plugin": "feedback-blend"}}},
         gateway={"first_byte_timeout_s": 15.0, "secret": "tidal-test-session-secret-0010"},
         pushgateway=True,  # every training run of the session pushes (tests/integration/test_monitoring.py reads them)
     )
