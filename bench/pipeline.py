@@ -7,7 +7,8 @@ Parquet, partition keys) into a local store, then times the collection steps (ge
 are reported apart). Also runs every row check of the suites as plain pandas on the same frames, so
 `ge_over_pandas` = Great Expectations validation time / the same checks in pandas. Runs twice over the same
 completions, side by side: Tab verdicts alone, then with scores, thumbs and edits in the mix (under the blend rule,
-which reads them all): `records_per_s` and `records_per_s_with_new_events`. Prints one JSON line.
+which reads them all, a judge's scores at half weight, a conversation's verdict credited to the turn before at 0.9):
+`records_per_s` and `records_per_s_with_new_events`. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ T0 = 1_767_225_600_000  # 2026-01-01T00:00Z
 
 def generate(store: LocalStore, rows: int, partitions: int, feedback_share: float, seed: int, mix: bool = False) -> int:
     """`partitions` hours of completions (and feedback for a share of them), one object per hour each. mix: besides
-    the Tab verdicts, a score on every 4th completion with feedback, a thumbs on every 3rd and an edit on every 10th."""
+    the Tab verdicts, a score on every 4th completion with feedback, a thumbs on every 3rd, an edit on every 10th and a
+    judge's score on every 6th; and two of every five completions are the two turns of a chat conversation."""
     rng, signer = np.random.default_rng(seed), RequestIdSigner(b"bench-request-id-secret")
     per = rows // partitions
     n_feedback = 0
@@ -64,6 +66,12 @@ def generate(store: LocalStore, rows: int, partitions: int, feedback_share: floa
             comps, fbs = [], []
             for i, (t, v, k) in enumerate(zip(times, versions, n_out)):
                 rid = signer.issue("tab", "alice", t)
+                if mix and i % 5 == 0:  # a conversation's first turn: its own id is the conversation's
+                    conversation = {"conversation_id": rid, "turn": 0}
+                elif mix and i % 5 == 1:
+                    conversation = {"conversation_id": comps[-1]["request_id"], "turn": 1}
+                else:
+                    conversation = {}
                 comps.append(
                     {
                         "request_id": rid,
@@ -84,6 +92,7 @@ def generate(store: LocalStore, rows: int, partitions: int, feedback_share: floa
                         "latency_ms": 40.0 + i % 13,
                         "replica": "tab-0",
                     }
+                    | conversation
                 )
                 if (i * 2654435761) % 1000 < feedback_share * 1000:
                     event = ("accepted", "rejected", "partial")[i % 3]
@@ -109,7 +118,7 @@ def generate(store: LocalStore, rows: int, partitions: int, feedback_share: floa
 
 
 def new_events(rid: str, t: int, i: int) -> list[dict]:
-    """Scores, thumbs and edits on some completions (the mix of a chat model's feedback)."""
+    """Scores, thumbs, edits and a judge's scores on some completions (the mix of a chat model's feedback)."""
     base = {"request_id": rid, "model": "tab", "accepted_chars": None, "client_id": "alice"}
     out = []
     if i % 4 == 0:
@@ -118,6 +127,9 @@ def new_events(rid: str, t: int, i: int) -> list[dict]:
         out.append(base | {"time_ms": t + 2500, "event": "thumbs", "thumbs": "up" if i % 2 else "down"})
     if i % 10 == 0:
         out.append(base | {"time_ms": t + 3000, "event": "edit", "edit_text": "    return x * " + str(i % 89)})
+    if i % 6 == 0:  # written by the judge stage (data_contracts/judgements.py) a minute after the completion
+        judge = {"event": "score", "score": float(1 + i % 5), "source": "judge", "client_id": "judge:critic"}
+        out.append(base | {"time_ms": t + 60_000} | judge)
     return out
 
 
@@ -148,9 +160,10 @@ def pandas_failures(suite, frame: pd.DataFrame) -> dict[str, np.ndarray]:
 
 
 def measure(rows: int, partitions: int, feedback_share: float, seed: int, mix: bool) -> dict:
-    """One collection over generated logs, timed step by step. mix: the new events too, under the blend rule (which
-    reads them all), for a model that takes them; else Tab verdicts under the Tab rule."""
-    rule_spec = {"plugin": "feedback-blend"} if mix else {}
+    """One collection over generated logs, timed step by step. mix: the new events and conversations too, under the
+    blend rule (which reads them all, the judge's at half weight, and credits earlier turns), for a model that takes
+    them; else Tab verdicts under the Tab rule."""
+    rule_spec = {"plugin": "feedback-blend", "judge_weight": 0.5, "turn_discount": 0.9} if mix else {}
     cfg = CollectSettings(window_s=30 * 86400, reward_rule=rule_spec)
     policy = FeedbackPolicy(events=list(get_args(FeedbackKind))) if mix else FeedbackPolicy()
     versions = Versions([1, 2, 3], champion=2)
@@ -209,6 +222,7 @@ def measure(rows: int, partitions: int, feedback_share: float, seed: int, mix: b
         "load_s": round(t_load, 2),
         "generate_s": round(t_generate, 1),
         "samples": samples.num_rows,
+        "credited_turns": int(samples.column("credited_from").is_valid().to_numpy(zero_copy_only=False).sum()),
         "rows_in": counts["total"]["in"],
         "kept": counts["total"]["kept"],
         "filtered": counts["total"]["filtered"],
@@ -222,7 +236,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--feedback-share", type=float, default=0.8, help="share of completions with a verdict")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    # the same completions twice, side by side: Tab verdicts alone, then with scores, thumbs and edits in the mix
+    # the same completions twice, side by side: Tab verdicts alone, then with scores, thumbs, edits, judges' scores and
+    # conversations in the mix
     tab = measure(args.rows, args.partitions, args.feedback_share, args.seed, mix=False)
     mixed = measure(args.rows, args.partitions, args.feedback_share, args.seed, mix=True)
     result = {
