@@ -40,9 +40,12 @@ def settings(tmp_path_factory) -> TidalSettings:
             "replicas": 0,
             "update_strategy": "lora",
             "checkpoint": str(build_llama_checkpoint(root / "llama")),
-            # a chat model: thumbs and scores, no Tab verdicts; its canary decides on the reward with thumbs-down
-            # guarded (absolute margin: a few dozen outcomes per arm), scores and answer lengths watched
-            "feedback": {"events": ["thumbs", "score"], "score_range": [1, 5]},
+            # a chat model: thumbs and scores; its canary decides on the reward with thumbs-down guarded (absolute
+            # margin: a few dozen outcomes per arm), scores and answer lengths watched. It takes Tab verdicts too, so
+            # that the platform's rule for it can stay the Tab rule: the session's demo trains with Tab-only aids,
+            # which start-up refuses beside a model under another rule (training settings are platform-wide);
+            # test_own_model installs and selects its team's rule for its own processes.
+            "feedback": {"events": ["accepted", "rejected", "partial", "thumbs", "score"], "score_range": [1, 5]},
             "canary": {
                 "primary": "reward",
                 "guardrails": [{"metric": "thumbs_down", "margin": 0.2, "relative": False}],
@@ -92,8 +95,6 @@ def settings(tmp_path_factory) -> TidalSettings:
         train=train,
         canary=canary,
         flywheel={"loop": "manual"},
-        # byo's rule until test_own_model installs its team's plugin (the built-in blend reads thumbs and scores)
-        collect={"reward_rules": {"byo": {"plugin": "feedback-blend"}}},
         gateway={"first_byte_timeout_s": 15.0, "secret": "tidal-test-session-secret-0010"},
         pushgateway=True,  # every training run of the session pushes (tests/integration/test_monitoring.py reads them)
     )

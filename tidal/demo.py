@@ -48,8 +48,10 @@ def demo_profile(settings: TidalSettings, model: str) -> TidalSettings:
     cycled = next(m for m in models if m.name == model)
     if problem := model_mismatch(cycled.name, cycled.update_strategy, train.ppo.lora, "demo.train.ppo.lora"):
         raise SettingsError(f"{problem}; or set demo.update_strategy")
-    if problem := tab_aids_problem(model, settings.collect.rule_for(model), "demo.train", train.ppo):
-        raise SettingsError(f"the demo cannot cycle {model}: {problem}")
+    # the demo's training becomes every model's while it runs (training settings are platform-wide)
+    for m in models:
+        if problem := tab_aids_problem(m.name, settings.collect.rule_for(m.name), "demo.train", train.ppo):
+            raise SettingsError(f"the demo's training would apply to every model while it runs: {problem}")
     update = {
         "canary": demo.canary,
         "train": train,

@@ -140,7 +140,7 @@ class TidalSettings(ServingSettings):
                     f"the model takes only {m.feedback.events} (models[].feedback.events): no completion could be "
                     "rewarded; add an event the rule reads, or choose another rule"
                 )
-            # the demo's training is checked for the model it cycles, when it starts (tidal/demo.py: demo_profile)
+            # the demo's training is checked when the demo starts (tidal/demo.py: demo_profile), not here
             if problem := tab_aids_problem(m.name, rule, "train", self.train.ppo):
                 problems.append(problem)
         return problems

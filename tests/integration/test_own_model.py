@@ -1,9 +1,9 @@
 """A team's own chat model through the whole loop on the real platform, rewarded by the team's own rule.
 
 `byo` is a Llama with a tokenizer of another kind (no pad token, its own vocabulary, a chat template), imported as its
-champion by the session's `tidal up` step. Its settings make it a chat model: it takes thumbs and scores (no Tab
-verdicts), and its canary decides on the reward with thumbs-down guarded (tests/platform_fixtures.py). Here it is
-served on the real CPU engine; simulated chat users (sim/chat_users.py, the OpenAI SDK's chat API) hold
+champion by the session's `tidal up` step. Its settings make it a chat model: it takes thumbs and scores, and its
+canary decides on the reward with thumbs-down guarded (tests/platform_fixtures.py). Here it is served on the real CPU
+engine; simulated chat users (sim/chat_users.py, the OpenAI SDK's chat API) hold
 conversations with it and rate each one's last turn, a few completion requests get a thumbs; the hour is collected
 under `acme-thumbs`, a rule from a package of its own (tests/rule_plugin.py) that this test installs for its own
 processes (the collection, the trainer, `tidal promote`); PPO trains a candidate (one iteration, in the trainer
@@ -101,11 +101,10 @@ def test_an_imported_chat_llama_is_rewarded_by_a_plugin_rule_trained_and_release
             httpx.post(
                 gateway + "/v1/feedback", headers=h, timeout=30, json={"request_id": a["id"], "event": "thumbs", "thumbs": thumbs}
             ).raise_for_status()
-        # A Tab verdict is not an event this chat model takes: refused, naming the field.
-        bad = httpx.post(
-            gateway + "/v1/feedback", headers=h, timeout=30, json={"request_id": answers[0]["id"], "event": "accepted"}
-        )
-        assert bad.status_code == 422 and "event" in bad.text, bad.text
+        # An edit is an opt-in this model did not take: refused, naming it.
+        edit = {"request_id": answers[0]["id"], "event": "edit", "edit_text": "for i in range(3):"}
+        bad = httpx.post(gateway + "/v1/feedback", headers=h, timeout=30, json=edit)
+        assert bad.status_code == 422 and "edit" in bad.text and "opt-in" in bad.text, bad.text
         chats = hold_conversations(
             gateway, keys["alice"], "byo", settings.bootstrap.heldout_fraction, ChatUsersConfig(conversations=48, max_tokens=8)
         )
@@ -147,8 +146,7 @@ def test_an_imported_chat_llama_is_rewarded_by_a_plugin_rule_trained_and_release
 
         # The candidate barely moved (one iteration): the canary cannot tell the arms apart within its one 50% step,
         # and an inconclusive step rolls back. What matters here is that the ramp runs on this model's own metrics
-        # (the plugin's reward, thumbs-down guarded; no accepted characters: a chat model has no Tab verdicts) and
-        # decides.
+        # (the plugin's reward, thumbs-down guarded; not Tab's accepted characters) and decides.
         env = {
             **os.environ,
             "TIDAL_CANARY__STEPS": "[0.5]",

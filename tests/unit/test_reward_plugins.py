@@ -137,9 +137,10 @@ def test_start_up_refuses_a_rule_that_reads_nothing_the_model_takes(monkeypatch,
     assert "is not the Tab rule (plugin feedback-blend), but train.ppo asks for hindsight rows" in err
 
 
-def test_the_demo_training_aids_are_checked_for_the_model_the_demo_cycles(monkeypatch, tmp_path):
+def test_the_demo_training_aids_are_checked_when_the_demo_starts(monkeypatch, tmp_path):
     """A platform with a chat model under the blend rule starts (train.ppo asks for no Tab aids); the demo's training
-    (which does) is refused for the chat model when the demo is asked to cycle it, and taken for tab."""
+    (which asks for stop credit) becomes every model's while the demo runs, so the demo refuses to start, naming the
+    chat model and the settings to change; without the stop credit it starts."""
     from tidal.demo import demo_profile
     from tidal.settings import load_settings
 
@@ -153,8 +154,12 @@ def test_the_demo_training_aids_are_checked_for_the_model_the_demo_cycles(monkey
     )
     settings = load_settings()
     assert settings.demo.train.ppo.stop_credit_coef > 0  # the demo's default asks for a Tab aid
-    assert demo_profile(settings, "tab").train.ppo == settings.demo.train.ppo
     with pytest.raises(SettingsError) as exc:
-        demo_profile(settings, "chat")
-    assert "the demo cannot cycle chat: model chat's reward rule feedback-blend@1 is not the Tab rule" in str(exc.value)
+        demo_profile(settings, "tab")
+    assert "the demo's training would apply to every model while it runs: model chat's reward rule feedback-blend@1" in str(
+        exc.value
+    )
     assert "set demo.train.ppo.hindsight_partials=false" in str(exc.value)
+    monkeypatch.setenv("TIDAL_DEMO__TRAIN__PPO__STOP_CREDIT_COEF", "0")
+    monkeypatch.setenv("TIDAL_DEMO__TRAIN__PPO__ABSTAIN_BUDGET", "1")  # a cap on stop credit, which is off
+    assert demo_profile(load_settings(), "tab").train.ppo.stop_credit_coef == 0
