@@ -6,9 +6,9 @@ Generates CompletionRecord/FeedbackEvent rows written like the gateway's uploade
 Parquet, partition keys) into a local store, then times the collection steps (generation and loading
 are reported apart). Also runs every row check of the suites as plain pandas on the same frames, so
 `ge_over_pandas` = Great Expectations validation time / the same checks in pandas. Runs twice over the same
-completions, side by side: Tab verdicts alone, then with scores, thumbs and edits in the mix (under the blend rule,
-which reads them all, a judge's scores at half weight, a conversation's verdict credited to the turn before at 0.9):
-`records_per_s` and `records_per_s_with_new_events`. Prints one JSON line.
+completions, side by side: Tab verdicts alone, then with scores, thumbs, edits, a judge's scores and two-turn
+conversations in the mix (under the blend rule, which reads them all, the judge's at half weight, and credits a
+conversation's verdict to the turn before at 0.9): `records_per_s` and `records_per_s_with_new_events`. Prints one JSON line.
 """
 
 from __future__ import annotations
