@@ -7,8 +7,9 @@ released rows; only the rule differs. So every row the source read is read again
 rows (the new dataset points at the source's quarantine instead of copying it) and the counts must reconcile with
 the source's: rows in, and quarantined, equal; kept and filtered may differ only where the rule decides (rows
 without an event the rule reads). The model's judge's scores are attached anew (a judge may have run since the
-source was collected: data_contracts/judgements.py) and counted apart. The watermark does not move, nothing is released again, and the manifest and
-the collection's MLflow run name the source dataset and its rule beside the new rule.
+source was collected: data_contracts/judgements.py) and counted apart. The watermark does not move, nothing is
+released again, and the manifest and the collection's MLflow run name the source dataset and its rule beside the
+new rule.
 """
 
 from __future__ import annotations

@@ -147,10 +147,9 @@ class TidalSettings(ServingSettings):
 
 
 def tab_aids_problem(model: str, rule: BaseRewardRule, section: str, ppo: PPOConfig) -> str | None:
-    """Why `section`.ppo cannot train `model` under `rule`, or None: hindsight rows, split credit and stop credit
-    value partial suggestions by the Tab rule, so a model another rule rewards cannot use them."""
-    tab_aids = ppo.hindsight_partials or ppo.partial_credit != "last_token" or ppo.stop_credit_coef > 0
-    if rule.plugin == "cursor-tab" or not tab_aids:
+    """Why `section`.ppo cannot train `model` under `rule`, or None (PPOConfig.tab_aids: the trainer refuses the
+    same combination on a dataset, training/job.py)."""
+    if rule.plugin == "cursor-tab" or not ppo.tab_aids:
         return None
     return (
         f"model {model}'s reward rule {rule.id} is not the Tab rule (plugin {rule.plugin}), but {section}.ppo asks for "

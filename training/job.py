@@ -177,7 +177,7 @@ def shape_rows(spec: TrainJob, picked: Picked, data: RewardDataset, tokenizer, s
     from training.partial_credit import partial_rows
 
     cfg = spec.train.ppo
-    if (cfg.hindsight_partials or cfg.partial_credit != "last_token" or cfg.stop_credit_coef > 0) and data.rule is None:
+    if cfg.tab_aids and data.rule is None:
         raise DatasetError(
             f"dataset {spec.dataset_id}: its manifest records no Tab reward rule ('cursor-tab'), which hindsight rows, "
             "split credit and stop credit need for their rewards; re-run collect under it, or set "

@@ -408,6 +408,12 @@ class PPOConfig(BaseModel):
             raise ValueError("invalid PPOConfig:\n  - " + "\n  - ".join(problems))
         return self
 
+    @property
+    def tab_aids(self) -> bool:
+        """Whether these settings ask for an aid that values partial suggestions by the Tab rule (hindsight rows,
+        split credit, stop credit): a dataset under another rule cannot be trained with them."""
+        return self.hindsight_partials or self.partial_credit != "last_token" or self.stop_credit_coef > 0
+
     def lora_config(self, init_lora_weights: bool = True) -> LoraConfig:
         """The PEFT adapter these settings describe (B = 0 at init, so training starts at the base)."""
         from peft import LoraConfig  # only adapter users pay for the import
