@@ -3,6 +3,7 @@ margins and its clock. The decision rule that reads them is release/policy.py.""
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -28,6 +29,15 @@ class CanaryConfig(Section):
     )
     min_test_samples: int = Field(30, ge=2, description="Outcomes per arm before any sequential test may decide (small-n guard).")
     max_step_s: float = Field(1800.0, gt=0, description="A step without a decision by then is inconclusive.")
+    max_step_outcomes: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "A step without a decision after this many outcomes of both arms is inconclusive, however long they took: "
+            "a bound on evidence, not time, so a step in a trough of traffic waits for the day's requests (max_step_s "
+            "still applies; whichever comes first ends the step). None: max_step_s alone."
+        ),
+    )
     alpha: float = Field(0.05, gt=0, lt=1, description="A/A false-alarm budget of the whole ramp (rollbacks + promotions).")
     primary: Metric = Field("reward", description="Metric that must improve significantly for promotion.")
     mixture_sd: float = Field(
@@ -130,6 +140,12 @@ class CanaryConfig(Section):
             raise ValueError(
                 f"canary.watchdog_s={self.watchdog_s} is under 3 × canary.poll_s={self.poll_s}: a slow look "
                 f"would have a healthy release rolled back; raise watchdog_s to at least {3 * self.poll_s:g}"
+            )
+        if self.max_step_outcomes is not None and self.max_step_outcomes * s[0] < self.min_samples:
+            raise ValueError(
+                f"canary.max_step_outcomes={self.max_step_outcomes} would end the first step ({s[0]:.0%} of traffic) "
+                f"before it has canary.min_samples={self.min_samples} canary outcomes (~{self.max_step_outcomes * s[0]:.0f}); "
+                f"raise max_step_outcomes to at least {math.ceil(self.min_samples / s[0])} or lower min_samples"
             )
         if self.primary in LOWER_IS_BETTER:
             raise ValueError(

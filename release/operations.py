@@ -198,6 +198,14 @@ def log_plan(cfg: CanaryConfig, history: dict[str, History], log, primary: str |
             cfg.detect_regression_sd,
             cfg.max_step_s,
         )
+    if cfg.max_step_outcomes is not None and cfg.plan()[0].detect_requests > cfg.max_step_outcomes:
+        log.warning(
+            "the first step needs ~%d outcomes to decide a %.2f-sd regression, more than max_step_outcomes=%d: raise "
+            "canary.max_step_outcomes or canary.steps[0], or accept an inconclusive first step",
+            cfg.plan()[0].detect_requests,
+            cfg.detect_regression_sd,
+            cfg.max_step_outcomes,
+        )
 
 
 def rollback_now(

@@ -23,7 +23,8 @@ on canary − control: shown worse by more than the margin, shown not worse by m
        tested again), not at alpha
     4. the last step promotes once the primary is significantly better AND every guardrail is shown
        non-inferior; "not significantly worse" is not enough
-    5. a step past max_step_s → inconclusive (never promoted): roll back, or ask a human (on_inconclusive='ask')
+    5. a step past max_step_s, or past max_step_outcomes outcomes of both arms → inconclusive (never promoted):
+       roll back, or ask a human (on_inconclusive='ask')
 
 Error budget: the A/A false-alarm rate (a rollback for a regression, or a promotion, when both arms
 serve the same weights) is at most alpha by a union bound: the primary test runs at alpha/2 and the
@@ -171,14 +172,17 @@ def look(
     step_starts_ms: Sequence[int] = (),
     margins: Margins | None = None,
     metrics: CanaryMetrics | None = None,
+    step_n: int | None = None,
 ) -> Look:
     """Decide at one look. `outcomes`: both arms since the canary started; `step_canary_n`: canary outcomes
     collected since this step began; `step_starts_ms`: when each step after the first began (the clock of
     Outcome.time_ms), the strata of the ramp; `margins`: the model's, else cfg.margins; `metrics`: the model's
-    primary and guardrails (models[].canary), else tab_metrics."""
+    primary and guardrails (models[].canary), else tab_metrics; `step_n`: outcomes of both arms since this step
+    began (what cfg.max_step_outcomes bounds; default every outcome in `outcomes`)."""
     weight, margins = cfg.steps[step], margins or cfg.margins
     metrics = metrics or tab_metrics(cfg, margins)
     cols = outcomes if isinstance(outcomes, Columns) else Columns(outcomes)
+    step_n = cols.n if step_n is None else step_n
     if cfg.stratify:
         strata = (np.searchsorted(np.asarray(step_starts_ms, np.int64), cols.time_ms, side="right"), cols.kind)
     else:
@@ -219,6 +223,7 @@ def look(
         "n_control": int((~cols.canary).sum()),
         "n_canary": int(cols.canary.sum()),
         "step_canary_n": step_canary_n,
+        "step_n": step_n,
         "error_rate_control": round(errors.control.mean, 5),
         "error_rate_canary": round(errors.canary.mean, 5),
         "p99_ms_control": round(p99_c, 1),
@@ -321,7 +326,15 @@ def look(
             "inconclusive",
             f"no decision within {cfg.max_step_s:.0f} s at {weight:.0%} ({step_canary_n} canary outcomes this step, {pending})",
         )
-    ends = f"; inconclusive in {_duration(cfg.max_step_s - step_elapsed_s)} without a decision"
+    bound = cfg.max_step_outcomes
+    if bound is not None and step_n >= bound:
+        return out(
+            "inconclusive",
+            f"no decision within {bound} outcomes at {weight:.0%} ({step_canary_n} canary outcomes this step, "
+            f"{step_elapsed_s:.0f} s, {pending})",
+        )
+    more = f" or {bound - step_n} more outcomes" if bound is not None else ""
+    ends = f"; inconclusive in {_duration(cfg.max_step_s - step_elapsed_s)}{more} without a decision"
     if complete:
         return out("wait", f"undecided after {step_canary_n} canary outcomes at {weight:.0%} ({pending}){ends}")
     rate = step_canary_n / step_elapsed_s if step_elapsed_s > 0 else 0.0  # canary outcomes per second this step
@@ -346,6 +359,7 @@ class Ramp:
 
     def __init__(self, cfg: CanaryConfig, now_s: float, margins: Margins | None = None, metrics: CanaryMetrics | None = None):
         self.cfg, self.step, self.step_started_s, self.step_base_n = cfg, 0, now_s, 0
+        self.step_base_all = 0  # outcomes of both arms before this step (step_base_n: the canary's)
         self.margins, self.metrics = margins, metrics
         self.step_starts_ms: list[int] = []  # when each step after the first began (Outcome.time_ms clock)
         self.looks: list[Look] = []
@@ -381,7 +395,9 @@ class Ramp:
         cols = self._columns(outcomes)
         n_canary = int(cols.canary.sum())
         if self._rebase_ms is not None:  # outcomes served while a human decided belong to the step before
-            self.step_base_n, self._rebase_ms = int(np.count_nonzero(cols.canary & (cols.time_ms < self._rebase_ms))), None
+            before = cols.time_ms < self._rebase_ms
+            self.step_base_n = int(np.count_nonzero(cols.canary & before))
+            self.step_base_all, self._rebase_ms = int(np.count_nonzero(before)), None
         result = look(
             self.cfg,
             self.step,
@@ -393,16 +409,18 @@ class Ramp:
             self.step_starts_ms,
             self.margins,
             self.metrics,
+            cols.n - self.step_base_all,
         )
         self.looks.append(result)
         if result.action == "advance":
             self.step, self.step_started_s, self.step_base_n = self.step + 1, now_s, n_canary
+            self.step_base_all = cols.n
             self.step_starts_ms.append(clock_ms if clock_ms is not None else int(cols.time_ms.max(initial=0)) + 1)
         return result
 
     def restart_step(self, now_s: float, clock_ms: int) -> None:
         """The step just advanced to starts now: its traffic moved only after a human approved it. Its time limit,
-        its stratum and its outcome count (outcomes after clock_ms) begin here, not at the look that asked."""
+        its stratum and its outcome counts (outcomes after clock_ms) begin here, not at the look that asked."""
         self.step_started_s, self._rebase_ms = now_s, clock_ms
         if self.step_starts_ms:
             self.step_starts_ms[-1] = clock_ms

@@ -81,7 +81,10 @@ class FlywheelSettings(Section):
 
 def _demo_canary() -> CanaryConfig:
     # Simulated traffic is ~10 requests/s on a laptop: larger, shorter steps than production's 5% → 25% → 50%,
-    # and verdicts that arrive within seconds. An undecided 50% step ends after 3 minutes (~900 outcomes per arm).
+    # and verdicts that arrive within seconds. An undecided step ends after 1,800 outcomes of both arms (3 minutes
+    # of the static demo's traffic: ~900 per arm at 50%), however long they take: on the tide a step in the trough
+    # (1.4-2.4 req/s measured) waits for the day's traffic rather than ending short of evidence (docs/learning.md,
+    # item 41); 20 minutes (more than a demo day) is the clock's backstop.
     # That resolves large effects only: the first step must exclude a 0.3-sd regression (not production's 0.13),
     # and accepted characters per request (mean ~0.5, sd ~2 here: most requests keep nothing) are known to within
     # ~75% of control's mean at best, so the demo's margin is 0.75: a candidate must be shown to keep at least a
@@ -91,7 +94,8 @@ def _demo_canary() -> CanaryConfig:
     return CanaryConfig(
         steps=[0.25, 0.5],
         min_samples=150,
-        max_step_s=180.0,
+        max_step_outcomes=1800,
+        max_step_s=1200.0,
         feedback_wait_s=5.0,
         poll_s=3.0,
         unload_grace_s=10.0,

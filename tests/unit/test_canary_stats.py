@@ -384,6 +384,41 @@ def test_a_step_without_decision_is_inconclusive_at_max_step_s() -> None:
     assert look(CFG, 0, SAME, 10, 600.0, HEALTHY).action == "inconclusive"  # also for a step short of samples
 
 
+def test_a_step_bounded_by_outcomes_waits_for_traffic_however_long_it_takes() -> None:
+    """max_step_outcomes ends an undecided step after that many outcomes of both arms, not after a time: a step in a
+    trough of traffic waits (here 590 s into a 600-s limit would still wait) until the evidence is there."""
+    cfg = CFG.model_copy(update={"max_step_outcomes": 1300, "max_step_s": 1e6})
+    waiting = look(cfg, 2, SAME, 300, 590.0, HEALTHY, step_n=1299)
+    assert waiting.action == "wait" and "or 1 more outcomes without a decision" in waiting.reason, waiting.reason
+    assert look(cfg, 2, SAME, 300, 5000.0, HEALTHY, step_n=1299).action == "wait"  # no time limit to speak of
+    done = look(cfg, 2, SAME, 300, 20.0, HEALTHY, step_n=1300)
+    assert done.action == "inconclusive" and done.reason.startswith("no decision within 1300 outcomes at 50%"), done.reason
+    assert done.figures["step_n"] == 1300
+    assert look(cfg, 2, SAME, 300, 20.0, HEALTHY).action == "inconclusive"  # step_n defaults to every outcome given
+    # the bound ends a step that has not decided; a decision within it stands
+    assert look(cfg, 0, SAME, 300, 20.0, HEALTHY, step_n=5000).action == "advance"
+    # and the time limit still applies when it comes first
+    assert look(cfg.model_copy(update={"max_step_s": 60.0}), 2, SAME, 300, 60.0, HEALTHY, step_n=10).action == "inconclusive"
+
+
+def test_a_ramp_counts_each_steps_outcomes_of_both_arms_from_its_own_start() -> None:
+    cfg = CFG.model_copy(update={"max_step_outcomes": 1500, "max_step_s": 1e6})
+    ramp, control = Ramp(cfg, now_s=0.0), outcomes("control", 1000)
+    assert ramp.observe(control + outcomes("canary", 200), HEALTHY, 10.0).action == "advance"  # 1,200 outcomes
+    # step 2 has seen 1,000 + 399 - 1,200 = 199 outcomes of its own: far from its bound of 1,500
+    look_1 = ramp.observe(control + outcomes("canary", 399), HEALTHY, 20.0)
+    assert (look_1.action, look_1.figures["step_n"], ramp.step) == ("wait", 199, 1), look_1.reason
+    # 3,300 - 1,200 = 2,100 outcomes in the step, 100 of them the canary's (short of min_samples): the bound ends it
+    last = ramp.observe(control * 3 + outcomes("canary", 300), HEALTHY, 30.0)
+    assert last.action == "inconclusive" and last.reason.startswith("no decision within 1500 outcomes at 25%"), last.reason
+
+
+def test_an_outcome_bound_the_first_step_cannot_fill_is_refused_with_its_fix() -> None:
+    with pytest.raises(ValueError, match=r"max_step_outcomes=100 would end the first step \(5% of traffic\).*at least 1000"):
+        CanaryConfig(max_step_outcomes=100)
+    assert CanaryConfig(max_step_outcomes=1000).max_step_outcomes == 1000
+
+
 def test_two_rejected_canary_outcomes_are_no_evidence() -> None:
     """No test decides before both arms have min_test_samples outcomes (two equal outcomes have variance 0)."""
     data = outcomes("control", 48) + [Outcome("canary", -0.25, 0.0, 0.0, 100.0, 0)] * 2
@@ -413,3 +448,24 @@ def test_ramp_advances_per_complete_step_then_promotes_or_times_out() -> None:
     for n in (200, 400):
         assert winner.observe(control + outcomes("canary", n, accepts_per=5), clean, n / 10).action == "advance"
     assert winner.observe(control + outcomes("canary", 600, accepts_per=5), clean, 60.0).action == "promote"
+
+
+def test_the_plan_warns_when_the_first_step_cannot_decide_within_its_time_or_its_outcomes(caplog) -> None:
+    """log_plan sizes the first step by power; at the last hour's rate (3,600 requests in canary.history_s = 1 h: 1/s)
+    it names the bound that ends the step first, with the fix."""
+    import logging
+
+    from release.canary_records import History
+    from release.operations import log_plan
+
+    log, history = logging.getLogger("plan-test"), {"u": History(3600, 0.0, 0.0, 0.0)}
+    need = CanaryConfig().plan()[0].detect_requests  # requests the default first step (5%) needs: thousands
+    with caplog.at_level(logging.INFO, "plan-test"):
+        log_plan(CanaryConfig(max_step_s=need + 10.0), history, log)
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, "plan-test"):
+        log_plan(CanaryConfig(max_step_s=need - 10.0, max_step_outcomes=need - 1), history, log)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 2 and "within max_step_s" in warned[0], warned
+    assert f"~{need} outcomes" in warned[1] and f"max_step_outcomes={need - 1}" in warned[1], warned
