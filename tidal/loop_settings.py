@@ -110,14 +110,14 @@ DEMO_DAY_S = 900.0  # fifteen minutes a simulated day: a cycle's training (~6 mi
 
 def _demo_day() -> DailyCurve:
     # 2 req/s in the trough, 8 at the peak, starting at 02:00 (in the trough): on average 5 req/s, so the first cycle's
-    # 2,400 requests took ~8 minutes (at 1 to 4 req/s, 15.6). A 25% canary step in the trough still sees too few
-    # outcomes in its 3 minutes: 109 measured (64 at 1 to 4 req/s), both undecided (docs/learning.md, item 41).
+    # 2,400 requests took ~8 minutes (at 1 to 4 req/s, 15.6). A 25% canary step in the trough saw too few outcomes
+    # in 3 minutes (109; 64 at 1 to 4 req/s: both undecided, docs/learning.md item 41), hence the demo canary's bound
+    # on outcomes rather than time (item 42).
     return DailyCurve(day_s=DEMO_DAY_S, peak_rps=8.0, peak_to_trough=4.0, peak_hour=14.0, start_hour=2.0)
 
 
 def _demo_capacity() -> CapacitySettings:
-    # Static by default: on 2 cores the tide more than doubled the demo and starved its canaries (docs/learning.md,
-    # item 41). Under 'tidal', the tide of a compressed day: decisions every 2 s, a replica kept half an hour of the
+    # Static by default: on 2 cores the tide about doubles the demo's time (docs/learning.md, items 41-42). Under 'tidal', the tide of a compressed day: decisions every 2 s, a replica kept half an hour of the
     # day (19 s) after it is no longer needed, heartbeats every 2 s. The recent level alone forecasts (a quarter of an hour of the day): a
     # lookahead that covers a replica's start is hours of a compressed day, and with the previous day's term the
     # peak's replicas would stay all evening (bench/tidal.py measured it).
@@ -240,7 +240,7 @@ class DemoSettings(Section):
             "day's). 'static' (the default): the fleet keeps its replicas, the users pause while a cycle trains "
             "(quiet_while_training). 'tidal': the users follow `day`, the capacity scheduler sizes the cycled model "
             "between `serving`'s bounds and lends the rest of the pool to each cycle's trainer as a lease, revoked at "
-            "the ramp (the run resumes on the next); on 2 cores it more than doubles the demo (docs/learning.md, item 41)."
+            "the ramp (the run resumes on the next); on 2 cores it about doubles the demo (docs/learning.md, items 41-42)."
         ),
     )
     day: DailyCurve = Field(
