@@ -34,6 +34,9 @@ class CanaryStep(BaseModel):
     n_control: int = Field(ge=0, description="Control outcomes since the canary started.")
     n_canary: int = Field(ge=0, description="Canary outcomes since the canary started.")
     step_canary_n: int = Field(ge=0, description="Canary outcomes in this step.")
+    step_n: int | None = Field(
+        None, ge=0, description="Outcomes of both arms in this step (what canary.max_step_outcomes bounds); None before it."
+    )
     step_elapsed_s: float = Field(ge=0, description="Seconds the step had run at this look.")
     metrics: list[MetricInterval]
 
@@ -60,6 +63,7 @@ def step_record(lk: Look) -> CanaryStep:
         n_control=int(lk.figures.get("n_control", 0)),
         n_canary=int(lk.figures.get("n_canary", 0)),
         step_canary_n=int(lk.figures.get("step_canary_n", 0)),
+        step_n=int(lk.figures["step_n"]) if "step_n" in lk.figures else None,
         step_elapsed_s=float(lk.figures.get("step_elapsed_s", 0.0)),
         metrics=[
             MetricInterval(
@@ -94,7 +98,9 @@ def step_table(record: CanaryRecord, indent: str = "") -> str:
     for s in record.steps:
         lines.append(
             f"{indent}step {s.step} at {s.weight:.0%}: {s.action} after {s.step_elapsed_s:.0f} s "
-            f"({s.n_control} control / {s.n_canary} canary outcomes, {s.step_canary_n} this step): {s.reason}"
+            f"({s.n_control} control / {s.n_canary} canary outcomes, {s.step_canary_n} canary"
+            + ("" if s.step_n is None else f" of {s.step_n}")
+            + f" this step): {s.reason}"
         )
         for m in s.metrics:
             bounds = "not tested yet" if m.low is None else f"delta {m.delta:+.4f} in [{m.low:+.4f}, {m.high:+.4f}]"

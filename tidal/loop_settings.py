@@ -117,8 +117,9 @@ def _demo_day() -> DailyCurve:
 
 
 def _demo_capacity() -> CapacitySettings:
-    # Static by default: on 2 cores the tide about doubles the demo's time (docs/learning.md, items 41-42). Under 'tidal', the tide of a compressed day: decisions every 2 s, a replica kept half an hour of the
-    # day (19 s) after it is no longer needed, heartbeats every 2 s. The recent level alone forecasts (a quarter of an hour of the day): a
+    # Static by default: on 2 cores the tide about doubles the demo's time (docs/learning.md, items 41-42). Under
+    # 'tidal', the tide of a compressed day: decisions every 2 s, a replica kept half an hour of the day (19 s) after
+    # it is no longer needed, heartbeats every 2 s. The recent level alone forecasts (a quarter of an hour of the day): a
     # lookahead that covers a replica's start is hours of a compressed day, and with the previous day's term the
     # peak's replicas would stay all evening (bench/tidal.py measured it).
     return CapacitySettings(

@@ -35,5 +35,12 @@ def test_a_ramps_step_table_round_trips_and_prints() -> None:
     assert {m.metric for m in early.steps[0].metrics if m.low is None} == {"reward", "accepted", "accepted_chars", "slow_share"}
     text = step_table(stored, indent="  ")
     assert text.splitlines()[0].startswith("  step 1 at 5%: advance after 20 s (2000 control / 200 canary outcomes")
+    # each step's outcomes of both arms (what canary.max_step_outcomes bounds): step 2 began at 2,200 of them
+    assert [s.step_n for s in stored.steps] == [2200, 50] and "50 canary of 50 this step" in text, text
+    # a record stored before the field reads back without it, and prints as it did
+    before = {k: v for k, v in stored.steps[0].model_dump(mode="json").items() if k != "step_n"}
+    old = CanaryRecord.model_validate({**record.model_dump(mode="json"), "steps": [before]})
+    assert old.steps[0].step_n is None
+    assert "200 canary this step)" in step_table(old)
     assert "reward" in text and "margin" in text and "not tested yet" in step_table(early)
     assert canary_key("tab", 2) == "releases/model=tab/v2/canary.json"
