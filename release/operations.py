@@ -177,7 +177,8 @@ def log_plan(cfg: CanaryConfig, history: dict[str, History], log, primary: str |
     """The power calculation of every step for the model's `primary` (default cfg.primary), and the traffic it
     assumes, in the flow's log."""
     rate = sum(h.n for h in history.values()) / cfg.history_s if history else None
-    for w, p in zip(cfg.steps, cfg.plan()):
+    plans = cfg.plan()  # each step's power search, once
+    for w, p in zip(cfg.steps, plans):
         when = f" (~{p.detect_requests / rate:.0f} s at the last hour's {rate:.1f} requests/s)" if rate else ""
         log.info(
             "step at %.0f%%: a %.2f-sd regression of %s is rolled back within %d requests (80%% power)%s; an "
@@ -190,7 +191,8 @@ def log_plan(cfg: CanaryConfig, history: dict[str, History], log, primary: str |
             p.clear_requests,
             cfg.advance_risk,
         )
-    if rate and cfg.plan()[0].detect_requests / rate > cfg.max_step_s:
+    first = plans[0].detect_requests
+    if rate and first / rate > cfg.max_step_s:
         log.warning(
             "at %.1f requests/s the first step cannot decide a %.2f-sd regression within max_step_s=%.0f s: "
             "raise canary.max_step_s or canary.steps[0], or accept an inconclusive first step",
@@ -198,11 +200,11 @@ def log_plan(cfg: CanaryConfig, history: dict[str, History], log, primary: str |
             cfg.detect_regression_sd,
             cfg.max_step_s,
         )
-    if cfg.max_step_outcomes is not None and cfg.plan()[0].detect_requests > cfg.max_step_outcomes:
+    if cfg.max_step_outcomes is not None and first > cfg.max_step_outcomes:
         log.warning(
             "the first step needs ~%d outcomes to decide a %.2f-sd regression, more than max_step_outcomes=%d: raise "
             "canary.max_step_outcomes or canary.steps[0], or accept an inconclusive first step",
-            cfg.plan()[0].detect_requests,
+            first,
             cfg.detect_regression_sd,
             cfg.max_step_outcomes,
         )

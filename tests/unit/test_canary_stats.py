@@ -3,6 +3,7 @@ each guardrail of `look()` firing with its reason, and `Ramp` stepping only when
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import replace
 
@@ -11,7 +12,8 @@ import pytest
 from pydantic import ValidationError
 
 from release.canary_config import CanaryConfig
-from release.canary_records import ArmHealth, Outcome
+from release.canary_records import ArmHealth, History, Outcome
+from release.operations import log_plan
 from release.policy import Ramp, look
 from release.stats import Summary, cuped, fit_mixture_sd, msprt, plan_step, stratified_msprt
 from tidal.model_settings import Margins
@@ -453,11 +455,6 @@ def test_ramp_advances_per_complete_step_then_promotes_or_times_out() -> None:
 def test_the_plan_warns_when_the_first_step_cannot_decide_within_its_time_or_its_outcomes(caplog) -> None:
     """log_plan sizes the first step by power; at the last hour's rate (3,600 requests in canary.history_s = 1 h: 1/s)
     it names the bound that ends the step first, with the fix."""
-    import logging
-
-    from release.canary_records import History
-    from release.operations import log_plan
-
     log, history = logging.getLogger("plan-test"), {"u": History(3600, 0.0, 0.0, 0.0)}
     need = CanaryConfig().plan()[0].detect_requests  # requests the default first step (5%) needs: thousands
     with caplog.at_level(logging.INFO, "plan-test"):
