@@ -10,6 +10,9 @@
                weights (C): mean/max |Δ log-prob| and the share of tokens whose truncated importance weight
                min(π_old/μ, C) the trainer caps (training/ppo_loss.py truncated_is_weight, C = is_truncation)
     megatron   one Megatron-core PPO step on the GPU, its logits against the HF model's (training/megatron/check.py)
+    trainer    one PPO iteration of the Hugging Face trainer on the GPU (train.ppo.device 'auto'): float32 whole and in
+               micro-batches, bf16 autocast with recomputed layers, a LoRA adapter under bf16; seconds and peak
+               memory of each, the micro-batched step against the whole one (training/trainer_check.py)
 
 Prints a summary, then one JSON line of named figures (last line). Exit status 1 when a required figure failed.
 """
@@ -194,11 +197,10 @@ def mismatch(reference: list[list[float]], behaviour: list[list[float]]) -> dict
     }
 
 
-def megatron_step(policy_dir: Path, timeout_s: float) -> dict:
-    """training/megatron/check.py in its own process (Megatron's process-group state stays out of this one)."""
-    code = (
-        "import json, sys\nfrom training.megatron.check import gpu_check_step\nprint(json.dumps(gpu_check_step(sys.argv[1])))\n"
-    )
+def own_process(module: str, function: str, policy_dir: Path, timeout_s: float) -> dict:
+    """`module.function(policy_dir)` in its own process (Megatron's process-group state and each CUDA context stay
+    out of this one); its figures, or {"error": ...}."""
+    code = f"import json, sys\nfrom {module} import {function}\nprint(json.dumps({function}(sys.argv[1])))\n"
     out = subprocess.run(
         [sys.executable, "-c", code, str(policy_dir)], capture_output=True, text=True, timeout=timeout_s, cwd=ROOT
     )
@@ -277,10 +279,31 @@ def run(args) -> tuple[dict, list[str]]:
     if "bfloat16" in scores:
         figures["bf16_vs_fp32"] = mismatch(scores["float32"], scores["bfloat16"])
     try:
-        figures["megatron"] = megatron_step(v1, dl.cap(120))
+        figures["megatron"] = own_process("training.megatron.check", "gpu_check_step", v1, dl.cap(120))
     except Exception as e:  # noqa: BLE001
         figures["megatron"] = {"error": str(e)[:300]}
+    try:
+        trainer = figures["trainer"] = own_process("training.trainer_check", "gpu_check_trainer", v1, dl.cap(120))
+    except Exception as e:  # noqa: BLE001
+        trainer = figures["trainer"] = {"error": str(e)[:300]}
+    if trainer_problem := trainer_fails(trainer):
+        errors.append(f"trainer: {trainer_problem}")
     return figures, errors
+
+
+def trainer_fails(t: dict) -> str:
+    """What is wrong with the one-GPU trainer's figures ('' when nothing)."""
+    if "error" in t:
+        return t["error"]
+    if t["trainer_device"] != "cuda":
+        return f"the trainer ran on {t['trainer_device']}, not the GPU (train.ppo.device 'auto')"
+    if not t["trainer_finite"]:
+        return "a loss or metric is not finite"
+    if t["trainer_micro_vs_whole"] > 0.01:
+        return f"micro-batches moved the weights {t['trainer_micro_vs_whole']:.3g} of the step away from the whole minibatch's"
+    if t["trainer_bf16_vs_fp32_cosine"] < 0.9:
+        return f"the bf16 step points elsewhere than float32's (cosine {t['trainer_bf16_vs_fp32_cosine']:.3f})"
+    return ""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU paths on one CUDA machine, in at most 8 minutes (GPU_CHECK_BUDGET_S, default 480: an overall deadline,
 # and `timeout` on every step): `reload` and `nccl` weight updates with their served-weight probes, FP8 against
-# BF16 served log-probs (and the share of tokens the trainer's truncated importance weight caps), and one
-# Megatron-core PPO step (training/megatron/check.py). Details: bench/gpu_check.py.
+# BF16 served log-probs (and the share of tokens the trainer's truncated importance weight caps), one
+# Megatron-core PPO step (training/megatron/check.py), and one-GPU PPO iterations of the Hugging Face trainer in
+# float32, micro-batches, bf16 autocast and a LoRA adapter (training/trainer_check.py). Details: bench/gpu_check.py.
 #
 #   bash bench/gpu_check.sh
 #

@@ -25,7 +25,8 @@ CRITIC_FILE = "critic.pt"
 
 
 def build_trainable(champion_dir: Path, base_dir: Path, cfg: PPOConfig) -> PolicyWithValue:
-    """The policy to train (trainable weights per cfg.lora) with a value head, float32 on CPU."""
+    """The policy to train (trainable weights per cfg.lora) with a value head, float32 on CPU; its forward under
+    cfg.precision, its layers recomputed in the backward with cfg.gradient_checkpointing."""
     adapter = is_adapter_dir(champion_dir)
     if cfg.lora and adapter:
         policy = load_policy(champion_dir, base_path=base_dir, trainable=True)
@@ -42,11 +43,13 @@ def build_trainable(champion_dir: Path, base_dir: Path, cfg: PPOConfig) -> Polic
         else:
             policy.requires_grad_(True)
     policy.train()
+    if cfg.gradient_checkpointing:  # recompute each layer in the backward (only in train mode: not the rollouts)
+        policy.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     head = ValueHead(int(policy.config.hidden_size), seed=cfg.seed)
     critic = champion_dir / CRITIC_FILE
     if critic.is_file():
         head.load_state_dict(torch.load(critic, weights_only=True))
-    return PolicyWithValue(policy, head)
+    return PolicyWithValue(policy, head, autocast_dtype=torch.bfloat16 if cfg.precision == "bf16" else None)
 
 
 def save_candidate(model: PolicyWithValue, champion_dir: Path, base_dir: Path, out: Path, note: str = "") -> Path:

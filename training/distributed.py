@@ -6,7 +6,8 @@ LOCAL_RANK, MASTER_ADDR and MASTER_PORT set (torch.distributed.run). `init_from_
 group: NCCL with one GPU per process (cuda:LOCAL_RANK) when CUDA is available, else gloo on the CPU.
 
 Without WORLD_SIZE, or with WORLD_SIZE=1, no process group exists and every helper is the single-process
-identity (world 1, rank 0, a sum of one term): the trainer then runs exactly as a plain `python -m training.job`.
+identity (world 1, rank 0, a sum of one term): the trainer then runs exactly as a plain `python -m training.job`,
+on the machine's GPU when it has one (train.ppo.device).
 
 Every rank computes the same plan, minibatch order and stop decisions, so all ranks call each collective below
 at the same point. A rank that fails exits non-zero and torchrun, which watches every worker, stops the others
@@ -144,9 +145,26 @@ def _nccl() -> bool:
     return active() and dist.get_backend() == "nccl"
 
 
-def device() -> torch.device:
-    """Where this rank computes: its own GPU under NCCL, else the CPU (also for one process, as before)."""
-    return torch.device("cuda", torch.cuda.current_device()) if _nccl() else torch.device("cpu")
+def device(prefer: str = "auto") -> torch.device:
+    """Where this rank computes: its own GPU under NCCL (cuda:LOCAL_RANK); a process in a gloo group on the CPU;
+    one process (no group) on its GPU for `prefer` 'auto' or 'cuda' when CUDA is available, else the CPU.
+    `prefer` is train.ppo.device; 'cuda' without a GPU, or a GPU run asked to stay on the CPU, is refused."""
+    if _nccl():
+        if prefer == "cpu":
+            raise LaunchEnvError(
+                "train.ppo.device='cpu' but torchrun joined an NCCL group (CUDA is available): set device='auto', "
+                "or hide the GPUs (CUDA_VISIBLE_DEVICES='') for a CPU run"
+            )
+        return torch.device("cuda", torch.cuda.current_device())
+    if prefer == "cuda" and (active() or not torch.cuda.is_available()):
+        raise LaunchEnvError(
+            "train.ppo.device='cuda' but "
+            + ("this process group is gloo (CPU)" if active() else "no CUDA device is visible to this process")
+            + ": run the trainer where a GPU is (trainer.kubernetes.gpus_per_node), or set device='auto'"
+        )
+    if prefer in ("auto", "cuda") and not active() and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def barrier() -> None:

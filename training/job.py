@@ -245,7 +245,7 @@ def build_trainer(spec: TrainJob, dirs: Checkouts, tokenizer, data: RewardDatase
 
         model = build_megatron_trainable(dirs.champion_dir, dirs.base_dir, cfg).to(parallel.device())
         return Built(PPOTrainer(model, cfg, padding_id(tokenizer), dp=data_parallel()), megatron=True)
-    model = build_trainable(dirs.champion_dir, dirs.base_dir, cfg).to(distributed.device())
+    model = build_trainable(dirs.champion_dir, dirs.base_dir, cfg).to(distributed.device(cfg.device))
     return Built(
         PPOTrainer(
             model, cfg, padding_id(tokenizer), **loss_terms(cfg, tokenizer, data.rule, spec.corpus_heldout_fraction, spec.corpus)

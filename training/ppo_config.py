@@ -69,6 +69,31 @@ class PPOConfig(BaseModel):
         "count; the PPO step runs one stage (1) for now.",
     )
 
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="Where a single trainer process computes: 'auto' its GPU when CUDA is available, else the CPU; "
+        "'cuda' refuses to start without one; 'cpu' stays on the CPU. Under torchrun each process takes the GPU of "
+        "its LOCAL_RANK (NCCL) whenever CUDA is available.",
+    )
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="'bf16': the forward and backward passes run under bfloat16 autocast (matmuls in bf16, half the "
+        "activation memory); the weights, their gradients and Adam's state stay float32 (the master weights), and "
+        "log-probs, values and losses are computed in float32. 'fp32': everything float32. Backend 'hf' only.",
+    )
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Recompute each decoder layer's activations in the backward pass instead of keeping them: "
+        "activation memory of about one layer instead of all, for ~1/3 more compute. Backend 'hf' only.",
+    )
+    micro_batch_tokens: int | None = Field(
+        None,
+        description="Largest rows x padded length one forward/backward takes: a minibatch with more is split into "
+        "micro-batches whose gradients add up to the whole minibatch's (the same step up to float rounding), so a "
+        "minibatch of long rows fits a GPU whatever its size. Size it to the GPU's memory (activations grow with "
+        "it); None: one forward per minibatch.",
+    )
+
     # --- batch and epochs ---------------------------------------------------------------------
     batch_size: int = Field(64, description="Samples (prompt + one completion) per PPO iteration.")
     minibatch_size: int = Field(16, description="Samples per optimizer step; must divide batch_size.")
@@ -381,6 +406,17 @@ class PPOConfig(BaseModel):
             "stop_credit_coef > 0 is implemented for "
             "backend='hf' only (it reads the whole vocabulary's stop probability): set stop_credit_coef=0 with "
             "backend='megatron'",
+        )
+        need(
+            self.micro_batch_tokens is None or self.micro_batch_tokens >= 1,
+            f"micro_batch_tokens={self.micro_batch_tokens}: must be >= 1 (rows x padded length), or None for one "
+            "forward per minibatch",
+        )
+        need(
+            self.backend == "hf" or (self.precision == "fp32" and not self.gradient_checkpointing),
+            f"precision={self.precision!r}, gradient_checkpointing={self.gradient_checkpointing} are implemented for "
+            "backend='hf' only (Megatron-core has its own bf16 and recompute settings): set precision='fp32' and "
+            "gradient_checkpointing=false with backend='megatron'",
         )
         if self.lora:
             need(self.lora_rank >= 1, f"lora_rank={self.lora_rank}: must be >= 1")

@@ -23,7 +23,14 @@ in each global minibatch a process takes its own rows (possibly none), scales it
 minibatch's real tokens (the loss terms are means over all of them), and the summed gradients are the
 single-process gradient of the whole minibatch. Clipping, the optimizer step and the early-stop test then run
 on identical numbers in every process, which keeps the weights identical; metrics are the whole batch's. The
-result equals one process's over the same plan up to float rounding (padding widths and summation order).
+result equals one process's over the same plan up to float rounding (padding widths and summation order), but
+for the abstain budget's penalty, which each process applies to its own rows' share.
+
+Memory (train.ppo): a process's rows of a minibatch run forward and backward in micro-batches of at most
+`micro_batch_tokens` rows x padded length, each term scaled as a process's share is, so the accumulated gradient is
+the whole rows' (the abstain budget's share is measured over all of them first, in a pass without gradient);
+`gradient_checkpointing` recomputes the layers in the backward; `precision` 'bf16' runs the forward under autocast
+with float32 master weights (training/value_head.py).
 """
 
 from __future__ import annotations
@@ -250,79 +257,8 @@ class PPOTrainer:
             for step, mb in enumerate(minibatch_order(B, cfg, iteration, epoch)):  # positions in the whole batch
                 # this process's rows of the minibatch: position j is row j // world of shard j % world (maybe none)
                 mine = (mb[mb % world == rank] // world).to(b.mask.device)
-                # its share of the minibatch's real tokens: the loss terms are means over all of them, so the
-                # shares times the local means add up to the whole minibatch's (exactly 1 for one process)
-                share = b.mask[mine].sum() / ro.lengths[mb.to(ro.lengths.device)].sum()
                 self.optimizer.zero_grad(set_to_none=True)
-                if len(mine):
-                    logits, values = self.model(b.input_ids[mine], b.attention_mask[mine])
-                    logits = b.sampled_logits(logits, mine)  # (b, T, V) at each row's sampling temperature
-                    parts = ppo_losses(
-                        logp_new=token_logprobs(logits, b.completion_ids[mine]),
-                        logp_old=ro.logp_old[mine],
-                        advantages=ro.advantages[mine],
-                        values_new=b.completion_view(values),
-                        values_old=ro.values_old[mine],
-                        returns=ro.returns[mine],
-                        is_weight=ro.is_weight[mine],
-                        mask=b.mask[mine],
-                        clip_eps=cfg.clip_eps,
-                        value_clip_eps=cfg.value_clip_eps,
-                        entropy=token_entropy(logits) if cfg.entropy_coef > 0 else None,
-                        is_truncation=cfg.is_truncation,
-                    )
-                    loss = parts.total(cfg.vf_coef, cfg.entropy_coef)
-                    stop_loss = torch.zeros((), device=loss.device)
-                    if self.stop is not None:  # the stop-versus-go-on gradient where the verdict tells its value
-                        # summed over each row's positions (one decision each), averaged over the minibatch's rows
-                        # (every process's: the summed gradients are the whole minibatch's)
-                        p_stop = self.stop.stop_prob(logits)  # (b, T)
-                        abstain_log = cfg.abstain_credit == "log"
-                        stop_loss = self.stop.credit_loss(p_stop, ro.stop_adv[mine], ro.stop_known[mine], abstain_log) / len(mb)
-                        if cfg.abstain_budget < 1.0:  # the share of this process's rows abstained on, capped
-                            stop_loss = stop_loss + self.stop.over_budget(p_stop, b.mask[mine][:, 0], cfg.abstain_budget)
-                    kept_loss = torch.zeros((), device=loss.device)
-                    if self.kept is not None:  # minus the expected right tokens where the user kept the text, per row
-                        kept_loss = -self.kept.gain(logits, ro.kept, mine) / len(mb)
-                    ref = None  # (b, T, V) the reference's logits at the rows' sampling temperature, when a loss needs them
-                    if cfg.sharpen_temperature is not None or cfg.stop_anchor_coef > 0:
-                        with torch.no_grad():
-                            ref = b.sampled_logits(self._reference_logits(b.input_ids[mine], b.attention_mask[mine]), mine)
-                    n_tokens = ro.lengths[mb.to(ro.lengths.device)].sum()  # the minibatch's completion tokens
-                    anchor_loss = torch.zeros((), device=loss.device)
-                    if cfg.stop_anchor_coef > 0:  # the stop decision after the first token held at the reference's
-                        anchor_loss = self.stop.anchor_sum(p_stop, self.stop.stop_prob(ref), b.mask[mine]) / n_tokens
-                    sharpen_loss = torch.zeros((), device=loss.device)
-                    if self.sharpen is not None:  # this process's share of the minibatch's mean per token
-                        if cfg.sharpen_temperature is None:
-                            sharpen_sum = self.sharpen.entropy_sum(logits, b.mask[mine])
-                        else:
-                            sharpen_sum = self.sharpen.distill_sum(logits, ref, b.mask[mine], cfg.sharpen_temperature)
-                        sharpen_loss = sharpen_sum / n_tokens
-                    (
-                        loss * share
-                        + cfg.stop_credit_coef * stop_loss
-                        + cfg.kept_credit_coef * kept_loss
-                        + cfg.sharpen_coef * sharpen_loss
-                        + cfg.stop_anchor_coef * anchor_loss
-                    ).backward()
-                    stats = torch.cat(
-                        [
-                            torch.stack([loss.detach(), *(getattr(parts, k).detach() for k in _STATS)]) * share,
-                            stop_loss.detach().view(1),
-                            kept_loss.detach().view(1),
-                            sharpen_loss.detach().view(1),
-                            anchor_loss.detach().view(1),
-                        ]
-                    )
-                    stats[0] += (
-                        cfg.stop_credit_coef * stop_loss.detach()
-                        + cfg.kept_credit_coef * kept_loss.detach()
-                        + cfg.sharpen_coef * sharpen_loss.detach()
-                        + cfg.stop_anchor_coef * anchor_loss.detach()
-                    )
-                else:
-                    stats = torch.zeros(5 + len(_STATS), device=b.mask.device)
+                stats = self._minibatch_backward(ro, mine, ro.lengths[mb.to(ro.lengths.device)].sum(), len(mb))
                 ptx = self.ptx.loss(self.model, iteration, epoch, step, rank, world) if self.ptx else None
                 if ptx is not None:  # this process's share of the step's code windows
                     (cfg.ptx_coef * ptx).backward()
@@ -389,6 +325,99 @@ class PPOTrainer:
             }
         )
         return metrics
+
+    def _minibatch_backward(self, ro: Rollout, mine: torch.Tensor, n_tokens: torch.Tensor, n_rows: int) -> torch.Tensor:
+        """Forward and backward of this process's rows `mine` (positions in its shard, maybe none) of a minibatch of
+        `n_rows` rows and `n_tokens` completion tokens (every process's), in micro-batches of at most
+        micro_batch_tokens rows x padded length: the gradients accumulate to the whole rows' at once. Returns the
+        (5 + len(_STATS),) loss figures: the total, LossParts, stop-, kept-credit, sharpen and stop anchor losses."""
+        b, cfg = ro.batch, self.cfg
+        if not len(mine):
+            return torch.zeros(5 + len(_STATS), device=b.mask.device)
+        per = len(mine) if cfg.micro_batch_tokens is None else max(1, cfg.micro_batch_tokens // b.input_ids.shape[1])
+        chunks = mine.split(per)
+        whole = None  # the abstain budget's (share, rows) over all of `mine`, when it is split
+        if len(chunks) > 1 and self.stop is not None and cfg.abstain_budget < 1.0:
+            whole = self._abstain_share(ro, chunks)
+        return sum(self._rows_backward(ro, rows, n_tokens, n_rows, whole) for rows in chunks)
+
+    @torch.no_grad()
+    def _abstain_share(self, ro: Rollout, chunks: Sequence[torch.Tensor]) -> tuple[float, float]:
+        """(mean pi(abstain) at the first token, rows with one) over the rows of `chunks` under the current weights."""
+        b, total, n = ro.batch, 0.0, 0.0
+        for rows in chunks:
+            logits, _ = self.model(b.input_ids[rows], b.attention_mask[rows])
+            first = b.mask[rows][:, 0]
+            total += float((self.stop.stop_prob(b.sampled_logits(logits, rows))[:, 0] * first).sum())
+            n += float(first.sum())
+        return total / max(n, 1.0), n
+
+    def _rows_backward(
+        self, ro: Rollout, rows: torch.Tensor, n_tokens: torch.Tensor, n_rows: int, whole: tuple[float, float] | None
+    ) -> torch.Tensor:
+        """Backward of the minibatch loss's part over `rows` (positions in this process's shard); its figures."""
+        cfg, b = self.cfg, ro.batch
+        # their share of the minibatch's real tokens: the loss terms are means over all of them, so the shares
+        # times the local means add up to the whole minibatch's (exactly 1 for one process and one micro-batch)
+        share = b.mask[rows].sum() / n_tokens
+        logits, values = self.model(b.input_ids[rows], b.attention_mask[rows])
+        logits = b.sampled_logits(logits, rows)  # (b, T, V) at each row's sampling temperature
+        parts = ppo_losses(
+            logp_new=token_logprobs(logits, b.completion_ids[rows]),
+            logp_old=ro.logp_old[rows],
+            advantages=ro.advantages[rows],
+            values_new=b.completion_view(values),
+            values_old=ro.values_old[rows],
+            returns=ro.returns[rows],
+            is_weight=ro.is_weight[rows],
+            mask=b.mask[rows],
+            clip_eps=cfg.clip_eps,
+            value_clip_eps=cfg.value_clip_eps,
+            entropy=token_entropy(logits) if cfg.entropy_coef > 0 else None,
+            is_truncation=cfg.is_truncation,
+        )
+        loss = parts.total(cfg.vf_coef, cfg.entropy_coef)
+        stop_loss = torch.zeros((), device=loss.device)
+        if self.stop is not None:  # the stop-versus-go-on gradient where the verdict tells its value
+            # summed over each row's positions (one decision each), averaged over the minibatch's rows (every
+            # process's: the summed gradients are the whole minibatch's)
+            p_stop = self.stop.stop_prob(logits)  # (b, T)
+            abstain_log = cfg.abstain_credit == "log"
+            stop_loss = self.stop.credit_loss(p_stop, ro.stop_adv[rows], ro.stop_known[rows], abstain_log) / n_rows
+            if cfg.abstain_budget < 1.0:  # the share of this process's rows abstained on, capped
+                stop_loss = stop_loss + self.stop.over_budget(p_stop, b.mask[rows][:, 0], cfg.abstain_budget, whole)
+        kept_loss = torch.zeros((), device=loss.device)
+        if self.kept is not None:  # minus the expected right tokens where the user kept the text, per row
+            kept_loss = -self.kept.gain(logits, ro.kept, rows) / n_rows
+        ref = None  # (b, T, V) the reference's logits at the rows' sampling temperature, when a loss needs them
+        if cfg.sharpen_temperature is not None or cfg.stop_anchor_coef > 0:
+            with torch.no_grad():
+                ref = b.sampled_logits(self._reference_logits(b.input_ids[rows], b.attention_mask[rows]), rows)
+        anchor_loss = torch.zeros((), device=loss.device)
+        if cfg.stop_anchor_coef > 0:  # the stop decision after the first token held at the reference's
+            anchor_loss = self.stop.anchor_sum(p_stop, self.stop.stop_prob(ref), b.mask[rows]) / n_tokens
+        sharpen_loss = torch.zeros((), device=loss.device)
+        if self.sharpen is not None:  # these rows' share of the minibatch's mean per token
+            if cfg.sharpen_temperature is None:
+                sharpen_sum = self.sharpen.entropy_sum(logits, b.mask[rows])
+            else:
+                sharpen_sum = self.sharpen.distill_sum(logits, ref, b.mask[rows], cfg.sharpen_temperature)
+            sharpen_loss = sharpen_sum / n_tokens
+        extra = (
+            cfg.stop_credit_coef * stop_loss
+            + cfg.kept_credit_coef * kept_loss
+            + cfg.sharpen_coef * sharpen_loss
+            + cfg.stop_anchor_coef * anchor_loss
+        )
+        (loss * share + extra).backward()
+        stats = torch.cat(
+            [
+                torch.stack([loss.detach(), *(getattr(parts, k).detach() for k in _STATS)]) * share,
+                torch.stack([stop_loss, kept_loss, sharpen_loss, anchor_loss]).detach(),
+            ]
+        )
+        stats[0] += extra.detach()
+        return stats
 
     @torch.no_grad()
     def _reference_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

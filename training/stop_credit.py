@@ -130,9 +130,20 @@ class StopCredit:
         return (kl * mask[:, 1:].to(kl.dtype)).sum()
 
     @staticmethod
-    def over_budget(stop_prob: torch.Tensor, first: torch.Tensor, budget: float) -> torch.Tensor:
+    def over_budget(
+        stop_prob: torch.Tensor, first: torch.Tensor, budget: float, whole: tuple[float, float] | None = None
+    ) -> torch.Tensor:
         """(b, T) pi(stop) of a minibatch's rows, (b,) 1 where a row has a first token -> BUDGET_PENALTY times the
-        rows' mean abstain probability above `budget` (0 within it)."""
+        rows' mean abstain probability above `budget` (0 within it).
+
+        `whole` (share, rows with a first token) of the whole minibatch when these rows are one micro-batch of it:
+        then this micro-batch's part of the whole minibatch's penalty, linear in its rows, so that the parts add up
+        to the whole's penalty in value and gradient (the share decides whether it applies, as it would at once)."""
+        if whole is not None:
+            share, n_first = whole
+            if share <= budget:
+                return stop_prob.sum() * 0.0  # within the budget: a zero that keeps the graph
+            return BUDGET_PENALTY * ((stop_prob[:, 0] * first).sum() - budget * first.sum()) / max(n_first, 1.0)
         share = (stop_prob[:, 0] * first).sum() / first.sum().clamp_min(1.0)
         return BUDGET_PENALTY * torch.relu(share - budget)
 

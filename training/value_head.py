@@ -57,24 +57,35 @@ class PolicyWithValue(nn.Module):
     token i + 1.
     """
 
-    def __init__(self, policy: PreTrainedModel | nn.Module, value_head: ValueHead | None = None) -> None:
+    def __init__(
+        self,
+        policy: PreTrainedModel | nn.Module,
+        value_head: ValueHead | None = None,
+        autocast_dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         self.policy = policy
         self.value_head = value_head if value_head is not None else ValueHead(_hidden_size(policy))
+        # train.ppo.precision 'bf16': the policy's forward (and so its backward) under autocast to this dtype, its
+        # weights left as they are (float32 master weights); None runs in the weights' own dtype
+        self.autocast_dtype = autocast_dtype
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        out = self.policy(
-            input_ids=input_ids,  # (B, L)
-            attention_mask=attention_mask,  # (B, L), 0 on padding
-            position_ids=position_ids_from_mask(attention_mask),  # (B, L)
-            output_hidden_states=True,
-            use_cache=False,
-        )
-        # hidden_states[-1] is the final-norm output the LM head reads: (B, L, H)
+        dtype = self.autocast_dtype
+        with torch.autocast(input_ids.device.type, dtype=dtype, enabled=dtype is not None):
+            out = self.policy(
+                input_ids=input_ids,  # (B, L)
+                attention_mask=attention_mask,  # (B, L), 0 on padding
+                position_ids=position_ids_from_mask(attention_mask),  # (B, L)
+                output_hidden_states=True,
+                use_cache=False,
+            )
+        # hidden_states[-1] is the final-norm output the LM head reads: (B, L, H); the head runs in float32, outside
+        # autocast, and the logits leave in float32 (log-softmax and the losses are computed in it)
         values = self.value_head(out.hidden_states[-1])  # (B, L)
-        return out.logits, values  # (B, L, V), (B, L)
+        return out.logits.float(), values  # (B, L, V), (B, L)
 
     def param_groups(
         self, learning_rate: float, critic_learning_rate: float, final_norm_learning_rate: float | None = None
