@@ -20,7 +20,7 @@ from tidal import lineage
 from tidal.registry import Registry, VersionInfo, checkpoint_digest, checkpoint_files, code_revision, publish
 from tidal.section import PROJECT_ROOT
 from tidal.settings import TidalSettings
-from tidal.store import download_dir, open_store, open_url
+from tidal.store import download_dir, local_corpus, open_store, open_url
 from training.hf_checkpoint import CheckpointFacts, CheckpointRefused, encode_prompts, inspect_checkpoint
 from training.probe import probe_prompts
 
@@ -80,7 +80,8 @@ def probe_on_engine(path: Path, model: str, settings: TidalSettings) -> ProbeSet
     log-probs on prompts cut from the held-out side of the model's corpus (the standard library's for a model
     without one): the probe every replica serving this version must match."""
     cfg = settings.bootstrap
-    split = corpus_mod.corpus_split(settings.model(model).corpus, cfg.heldout_fraction)
+    corpus = local_corpus(settings.model(model).corpus, settings, settings.data_path / "cache")
+    split = corpus_mod.corpus_split(corpus, cfg.heldout_fraction)
     train, heldout = split if split is not None else corpus_mod.split_stdlib(cfg.heldout_fraction)
     texts = corpus_mod.read_texts(heldout) or corpus_mod.read_texts(train)  # a small corpus may hold out no file
     prompts = probe_prompts(texts, n=cfg.probe_prompts, seed=cfg.pretrain.seed)

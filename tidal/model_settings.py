@@ -7,6 +7,7 @@ A leaf module, so that serving and the release plane share the declaration witho
 from __future__ import annotations
 
 from typing import Literal
+from urllib.parse import urlparse
 
 from pydantic import Field, model_validator
 
@@ -57,11 +58,26 @@ class CorpusSource(Section):
         min_length=1,
         description=(
             "'stdlib' = the interpreter's standard library (what the pretrained base learned); a directory of the "
-            "model's own text (read where the trainer runs); or 'none' = no corpus: the gate skips bits/byte and says "
-            "so, and train.ppo.ptx_coef must be 0."
+            "model's own text (read where the trainer runs); an s3://bucket/prefix holding it (read with the store's "
+            "endpoint and credentials, copied where the trainer, the gate or the import runs: a trainer pod on a "
+            "cluster has no directory of yours); or 'none' = no corpus: the gate skips bits/byte and says so, and "
+            "train.ppo.ptx_coef must be 0."
         ),
     )
-    pattern: str = Field("*.py", min_length=1, description="Files of the directory that belong to the corpus (recursive glob).")
+    pattern: str = Field(
+        "*.py", min_length=1, description="Files of the directory or prefix that belong to the corpus (recursive glob)."
+    )
+
+    @model_validator(mode="after")
+    def _s3_names_a_prefix(self):
+        if self.source.startswith("s3://"):
+            parsed = urlparse(self.source)
+            if not parsed.netloc or not parsed.path.strip("/"):
+                raise ValueError(
+                    f"corpus.source {self.source!r} names no prefix: expected s3://bucket/prefix, the prefix holding the "
+                    "model's text"
+                )
+        return self
 
 
 class ServingCapacity(Section):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import tempfile
@@ -12,6 +13,7 @@ from urllib.request import url2pathname
 
 if TYPE_CHECKING:
     from tidal.core_settings import SettingsRoot
+    from tidal.model_settings import CorpusSource
 
 
 class ObjectStore(Protocol):
@@ -210,6 +212,26 @@ def download_dir(store: ObjectStore, prefix: str, local: Path) -> Path:
         store.get_file(key, dest)
     done.touch()
     return local
+
+
+def local_corpus(corpus: CorpusSource, settings: SettingsRoot, cache: Path) -> CorpusSource:
+    """The corpus as files here: one under an s3:// prefix copied into `cache` (a folder per listing of its objects'
+    names and last-modified times, which S3 keeps to the second: a corpus changed since is copied afresh, an
+    unchanged one once) and named by the copy, whose relative paths split train/held-out as the prefix's keys would;
+    any other source as it is."""
+    if not corpus.source.startswith("s3://"):
+        return corpus
+    parsed = urlparse(corpus.source)
+    bucket, prefix = open_url(f"s3://{parsed.netloc}", settings, "models[].corpus.source"), parsed.path.strip("/")
+    listing = bucket.list_modified(prefix + "/")
+    if not listing:
+        raise FileNotFoundError(
+            f"models[].corpus: no object under {corpus.source!r}; upload the model's text there, or point "
+            "corpus.source elsewhere (or set it to 'none' and train.ppo.ptx_coef to 0)"
+        )
+    digest = hashlib.sha256(json.dumps(sorted(listing.items())).encode()).hexdigest()[:16]
+    local = download_dir(bucket, prefix, cache / "corpus" / digest)
+    return corpus.model_copy(update={"source": str(local)})
 
 
 def put_json(store: ObjectStore, key: str, data: dict) -> None:

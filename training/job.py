@@ -42,8 +42,9 @@ from data_contracts.samples import RewardSample
 from data_contracts.suggestion_filter import describe
 from tidal.clock import now_ms
 from tidal.core_settings import SettingsRoot, load_root
+from tidal.model_settings import CorpusSource
 from tidal.registry import Registry
-from tidal.store import ObjectStore, get_json, open_store, put_json, upload_dir
+from tidal.store import ObjectStore, get_json, local_corpus, open_store, put_json, upload_dir
 from training import distributed
 from training.distributed import LaunchEnvError
 from training.job_spec import EXIT_BAD_INPUT, EXIT_DIVERGED, TrainJob, TrainResult
@@ -100,8 +101,9 @@ def train(spec: TrainJob) -> None:
 
     data = checked_dataset(store, spec)
     picked = pick_rows(spec, data)  # before any download: too few usable rows is bad input
-    with distributed.main_first():  # rank 0 fills the node's checkpoint cache, then the others find it complete
+    with distributed.main_first():  # rank 0 fills the node's checkpoint (and corpus) cache, then the others find it complete
         dirs = Checkouts(spec, store, registry, core.data_path / "cache")
+        corpus = local_corpus(spec.corpus, core, core.data_path / "cache") if cfg.ptx_coef > 0 else spec.corpus
     tokenizer = load_tokenizer(dirs.base_dir)
     rows = shape_rows(spec, picked, data, tokenizer, say)
     plan = iteration_plan(len(rows.samples), cfg)
@@ -110,7 +112,7 @@ def train(spec: TrainJob) -> None:
             f"batches of {len(plan[0])} rows cannot be split over {world} processes: raise "
             f"train.ppo.batch_size to at least {world}, or start fewer (trainer.kubernetes.gpus_per_node)"
         )
-    built = build_trainer(spec, dirs, tokenizer, data)
+    built = build_trainer(spec, dirs, tokenizer, data, corpus)
     start, state = resume(built, store, spec, rows.samples, plan, say)
     with StopRequest() as stop:  # SIGTERM from here on: stop after the iteration in progress, checkpointed
         progress = Progress(spec, store, built, len(plan), stop)
@@ -231,8 +233,9 @@ class Built:
         self.trainer.load_state_dict(shards[tensor_parallel_rank()])
 
 
-def build_trainer(spec: TrainJob, dirs: Checkouts, tokenizer, data: RewardDataset) -> Built:
-    """The champion's policy (LoRA or full, with a fresh critic) on this process's device, in a PPOTrainer."""
+def build_trainer(spec: TrainJob, dirs: Checkouts, tokenizer, data: RewardDataset, corpus: CorpusSource) -> Built:
+    """The champion's policy (LoRA or full, with a fresh critic) on this process's device, in a PPOTrainer; `corpus`
+    is the model's, as files here (the code loss's text)."""
     from training.candidate import build_trainable
     from training.ppo_trainer import PPOTrainer
     from training.tokenizer import padding_id
@@ -248,7 +251,7 @@ def build_trainer(spec: TrainJob, dirs: Checkouts, tokenizer, data: RewardDatase
     model = build_trainable(dirs.champion_dir, dirs.base_dir, cfg).to(distributed.device(cfg.device))
     return Built(
         PPOTrainer(
-            model, cfg, padding_id(tokenizer), **loss_terms(cfg, tokenizer, data.rule, spec.corpus_heldout_fraction, spec.corpus)
+            model, cfg, padding_id(tokenizer), **loss_terms(cfg, tokenizer, data.rule, spec.corpus_heldout_fraction, corpus)
         ),
         megatron=False,
     )
@@ -336,7 +339,7 @@ def gate(spec: TrainJob) -> None:
     candidate = load_policy(cand_dir, base_path=dirs.base_dir)
     critic = ValueHead(int(champion.config.hidden_size))
     critic.load_state_dict(torch.load(cand_dir / CRITIC_FILE, weights_only=True))
-    code_split = corpus.corpus_split(spec.corpus, spec.corpus_heldout_fraction)
+    code_split = corpus.corpus_split(local_corpus(spec.corpus, core, core.data_path / "cache"), spec.corpus_heldout_fraction)
     code = None if code_split is None else corpus.read_texts(code_split[1])
     tokenizer = load_tokenizer(dirs.base_dir)
     report = evaluate(candidate, champion, critic, tokenizer, heldout, code, spec.train.gate, corpus.corpus_name(spec.corpus))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,42 @@ def test_a_models_own_corpus_is_split_like_the_standard_library(tmp_path: Path) 
         corpus_split(CorpusSource(source=str(tmp_path / "src")), 0.3)
     with pytest.raises(FileNotFoundError, match="no such directory here"):
         corpus_split(CorpusSource(source=str(tmp_path / "gone")), 0.3)
+
+
+def test_a_corpus_in_s3_is_copied_where_it_is_read_and_split_as_its_keys(s3_endpoint, tmp_path: Path) -> None:
+    """A trainer pod has no directory of the team's text: models[].corpus.source names an s3:// prefix, read with
+    the store's endpoint, copied into the cache once per listing, and split by the keys' relative paths."""
+    from data_contracts.corpus import corpus_split
+    from tests.conftest import make_bucket
+    from tidal.model_settings import CorpusSource
+    from tidal.settings import load_settings
+    from tidal.store import S3Store, local_corpus, upload_dir
+
+    src = tmp_path / "docs"
+    for i in range(20):
+        (src / f"d{i % 2}").mkdir(parents=True, exist_ok=True)
+        (src / f"d{i % 2}" / f"page{i}.md").write_text(f"# page {i}\n")
+    make_bucket(s3_endpoint, "acme-text")
+    bucket = S3Store("acme-text", "", s3_endpoint, "us-east-1")
+    upload_dir(bucket, src, "docs/v1")
+    settings = load_settings(data_dir=str(tmp_path / ".tidal"), store={"s3_endpoint_url": s3_endpoint})
+    remote = CorpusSource(source="s3://acme-text/docs/v1", pattern="*.md")
+
+    here = local_corpus(remote, settings, tmp_path / "cache")
+    assert Path(here.source).is_relative_to(tmp_path / "cache") and here.pattern == "*.md"
+    copy, mine = corpus_split(here, 0.3), corpus_split(CorpusSource(source=str(src), pattern="*.md"), 0.3)
+    for side_copy, side_mine in zip(copy, mine):  # the same files on the same side as the directory uploaded
+        assert [p.relative_to(here.source) for p in side_copy] == [p.relative_to(src) for p in side_mine]
+    assert copy[0] and copy[1]
+    assert local_corpus(remote, settings, tmp_path / "cache") == here  # unchanged: the copy is reused
+    time.sleep(1.1)  # S3 times objects to the second: an edit is seen as one from the next second on
+    (src / "d0" / "page0.md").write_text("# page 0, edited\n")
+    upload_dir(bucket, src / "d0", "docs/v1/d0")
+    fresh = local_corpus(remote, settings, tmp_path / "cache")
+    assert fresh.source != here.source and (Path(fresh.source) / "d0" / "page0.md").read_text() == "# page 0, edited\n"
+    assert local_corpus(CorpusSource(), settings, tmp_path / "cache") == CorpusSource()  # other sources as they are
+
+    with pytest.raises(FileNotFoundError, match=r"no object under 's3://acme-text/docs/v2'; upload the model's text"):
+        local_corpus(CorpusSource(source="s3://acme-text/docs/v2"), settings, tmp_path / "cache")
+    with pytest.raises(ValueError, match=r"names no prefix: expected s3://bucket/prefix"):
+        CorpusSource(source="s3://acme-text")
