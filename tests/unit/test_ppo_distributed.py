@@ -1,7 +1,7 @@
 """Data-parallel PPO (training/distributed.py) on the tiny policy: two gloo processes end with the weights of one
-process over the same plan, with uneven shards, minibatches in which a process has no row, an early stop and the
-ptx code loss split unevenly; their checkpoint resumes in one process. Plus the torchrun variables and the
-single-process identity."""
+process over the same plan, with uneven shards, minibatches in which a process has no row, an early stop, each
+process's rows in micro-batches, and the ptx code loss split unevenly; their checkpoint resumes in one process.
+Plus the torchrun variables and the single-process identity."""
 
 from __future__ import annotations
 
@@ -31,6 +31,9 @@ SCENARIOS = {
     "early_stop": dict(
         lora=False, batch_size=5, minibatch_size=1, epochs=3, passes=1, max_iterations=2, target_kl=3.4e-3, learning_rate=3e-4
     ),
+    # each process's rows of a minibatch in one-row micro-batches (train.ppo.micro_batch_tokens); the one-process
+    # reference takes each minibatch at once
+    "micro": dict(batch_size=9, minibatch_size=3, epochs=2, passes=1, max_iterations=3, micro_batch_tokens=1),
     # the code loss of PPO-ptx: 3 windows a step, 2 on one process and 1 on the other
     "ptx": dict(batch_size=9, minibatch_size=3, epochs=2, passes=1, max_iterations=2, ptx_coef=1.0, ptx_batch=3, ptx_seq_len=32),
 }
@@ -85,7 +88,7 @@ def two_processes(champion_dir, rows, tmp_path_factory) -> Path:
 
 
 def one_process(champion_dir, rows, name: str, state: dict | None = None):
-    c = cfg(**SCENARIOS[name])
+    c = cfg(**{k: v for k, v in SCENARIOS[name].items() if k != "micro_batch_tokens"})  # whole minibatches
     plan = iteration_plan(ROWS, c)
     trainer = make_trainer(champion_dir, c)
     if state is None:
