@@ -90,8 +90,8 @@ class PPOConfig(BaseModel):
         None,
         description="Largest rows x padded length one forward/backward takes: a minibatch with more is split into "
         "micro-batches whose gradients add up to the whole minibatch's (the same step up to float rounding), so a "
-        "minibatch of long rows fits a GPU whatever its size. Size it to the GPU's memory (activations grow with "
-        "it); None: one forward per minibatch.",
+        "minibatch of long rows fits a GPU whatever its size (a row longer than it runs alone). Size it to the GPU's "
+        "memory (activations grow with it); None: one forward per minibatch.",
     )
 
     # --- batch and epochs ---------------------------------------------------------------------
