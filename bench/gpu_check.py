@@ -301,6 +301,8 @@ def trainer_fails(t: dict) -> str:
         return "a loss or metric is not finite"
     if t["trainer_micro_vs_whole"] > 0.01:
         return f"micro-batches moved the weights {t['trainer_micro_vs_whole']:.3g} of the step away from the whole minibatch's"
+    if t["trainer_lora_frozen_dtype"] != "bfloat16":
+        return f"the LoRA run's frozen base was {t['trainer_lora_frozen_dtype']}, not bfloat16 as stored"
     if t["trainer_bf16_vs_fp32_cosine"] < 0.9:
         return f"the bf16 step points elsewhere than float32's (cosine {t['trainer_bf16_vs_fp32_cosine']:.3f})"
     return ""

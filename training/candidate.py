@@ -24,14 +24,29 @@ from training.value_head import PolicyWithValue, ValueHead
 CRITIC_FILE = "critic.pt"
 
 
+def frozen_dtype(champion_dir: Path, base_dir: Path, cfg: PPOConfig) -> torch.dtype:
+    """The dtype the weights load in: float32, but for a LoRA run under precision bf16 whose frozen base is stored
+    in bfloat16 (how released checkpoints ship), which then stays bfloat16: half the base's memory, and the very
+    values the engine loads (a base stored in float32 is not rounded: its candidates' probes are computed on it).
+    The adapter is float32 either way (PEFT keeps adapter weights in float32)."""
+    if not (cfg.lora and cfg.precision == "bf16"):
+        return torch.float32
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(base_dir if is_adapter_dir(champion_dir) else champion_dir))
+    stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    return torch.bfloat16 if stored in (torch.bfloat16, "bfloat16") else torch.float32
+
+
 def build_trainable(champion_dir: Path, base_dir: Path, cfg: PPOConfig) -> PolicyWithValue:
-    """The policy to train (trainable weights per cfg.lora) with a value head, float32 on CPU; its forward under
-    cfg.precision, its layers recomputed in the backward with cfg.gradient_checkpointing."""
-    adapter = is_adapter_dir(champion_dir)
+    """The policy to train (trainable weights per cfg.lora) with a value head on CPU, float32 but for a LoRA run's
+    bf16 base (frozen_dtype); its forward under cfg.precision, its layers recomputed in the backward with
+    cfg.gradient_checkpointing."""
+    adapter, dtype = is_adapter_dir(champion_dir), frozen_dtype(champion_dir, base_dir, cfg)
     if cfg.lora and adapter:
-        policy = load_policy(champion_dir, base_path=base_dir, trainable=True)
+        policy = load_policy(champion_dir, dtype, base_path=base_dir, trainable=True)
     else:
-        policy = load_policy(champion_dir, base_path=base_dir)
+        policy = load_policy(champion_dir, dtype, base_path=base_dir)
         if adapter:  # full fine-tune of a lora champion: fold its adapter into the weights first
             policy = policy.merge_and_unload()
         if cfg.lora:
@@ -53,9 +68,10 @@ def build_trainable(champion_dir: Path, base_dir: Path, cfg: PPOConfig) -> Polic
 
 
 def save_candidate(model: PolicyWithValue, champion_dir: Path, base_dir: Path, out: Path, note: str = "") -> Path:
-    """Write the served weights, their probe (on the champion's probe prompts) and the critic into `out`."""
+    """Write the served weights, their probe (on the champion's probe prompts) and the critic into `out`. The probe
+    is computed in float32 (a bf16 base is cast up, exactly), as the champion's was."""
     out.mkdir(parents=True, exist_ok=True)
-    policy = model.policy
+    policy = model.policy.float()
     tokenizer = load_tokenizer(base_dir)
     if hasattr(policy, "peft_config"):
         policy.save_pretrained(str(out))  # adapter only; the fleet serves it on the base's replicas

@@ -1,11 +1,12 @@
 """One PPO iteration of the Hugging Face trainer on this machine's device, with figures: what bench/gpu_check.py
-runs on a GPU (and the unit tests on a CPU). The same synthetic batch is trained four ways from the same saved
-policy, every weight trained: float32 at once, float32 in micro-batches, bf16 autocast with recomputed layers, and
-a LoRA adapter under bf16, each with its seconds and (on a GPU) its peak memory; the micro-batched step is compared
-with the whole one, the bf16 step with the float32 one."""
+runs on a GPU (and the unit tests on a CPU). The same synthetic batch is trained four ways: every weight in float32
+at once, in float32 micro-batches, and under bf16 autocast with recomputed layers; and a LoRA adapter under bf16 on
+the policy stored in bf16 (its frozen base kept so). Each run's seconds and (on a GPU) peak memory; the
+micro-batched step is compared with the whole one, the bf16 step with the float32 one."""
 
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
 
@@ -69,24 +70,28 @@ def train_once(policy_dir: Path, rows: list[RewardSample], device: torch.device,
         "peak_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1) if device.type == "cuda" else None,
         "metrics": metrics,
         "step": _step(trainer, start),
+        "frozen": sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters() if not p.requires_grad}),
     }
 
 
 def gpu_check_trainer(policy_dir: str | Path, n_rows: int = 16, device: str = "auto") -> dict:
     from training import distributed
-    from training.policy import load_policy
+    from training.policy import load_policy, load_tokenizer, save_policy
 
     policy_dir = Path(policy_dir)
     where = distributed.device(device)
-    rows = synthetic_rows(int(load_policy(policy_dir).config.vocab_size), n_rows)
+    policy = load_policy(policy_dir)
+    rows = synthetic_rows(int(policy.config.vocab_size), n_rows)
     width = max(len(r.prompt_token_ids) for r in rows) + max(len(r.completion_token_ids) for r in rows)
     full = dict(lora=False, learning_rate=1e-4)
-    runs = {
-        "fp32": train_once(policy_dir, rows, where, **full),
-        "fp32_micro": train_once(policy_dir, rows, where, **full, micro_batch_tokens=2 * width),  # 2 rows each
-        "bf16_ckpt": train_once(policy_dir, rows, where, **full, precision="bf16", gradient_checkpointing=True),
-        "lora_bf16": train_once(policy_dir, rows, where, lora=True, precision="bf16"),
-    }
+    with tempfile.TemporaryDirectory() as tmp:  # the LoRA run's base stored in bf16, as released checkpoints ship
+        bf16_dir = save_policy(policy.to(torch.bfloat16), load_tokenizer(policy_dir), Path(tmp) / "bf16")
+        runs = {
+            "fp32": train_once(policy_dir, rows, where, **full),
+            "fp32_micro": train_once(policy_dir, rows, where, **full, micro_batch_tokens=2 * width),  # 2 rows each
+            "bf16_ckpt": train_once(policy_dir, rows, where, **full, precision="bf16", gradient_checkpointing=True),
+            "lora_bf16": train_once(bf16_dir, rows, where, lora=True, precision="bf16"),
+        }
     whole = runs["fp32"]["step"]
     return {
         "trainer_device": where.type,
@@ -96,5 +101,6 @@ def gpu_check_trainer(policy_dir: str | Path, n_rows: int = 16, device: str = "a
         "trainer_micro_vs_whole": float((runs["fp32_micro"]["step"] - whole).norm() / whole.norm()),
         "trainer_bf16_vs_fp32_cosine": float(torch.nn.functional.cosine_similarity(runs["bf16_ckpt"]["step"], whole, dim=0)),
         "trainer_lora_moved": float(runs["lora_bf16"]["step"].abs().max()),
+        "trainer_lora_frozen_dtype": ",".join(runs["lora_bf16"]["frozen"]),  # 'bfloat16': the base as stored
         "trainer_finite": all(all(v == v and abs(v) != float("inf") for v in r["metrics"].values()) for r in runs.values()),
     }

@@ -5,6 +5,7 @@ them as float32 does; a device or combination that cannot work is refused with t
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -17,12 +18,13 @@ from data_contracts.samples import RewardSample
 from sim.users import SimUsersConfig
 from tests.unit.ppo_helpers import trainable_weights
 from training import distributed
-from training.candidate import build_trainable
+from training.candidate import build_trainable, save_candidate
 from training.distributed import LaunchEnvError
 from training.job import loss_terms
-from training.policy import load_policy, load_tokenizer
+from training.policy import load_policy, load_tokenizer, save_policy
 from training.ppo_config import PPOConfig
 from training.ppo_trainer import PPOTrainer, iteration_plan
+from training.probe import compute_probe, load_probe
 from training.stop_credit import StopCredit
 
 # every weight trained with each loss term the demo trains with, the abstain budget tight enough to bind
@@ -179,10 +181,50 @@ def test_the_gpu_checks_trainer_step_runs_here_with_its_figures(champion_dir) ->
     assert figures["trainer_device"] == "cpu" and figures["trainer_finite"]
     assert figures["trainer_micro_vs_whole"] < 1e-3, figures  # measured: 4e-6
     assert figures["trainer_bf16_vs_fp32_cosine"] > 0.9, figures
-    assert figures["trainer_lora_moved"] > 0, figures
+    assert figures["trainer_lora_moved"] > 0 and figures["trainer_lora_frozen_dtype"] == "bfloat16", figures
     assert {"trainer_fp32_s", "trainer_fp32_micro_s", "trainer_bf16_ckpt_s", "trainer_lora_bf16_s"} <= set(figures)
     from bench.gpu_check import trainer_fails
 
     assert trainer_fails(figures) == "the trainer ran on cpu, not the GPU (train.ppo.device 'auto')"
     assert trainer_fails({**figures, "trainer_device": "cuda"}) == ""
     assert "cosine 0.500" in trainer_fails({**figures, "trainer_device": "cuda", "trainer_bf16_vs_fp32_cosine": 0.5})
+
+
+@pytest.fixture(scope="module")
+def bf16_champion(champion_dir, tmp_path_factory) -> Path:
+    """The champion stored in bfloat16, as released checkpoints ship (its probe copied beside it)."""
+    out = save_policy(
+        load_policy(champion_dir).to(torch.bfloat16), load_tokenizer(champion_dir), tmp_path_factory.mktemp("bf16") / "v1"
+    )
+    shutil.copy(champion_dir / "probe.json", out / "probe.json")
+    return out
+
+
+def test_a_lora_run_under_bf16_keeps_a_bf16_base_in_bf16_and_publishes_a_float32_probe(
+    champion_dir, bf16_champion, rows, tmp_path
+) -> None:
+    c = PPOConfig(**TERMS, lora=True, precision="bf16")
+    model = build_trainable(bf16_champion, bf16_champion, c)
+    frozen = [p for p in model.policy.parameters() if not p.requires_grad]
+    assert frozen and all(p.dtype == torch.bfloat16 for p in frozen)  # half the base's memory
+    assert all(p.dtype == torch.float32 for p in model.parameters() if p.requires_grad)  # the adapter and the critic
+    # a base stored in float32 is not rounded (the engine serves those values), nor is any weight of a float32 run
+    assert all(p.dtype == torch.float32 for p in build_trainable(champion_dir, champion_dir, c).parameters())
+    assert all(p.dtype == torch.float32 for p in build_trainable(bf16_champion, bf16_champion, PPOConfig(**TERMS)).parameters())
+
+    tok = load_tokenizer(bf16_champion)
+    trainer = PPOTrainer(model, c, tok.pad_token_id, **loss_terms(c, tok, RewardRule(), 0.1))
+    trainer.compute_reference(rows[:16])
+    [metrics] = trainer.train(rows[:16], [list(range(16))])
+    assert all(v == v for v in metrics.values())  # finite (NaN != NaN)
+    out = save_candidate(trainer.model, bf16_champion, bf16_champion, tmp_path / "cand")
+    probe = load_probe(out)  # the candidate's probe: float32 on the base's bf16 values, as a fresh float32 load gives
+    again = compute_probe(
+        load_policy(out, base_path=bf16_champion),
+        tok,
+        [tok.decode(i.prompt_token_ids) for i in probe.items],
+        probe.max_new_tokens,
+    )
+    for x, y in zip(probe.items, again.items):
+        assert x.completion_token_ids == y.completion_token_ids
+        assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
