@@ -11,13 +11,13 @@ import torch
 
 
 def gpu_check_step(policy_dir: str | Path, n_samples: int = 16) -> dict:
-    from data_contracts.samples import RewardSample
     from training.megatron import parallel
     from training.megatron.trainable import build_megatron_trainable
     from training.policy import load_policy
     from training.ppo_config import PPOConfig
     from training.ppo_trainer import PPOTrainer, iteration_plan
     from training.rollout import collate
+    from training.trainer_check import synthetic_rows
     from training.value_head import PolicyWithValue
 
     policy_dir = Path(policy_dir)
@@ -37,27 +37,7 @@ def gpu_check_step(policy_dir: str | Path, n_samples: int = 16) -> dict:
     model.to(device)
     build_s = time.perf_counter() - t0
     vocab = model.shape.vocab_size
-    gen, samples = torch.Generator().manual_seed(0), []
-    for i in range(n_samples):  # ragged prompts and completions: padding on both sides of the batch
-        p, t = 4 + i % 7, 2 + i % 5
-        samples.append(
-            RewardSample(
-                request_id=f"check-{i}",
-                model="check",
-                version=1,
-                arm="control",
-                user_hash="u",
-                prompt_token_ids=torch.randint(3, vocab, (p,), generator=gen).tolist(),
-                completion_token_ids=torch.randint(3, vocab, (t,), generator=gen).tolist(),
-                behaviour_logprobs=[-5.0] * t,
-                completion_text="x",
-                event="accepted" if i % 2 else "rejected",
-                accepted_chars=None,
-                reward=0.75 if i % 2 else -0.25,
-                reward_rule="check@1",
-                completion_time_ms=0,
-            )
-        )
+    samples = synthetic_rows(vocab, n_samples)  # ragged prompts and completions: padding on both sides
     batch = collate(samples, pad_token_id=0).to(device)
     hf = PolicyWithValue(load_policy(policy_dir).to(device), model.value_head)
     with torch.no_grad():
