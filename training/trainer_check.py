@@ -41,35 +41,45 @@ def synthetic_rows(vocab: int, n: int, seed: int = 0) -> list[RewardSample]:
     return rows
 
 
-def _step(trainer, start: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The flat change of every trained tensor since `start`, on the CPU in float32."""
-    now = {n: p.detach().to("cpu", torch.float32, copy=True) for n, p in trainer.model.named_parameters() if p.requires_grad}
-    return torch.cat([(now[n] - start[n]).flatten() for n in sorted(start)])
+def trained_tensors(model) -> dict[str, torch.Tensor]:
+    """A float32 CPU copy of every trained tensor of `model`."""
+    return {n: p.detach().to("cpu", torch.float32, copy=True) for n, p in model.named_parameters() if p.requires_grad}
+
+
+def timed_iteration(trainer, rows: list[RewardSample], device: torch.device) -> tuple[dict, float, float | None]:
+    """(metrics, seconds, peak MiB on a GPU else None) of the trainer's one iteration over all of `rows`, the GPU's
+    queue drained before and after the clock."""
+    from training.ppo_trainer import iteration_plan
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    [metrics] = trainer.train(rows, iteration_plan(len(rows), trainer.cfg))
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    return metrics, seconds, torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None
 
 
 def train_once(policy_dir: Path, rows: list[RewardSample], device: torch.device, **settings) -> dict:
     """One iteration over `rows` under PPOConfig(**settings): its seconds, peak memory, metrics and weight step."""
     from training.candidate import build_trainable
     from training.ppo_config import PPOConfig
-    from training.ppo_trainer import PPOTrainer, iteration_plan
+    from training.ppo_trainer import PPOTrainer
 
     cfg = PPOConfig(batch_size=len(rows), minibatch_size=len(rows) // 2, epochs=1, passes=1, target_kl=None, **settings)
     model = build_trainable(policy_dir, policy_dir, cfg).to(device)
-    start = {n: p.detach().to("cpu", torch.float32, copy=True) for n, p in model.named_parameters() if p.requires_grad}
+    start = trained_tensors(model)
     trainer = PPOTrainer(model, cfg, pad_token_id=0)
     trainer.compute_reference(rows)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
-    [metrics] = trainer.train(rows, iteration_plan(len(rows), cfg))
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    metrics, seconds, peak = timed_iteration(trainer, rows, device)
+    now = trained_tensors(model)
     return {
-        "s": round(time.perf_counter() - t0, 3),
-        "peak_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1) if device.type == "cuda" else None,
+        "s": round(seconds, 3),
+        "peak_mib": None if peak is None else round(peak, 1),
         "metrics": metrics,
-        "step": _step(trainer, start),
+        "step": torch.cat([(now[n] - start[n]).flatten() for n in sorted(start)]),  # the flat change of each trained tensor
         "frozen": sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters() if not p.requires_grad}),
     }
 

@@ -15,9 +15,9 @@ def gpu_check_step(policy_dir: str | Path, n_samples: int = 16) -> dict:
     from training.megatron.trainable import build_megatron_trainable
     from training.policy import load_policy
     from training.ppo_config import PPOConfig
-    from training.ppo_trainer import PPOTrainer, iteration_plan
+    from training.ppo_trainer import PPOTrainer
     from training.rollout import collate
-    from training.trainer_check import synthetic_rows
+    from training.trainer_check import synthetic_rows, timed_iteration
     from training.value_head import PolicyWithValue
 
     policy_dir = Path(policy_dir)
@@ -47,16 +47,11 @@ def gpu_check_step(policy_dir: str | Path, n_samples: int = 16) -> dict:
     diff = float((want - got)[real].abs().max())
     trainer = PPOTrainer(model, cfg, 0, dp=parallel.data_parallel())
     trainer.compute_reference(samples)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t1 = time.perf_counter()
-    [metrics] = trainer.train(samples, iteration_plan(len(samples), cfg))
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    metrics, step_s, _ = timed_iteration(trainer, samples, device)
     return {
         "megatron_device": device.type,
         "megatron_build_s": round(build_s, 3),
-        "megatron_step_s": round(time.perf_counter() - t1, 3),
+        "megatron_step_s": round(step_s, 3),
         "megatron_hf_logit_max_diff": diff,
         "megatron_policy_loss": metrics["ppo/policy_loss"],
         "megatron_grad_norm": metrics["ppo/grad_norm"],
